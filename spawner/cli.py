@@ -1,0 +1,91 @@
+"""The ``quota-spawner`` command: validate a quota table, show what a user gets."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from .form import describe_limits
+from .quota import QuotaTable, QuotaTableError, Role, load_quota_table
+from .units import format_size
+
+
+def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
+    return {
+        "name": role.name,
+        "description": role.description,
+        "cpus": role.cpus,
+        "memory": role.memory,
+        "memory_human": format_size(role.memory),
+        "shm": role.shm,
+        "pids": role.pids,
+        "images": [
+            {"key": key, "image": table.images[key].image,
+             "display_name": table.images[key].display_name}
+            for key in role.images
+        ],
+    }
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    status = 0
+    for path in args.files:
+        try:
+            table = load_quota_table(path)
+        except QuotaTableError as e:
+            for problem in e.problems:
+                print(problem)
+            status = 1
+        else:
+            print(f"{path}: OK ({len(table.images)} images, {len(table.roles)} roles)")
+    return status
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    try:
+        table = load_quota_table(args.file)
+    except QuotaTableError as e:
+        for problem in e.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    roles = table.roles_for(args.user, args.group)
+    if args.json:
+        print(json.dumps({"user": args.user, "groups": args.group,
+                          "roles": [role_summary(r, table) for r in roles]}, indent=2))
+        return 0
+    if not roles:
+        print(f"{args.user} holds no role and cannot start a server.")
+        return 0
+    print(f"{args.user} holds {len(roles)} role{'s' if len(roles) != 1 else ''}:")
+    for role in roles:
+        images = ", ".join(table.images[k].display_name for k in role.images)
+        pids = f", pids {role.pids}" if role.pids else ""
+        print(f"  {role.name}: {describe_limits(role)}{pids}; images: {images}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="quota-spawner", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    validate = sub.add_parser("validate", help="check quota tables; print FILE:LINE: problems")
+    validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.set_defaults(func=cmd_validate)
+    show = sub.add_parser("show", help="show the roles a user would get, with their limits")
+    show.add_argument("file", metavar="FILE")
+    show.add_argument("--user", required=True, metavar="NAME")
+    show.add_argument("--group", action="append", default=[], metavar="G",
+                      help="a JupyterHub group the user is in (repeatable)")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(func=cmd_show)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""Host network mode for DockerSpawner, and waiting for a server's port.
+
+Stock DockerSpawner cannot run with ``network_name = "host"``: it always asks
+for port bindings. Here each spawn gets its own free port on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
+
+from jupyterhub.utils import random_port
+
+LOOPBACK = "127.0.0.1"
+
+
+class HostNetworkMixin:
+    """Adds host network mode to a DockerSpawner subclass."""
+
+    # Ports handed out but maybe not bound yet, so two concurrent spawns in
+    # this hub never pick the same one.
+    _reserved_ports: ClassVar[set[int]] = set()
+
+    @property
+    def host_network(self: Any) -> bool:
+        return self.network_name == "host"
+
+    def reserve_port(self: Any) -> int:
+        while True:
+            port = random_port()
+            if port not in HostNetworkMixin._reserved_ports:
+                HostNetworkMixin._reserved_ports.add(port)
+                return port
+
+    def release_port(self: Any) -> None:
+        HostNetworkMixin._reserved_ports.discard(self.port)
+
+    async def start(self: Any) -> tuple[str, int]:
+        if self.host_network:
+            # no port bindings in host mode; the server binds loopback only
+            self.use_internal_ip = True
+            self.ip = LOOPBACK
+            self.port = self.reserve_port()
+        try:
+            return await super().start()  # type: ignore[misc]
+        except BaseException:
+            self.release_port()
+            raise
+
+    async def get_ip_and_port(self: Any) -> tuple[str, int]:
+        if self.host_network:
+            return LOOPBACK, self.port
+        return await super().get_ip_and_port()  # type: ignore[misc]
+
+    async def stop(self: Any, now: bool = False) -> None:
+        try:
+            await super().stop(now=now)  # type: ignore[misc]
+        finally:
+            if self.host_network:
+                self.release_port()
+
+
+async def wait_for_port(
+    ip: str,
+    port: int,
+    still_running: Callable[[], Awaitable[str | None]],
+    interval: float = 0.05,
+    check_every: float = 1.0,
+) -> None:
+    """Return once ``ip:port`` accepts a TCP connection.
+
+    ``still_running`` returns None while the server lives, or why it stopped;
+    it is asked every ``check_every`` seconds, and a stop raises RuntimeError.
+    """
+    last_check = time.monotonic()
+    while True:
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), timeout=1)
+        except (OSError, asyncio.TimeoutError):
+            pass
+        else:
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
+            return
+        if time.monotonic() - last_check >= check_every:
+            last_check = time.monotonic()
+            stopped = await still_running()
+            if stopped is not None:
+                raise RuntimeError(f"the server exited before it was ready: {stopped}")
+        await asyncio.sleep(interval)

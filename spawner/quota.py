@@ -1,0 +1,378 @@
+"""The quota table: its model, and a loader that validates every field.
+
+Every problem is reported with the file and line it comes from, so that an
+admin can go straight to it. The loader never stops at the first problem.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+from .units import parse_size
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+NAME_RULE = "start with a letter or digit and use only letters, digits, '.', '_' and '-'"
+DOCKER_MIN_MEMORY = 6 * 2**20
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+class QuotaTableError(Exception):
+    """A quota table that cannot be used; ``problems`` lists every reason."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    key: str
+    image: str
+    display_name: str
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    cpus: float
+    memory: int
+    images: tuple[str, ...]
+    description: str = ""
+    display_name: str = ""
+    shm: int | None = None
+    pids: int | None = None
+
+    @property
+    def title(self) -> str:
+        return self.display_name or self.name
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One thing a user may start: a role with one of its images."""
+
+    role: Role
+    image: ImageSpec
+
+    @property
+    def key(self) -> str:
+        return f"{self.role.name}/{self.image.key}"
+
+
+@dataclass(frozen=True)
+class QuotaTable:
+    path: str
+    images: dict[str, ImageSpec]
+    roles: dict[str, Role]
+    default: tuple[str, ...] = ()
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    users: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def role_names_for(self, username: str, groups: Iterable[str] = ()) -> list[str]:
+        """Users first, then the union of their groups, then ``default``."""
+        if username in self.users:
+            held = set(self.users[username])
+        else:
+            held = set()
+            for group in groups:
+                held.update(self.groups.get(group, ()))
+            if not held:
+                held = set(self.default)
+        return [name for name in self.roles if name in held]
+
+    def roles_for(self, username: str, groups: Iterable[str] = ()) -> list[Role]:
+        return [self.roles[name] for name in self.role_names_for(username, groups)]
+
+    def choices_for(self, username: str, groups: Iterable[str] = ()) -> list[Choice]:
+        return [
+            Choice(role, self.images[key])
+            for role in self.roles_for(username, groups)
+            for key in role.images
+        ]
+
+
+# --- loading ---------------------------------------------------------------
+
+
+class _Reader:
+    """Walks the YAML node tree, turning nodes into values and noting problems."""
+
+    def __init__(self, path: str, loader: yaml.SafeLoader):
+        self.path = path
+        self.loader = loader
+        self.problems: list[Problem] = []
+
+    def problem(self, node: Node, message: str) -> None:
+        self.problems.append(Problem(self.path, node.start_mark.line + 1, message))
+
+    def scalar(self, node: Node) -> Any:
+        return self.loader.construct_object(node, deep=True)
+
+    def mapping(
+        self, node: Node, where: str, allowed: Iterable[str] | None = None
+    ) -> dict[str, tuple[Node, Node]]:
+        """Key -> (key node, value node), reporting duplicates and unknown keys."""
+        if not isinstance(node, MappingNode):
+            self.problem(node, f"{where} must be a mapping of keys to values")
+            return {}
+        allowed = list(allowed) if allowed is not None else None
+        result: dict[str, tuple[Node, Node]] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, ScalarNode):
+                self.problem(key_node, f"a key in {where} must be a plain name")
+                continue
+            key = str(self.scalar(key_node))
+            if key in result:
+                first = result[key][0].start_mark.line + 1
+                self.problem(key_node, f"duplicate key '{key}' in {where} (first at line {first})")
+                continue
+            if allowed is not None and key not in allowed:
+                self.problem(
+                    key_node,
+                    f"unknown key '{key}' in {where}; expected one of: {', '.join(allowed)}",
+                )
+                continue
+            result[key] = (key_node, value_node)
+        return result
+
+    def names(self, node: Node, where: str) -> list[tuple[Node, str]]:
+        """A list of names, as (node, name) pairs."""
+        if not isinstance(node, SequenceNode):
+            self.problem(node, f"{where} must be a list, like [a, b]")
+            return []
+        items = []
+        for item in node.value:
+            value = self.scalar(item) if isinstance(item, ScalarNode) else None
+            if not isinstance(value, str) or not value:
+                self.problem(item, f"each entry of {where} must be a name")
+                continue
+            items.append((item, value))
+        return items
+
+    def text(self, node: Node, where: str) -> str | None:
+        value = self.scalar(node) if isinstance(node, ScalarNode) else None
+        if not isinstance(value, str):
+            self.problem(node, f"{where} must be text")
+            return None
+        return value
+
+    def positive_number(self, node: Node, where: str) -> float | None:
+        value = self.scalar(node) if isinstance(node, ScalarNode) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.problem(node, f"{where} must be a number, like 2 or 0.5, not {_show(value)}")
+            return None
+        if value <= 0:
+            self.problem(node, f"{where} must be greater than 0, not {value}")
+            return None
+        return float(value)
+
+    def positive_int(self, node: Node, where: str) -> int | None:
+        value = self.scalar(node) if isinstance(node, ScalarNode) else None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            self.problem(node, f"{where} must be a whole number of at least 1, not {_show(value)}")
+            return None
+        return value
+
+    def size(self, node: Node, where: str, minimum: int = 1) -> int | None:
+        value = self.scalar(node) if isinstance(node, ScalarNode) else None
+        try:
+            size = parse_size(value)
+        except ValueError as e:
+            self.problem(node, f"{where}: {e} (sizes look like 512M, 4G or 4GiB)")
+            return None
+        if size < minimum:
+            self.problem(node, f"{where} must be at least {minimum} bytes, not {value}")
+            return None
+        return size
+
+    def name_key(self, key_node: Node, key: str, what: str) -> bool:
+        if NAME_PATTERN.match(key):
+            return True
+        self.problem(key_node, f"{what} name '{key}' is not allowed: names must {NAME_RULE}")
+        return False
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, str):
+        return f"text {value!r}"
+    return repr(value)
+
+
+IMAGE_FIELDS = ("image", "display_name", "description")
+ROLE_FIELDS = ("description", "display_name", "cpus", "memory", "shm", "pids", "images")
+ASSIGNMENT_FIELDS = ("default", "groups", "users")
+TOP_FIELDS = ("images", "roles", "assignments")
+
+
+def _read_images(r: _Reader, node: Node) -> tuple[dict[str, ImageSpec], set[str]]:
+    """The valid images, and every key declared (valid or not)."""
+    images: dict[str, ImageSpec] = {}
+    declared = r.mapping(node, "images")
+    for key, (key_node, value) in declared.items():
+        if not r.name_key(key_node, key, "image"):
+            continue
+        where = f"image '{key}'"
+        fields = r.mapping(value, where, IMAGE_FIELDS)
+        if isinstance(value, MappingNode) and "image" not in fields:
+            r.problem(key_node, f"{where} needs an 'image' (the Docker image to run)")
+            continue
+        if not fields:
+            continue
+        image = r.text(fields["image"][1], f"{where}: image")
+        display = r.text(fields["display_name"][1], f"{where}: display_name") if (
+            "display_name" in fields
+        ) else key
+        description = r.text(fields["description"][1], f"{where}: description") if (
+            "description" in fields
+        ) else ""
+        if image and display is not None and description is not None:
+            images[key] = ImageSpec(key, image, display, description)
+    return images, set(declared)
+
+
+_ROLE_READERS: dict[str, Callable[[_Reader, Node, str], Any]] = {
+    "description": lambda r, n, w: r.text(n, w),
+    "display_name": lambda r, n, w: r.text(n, w),
+    "cpus": lambda r, n, w: r.positive_number(n, w),
+    "memory": lambda r, n, w: r.size(n, w, DOCKER_MIN_MEMORY),
+    "shm": lambda r, n, w: r.size(n, w),
+    "pids": lambda r, n, w: r.positive_int(n, w),
+}
+
+
+def _read_roles(
+    r: _Reader, node: Node, images: dict[str, ImageSpec], image_keys: set[str]
+) -> tuple[dict[str, Role], set[str]]:
+    """The valid roles, and every name declared (valid or not)."""
+    roles: dict[str, Role] = {}
+    declared = r.mapping(node, "roles")
+    for name, (key_node, value) in declared.items():
+        if not r.name_key(key_node, name, "role"):
+            continue
+        where = f"role '{name}'"
+        fields = r.mapping(value, where, ROLE_FIELDS)
+        if not isinstance(value, MappingNode):
+            continue
+        missing = [f for f in ("cpus", "memory", "images") if f not in fields]
+        if missing:
+            r.problem(key_node, f"{where} needs {', '.join(missing)}")
+        before = len(r.problems)
+        values: dict[str, Any] = {}
+        for key, (_, value_node) in fields.items():
+            if key in _ROLE_READERS:
+                values[key] = _ROLE_READERS[key](r, value_node, f"{where}: {key}")
+        role_images: list[str] = []
+        if "images" in fields:
+            items = r.names(fields["images"][1], f"{where}: images")
+            if not items and isinstance(fields["images"][1], SequenceNode):
+                r.problem(fields["images"][1], f"{where}: images must name at least one image")
+            for item, key in items:
+                if key not in image_keys:
+                    known = ", ".join(sorted(image_keys)) or "none are defined"
+                    r.problem(item, f"{where} names image '{key}', which is not under images "
+                                    f"(known: {known})")
+                elif key in role_images:
+                    r.problem(item, f"{where} lists image '{key}' twice")
+                else:
+                    role_images.append(key)
+        if missing or len(r.problems) > before:
+            continue
+        if not all(k in images for k in role_images):
+            continue  # the image itself had a problem, reported already
+        roles[name] = Role(name=name, images=tuple(role_images), **values)
+    return roles, set(declared)
+
+
+def _read_assignments(r: _Reader, node: Node, role_names: set[str]):
+    fields = r.mapping(node, "assignments", ASSIGNMENT_FIELDS)
+
+    def role_list(value: Node, where: str) -> tuple[str, ...]:
+        held = []
+        for item, name in r.names(value, where):
+            if name not in role_names:
+                known = ", ".join(sorted(role_names)) or "none are defined"
+                r.problem(item, f"{where} names role '{name}', which is not under roles "
+                                f"(known: {known})")
+            else:
+                held.append(name)
+        return tuple(held)
+
+    default = role_list(fields["default"][1], "assignments: default") if (
+        "default" in fields
+    ) else ()
+    by_section: dict[str, dict[str, tuple[str, ...]]] = {"groups": {}, "users": {}}
+    for section, what in (("groups", "group"), ("users", "user")):
+        if section not in fields:
+            continue
+        for name, (_, value) in r.mapping(fields[section][1], f"assignments: {section}").items():
+            by_section[section][name] = role_list(value, f"assignments: {what} '{name}'")
+    return default, by_section["groups"], by_section["users"]
+
+
+def parse_quota_table(text: str, path: str = "<quota table>") -> QuotaTable:
+    """Parse and validate; raise QuotaTableError listing every problem."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else 1
+        reason = e.problem or str(e)
+        if e.context:
+            reason = f"{e.context}: {reason}" if "while" not in e.context else reason
+        raise QuotaTableError([Problem(path, line, f"YAML syntax error: {reason}")]) from None
+    except yaml.YAMLError as e:
+        raise QuotaTableError([Problem(path, 1, f"YAML error: {e}")]) from None
+    finally:
+        loader.dispose()
+    if root is None:
+        raise QuotaTableError([Problem(path, 1, "the file is empty; it needs images, roles "
+                                                "and assignments")])
+    r = _Reader(path, loader)
+    top = r.mapping(root, "the quota table", TOP_FIELDS)
+    for needed in TOP_FIELDS:
+        if isinstance(root, MappingNode) and needed not in top and not r.problems:
+            r.problem(root, f"the quota table needs a top-level '{needed}' section")
+    images, image_keys = _read_images(r, top["images"][1]) if "images" in top else ({}, set())
+    roles, role_names = (
+        _read_roles(r, top["roles"][1], images, image_keys) if "roles" in top else ({}, set())
+    )
+    default, groups, users = (
+        _read_assignments(r, top["assignments"][1], role_names)
+        if "assignments" in top else ((), {}, {})
+    )
+    if r.problems:
+        raise QuotaTableError(sorted(r.problems, key=lambda p: p.line))
+    return QuotaTable(path, images, roles, default, groups, users)
+
+
+
+def load_quota_table(path: str | Path) -> QuotaTable:
+    """Read and validate the quota table at ``path``."""
+    path = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise QuotaTableError([Problem(path, 0, f"cannot read the file: {e.strerror}")]) from None
+    except UnicodeDecodeError as e:
+        raise QuotaTableError([Problem(path, 1, f"the file is not UTF-8 text: {e}")]) from None
+    return parse_quota_table(text, path)

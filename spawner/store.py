@@ -1,0 +1,73 @@
+"""Hot reload of the quota table, keeping the last good version.
+
+The file is checked on every spawn. A valid edit takes effect at once; an
+invalid one is logged with file and line and the last good table stays in use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import ClassVar
+
+from .quota import Problem, QuotaTable, QuotaTableError, load_quota_table
+
+
+class QuotaStore:
+    """One per quota file, shared by all spawners of the hub process."""
+
+    _stores: ClassVar[dict[str, QuotaStore]] = {}
+    _stores_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, path: str):
+        self.path = path
+        self._lock = threading.Lock()
+        self._raw: bytes | None = None
+        self._good: QuotaTable | None = None
+        self._problems: list[Problem] = []
+
+    @classmethod
+    def for_path(cls, path: str) -> QuotaStore:
+        path = os.path.abspath(path)
+        with cls._stores_lock:
+            if path not in cls._stores:
+                cls._stores[path] = cls(path)
+            return cls._stores[path]
+
+    @property
+    def problems(self) -> list[Problem]:
+        """What was wrong with the file when it was last read; empty if it was good."""
+        return list(self._problems)
+
+    def get(self, log: logging.Logger | logging.LoggerAdapter) -> QuotaTable:
+        """The current table; blocking (reads the file), so call it in a thread.
+
+        Raises QuotaTableError only when no good table was ever loaded.
+        """
+        with self._lock:
+            # Comparing content, not mtime, also catches `cp -p` and same-second edits.
+            try:
+                raw: bytes | None = Path(self.path).read_bytes()
+            except OSError:
+                raw = None
+            if raw is None or raw != self._raw:
+                self._raw = raw
+                try:
+                    table = load_quota_table(self.path)
+                except QuotaTableError as e:
+                    self._problems = e.problems
+                    kept = "keeping the last good table" if self._good else "no good table yet"
+                    log.error(
+                        "Quota table %s is invalid; %s:\n%s", self.path, kept,
+                        "\n".join(str(p) for p in e.problems),
+                    )
+                else:
+                    if self._good is not None:
+                        log.info("Quota table %s reloaded", self.path)
+                    self._good = table
+                    self._problems = []
+            if self._good is None:
+                raise QuotaTableError(self._problems)
+            return self._good

@@ -1,0 +1,69 @@
+"""Parse the sizes and durations used in the quota table.
+
+Sizes are binary, as in JupyterHub's ByteSpecification: ``4G`` is 4 * 2**30.
+"""
+
+from __future__ import annotations
+
+import re
+
+_SIZE_UNITS = {
+    "": 1,
+    "K": 2**10,
+    "M": 2**20,
+    "G": 2**30,
+    "T": 2**40,
+    "KiB": 2**10,
+    "MiB": 2**20,
+    "GiB": 2**30,
+    "TiB": 2**40,
+}
+_DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
+_NUMBER_WITH_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
+
+
+def _parse(value: object, units: dict[str, int], what: str) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"expected a {what}, got a boolean")
+    if isinstance(value, int | float):
+        number, unit = float(value), ""
+    elif isinstance(value, str):
+        match = _NUMBER_WITH_UNIT.match(value)
+        if not match:
+            raise ValueError(f"cannot read {value!r} as a {what}")
+        number, unit = float(match.group(1)), match.group(2)
+    else:
+        raise ValueError(f"expected a {what}, got {type(value).__name__}")
+    if unit not in units:
+        allowed = ", ".join(u for u in units if u)
+        raise ValueError(f"unknown unit {unit!r} in {value!r}; use one of {allowed}")
+    return number * units[unit]
+
+
+def parse_size(value: object) -> int:
+    """Bytes from ``4G``, ``512MiB``, ``1.5T`` or a plain number of bytes."""
+    return int(_parse(value, _SIZE_UNITS, "size"))
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from ``90``, ``45s``, ``30m`` or ``72h``."""
+    return _parse(value, _DURATION_UNITS, "duration")
+
+
+def format_size(num_bytes: int) -> str:
+    """The shortest exact binary form: 4294967296 -> '4G', 1536 MiB -> '1536M'."""
+    for unit in ("T", "G", "M", "K"):
+        factor = _SIZE_UNITS[unit]
+        if num_bytes >= factor and num_bytes % factor == 0:
+            return f"{num_bytes // factor}{unit}"
+    return str(num_bytes)
+
+
+def format_human(num_bytes: int) -> str:
+    """A rounded form for people: '4 GiB', '1.5 GiB', '512 MiB'."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} TiB"

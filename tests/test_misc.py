@@ -1,0 +1,38 @@
+"""Small pure parts: instructor RBAC roles, engine checks, the entry point."""
+
+import logging
+from importlib.metadata import entry_points
+
+from spawner.engine import check_engine_info
+from spawner.rbac import instructor_roles
+
+
+def test_instructor_role_scopes_are_filtered_to_the_group():
+    (role,) = instructor_roles({"cs101": ["prof-ada"]})
+    assert role["name"] == "instructor-cs101"
+    assert role["users"] == ["prof-ada"]
+    for scope in role["scopes"]:
+        assert scope == "admin-ui" or scope.endswith("!group=cs101")
+    assert "servers!group=cs101" in role["scopes"]
+    assert "access:servers!group=cs101" in role["scopes"]
+
+
+def test_instructor_role_name_is_valid_for_odd_groups():
+    (role,) = instructor_roles({"Lab Class #1": ["x"]})
+    assert role["name"] == "instructor-lab-class--1"
+
+
+def test_swap_warning(caplog):
+    log = logging.getLogger("t")
+    with caplog.at_level(logging.WARNING):
+        assert check_engine_info({"SwapLimit": True, "MemoryLimit": True}, log)
+        assert caplog.text == ""
+        assert not check_engine_info({"SwapLimit": False, "MemoryLimit": True}, log)
+    assert "SwapLimit false" in caplog.text
+
+
+def test_spawner_entry_point():
+    (ep,) = [e for e in entry_points(group="jupyterhub.spawners") if e.name == "quota"]
+    from spawner import QuotaSpawner
+
+    assert ep.load() is QuotaSpawner

@@ -1,0 +1,97 @@
+"""user_options are checked against the roles the user holds, on every start."""
+
+import pytest
+
+from spawner.form import options_from_form, render_form
+from spawner.options import OptionsError, resolve_choice
+from spawner.quota import parse_quota_table
+
+TABLE = parse_quota_table(
+    """\
+images:
+  pytorch: {image: "img/pytorch", display_name: "PyTorch <2.7> & CUDA"}
+  paddle: {image: "img/paddle"}
+roles:
+  small: {cpus: 1, memory: 1G, images: [pytorch, paddle], description: "<script>x</script>"}
+  big: {cpus: 8, memory: 32G, shm: 8G, images: [pytorch]}
+assignments:
+  default: [small]
+  users:
+    lead: [small, big]
+    solo: [big]
+""",
+    "q.yaml",
+)
+
+
+def choices(user):
+    return TABLE.choices_for(user)
+
+
+def test_defaults_to_first_choice():
+    assert resolve_choice(choices("lead"), {}).key == "small/pytorch"
+    assert resolve_choice(choices("lead"), None).key == "small/pytorch"
+    assert resolve_choice(choices("lead"), {"profile": "big"}).key == "big/pytorch"
+    assert resolve_choice(choices("lead"), {"image": "paddle"}).key == "small/paddle"
+    assert resolve_choice(choices("lead"), {"profile": "small", "image": "paddle"}).key == (
+        "small/paddle"
+    )
+
+
+@pytest.mark.parametrize(
+    "options, status, words",
+    [
+        ({"profile": "big"}, 400, "You asked for the role 'big', which you do not hold"),
+        ({"profile": "admin"}, 400, "which you do not hold"),
+        ({"image": "ubuntu:latest"}, 400, "do not offer the image 'ubuntu:latest'"),
+        ({"profile": "small", "image": "img/pytorch"}, 400, "does not offer the image"),
+        ({"mem_limit": "100G"}, 400, "Unknown server option 'mem_limit'"),
+        ({"profile": ["big"]}, 400, "must be text"),
+        ({"profile": "x" * 500}, 400, "x…"),
+    ],
+)
+def test_refusals_are_plain_sentences(options, status, words):
+    with pytest.raises(OptionsError) as info:
+        resolve_choice(choices("anyone"), options)
+    assert info.value.status == status
+    assert words in info.value.message
+    assert len(info.value.message) < 300
+
+
+def test_role_held_by_others_only():
+    with pytest.raises(OptionsError):
+        resolve_choice(choices("solo"), {"profile": "small"})
+
+
+def test_no_role_is_forbidden():
+    with pytest.raises(OptionsError) as info:
+        resolve_choice([], {})
+    assert info.value.status == 403
+    assert "no role" in info.value.message
+
+
+def test_form_lists_choices_with_limits_and_escapes():
+    html = render_form(choices("lead"))
+    assert html.count('type="radio"') == 3
+    assert "8 CPUs · 32 GiB memory · 8 GiB shared memory" in html
+    assert "1 CPU · 1 GiB memory" in html
+    assert "<script>" not in html and "&lt;script&gt;" in html
+    assert "PyTorch &lt;2.7&gt; &amp; CUDA" in html
+    assert 'value="small/pytorch" checked' in html
+
+
+def test_form_keeps_previous_selection():
+    assert 'value="big/pytorch" checked' in render_form(choices("lead"), "big/pytorch")
+    assert 'value="small/pytorch" checked' in render_form(choices("lead"), "gone/thing")
+
+
+def test_single_choice_shows_no_form():
+    assert render_form(choices("solo")) == ""
+    assert render_form([]) == ""
+
+
+def test_options_from_form_and_query():
+    assert options_from_form({"choice": ["big/pytorch"]}) == {"profile": "big", "image": "pytorch"}
+    assert options_from_form({"profile": "big", "image": "paddle"}) == {
+        "profile": "big", "image": "paddle"}
+    assert options_from_form({}) == {}
