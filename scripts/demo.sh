@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run the demo hub in the foreground at http://127.0.0.1:8000 (Ctrl-C stops it).
+# `make demo` runs scripts/setup.sh first; this script assumes that was done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PWD/node_modules/.bin:$PATH"
+cat <<'TXT'
+Quota Spawner demo: http://127.0.0.1:8000
+  log in as any name with password  quota-demo
+    alice            -> junior-researcher (the default role)
+    bob              -> group ml-platform: senior-engineer or pipeline
+    research-lead    -> senior-engineer
+    student1..3      -> group cs101: student
+    prof-ada         -> group cs101-staff, instructor of cs101 (see /hub/admin)
+  admin: user admin, password quota-spawner-admin-demo-password
+  quota table: hub_config/quotas.yaml (edits apply at the next spawn)
+TXT
+# A job started from a script ignores SIGINT; give the hub its default back.
+exec env --default-signal=INT,QUIT jupyterhub -f hub_config/jupyterhub_config.py "$@"

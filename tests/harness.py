@@ -1,0 +1,222 @@
+"""Run a real JupyterHub (with configurable-http-proxy) against a real dockerd.
+
+Used by the end-to-end tests and by bench/. Nothing here is faked: the hub is
+started from hub_config/jupyterhub_config.py with a few test overrides.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "test-artifacts"
+IMAGES = ("quota-spawner/pytorch:latest", "quota-spawner/paddle:latest")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ensure_engine() -> docker.DockerClient:
+    """A working Docker engine; starts our own dockerd when none answers."""
+    try:
+        client = docker.from_env()
+        client.ping()
+    except Exception:
+        subprocess.run(["bash", str(ROOT / "scripts" / "dockerd.sh")], check=True)
+        client = docker.from_env()
+        client.ping()
+    missing = [image for image in IMAGES if not client.images.list(name=image)]
+    if missing:
+        raise RuntimeError(f"images {missing} are missing: run scripts/build-images.sh")
+    return client
+
+
+def _default_signals() -> None:
+    # A hub started from a non-interactive shell inherits SIGINT ignored,
+    # and its shutdown then hangs.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+class Hub:
+    """One JupyterHub process with its own state dir, ports and name prefix."""
+
+    def __init__(self, workdir: Path, quota_text: str | None = None, prefix: str = "qstest",
+                 extra_config: str = "", spawner_class: str = "quota"):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.prefix = prefix
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = secrets.token_hex(16)
+        self.quota_file = self.workdir / "quotas.yaml"
+        self.quota_file.write_text(
+            quota_text or (ROOT / "hub_config" / "quotas.yaml").read_text()
+        )
+        self.log_path = self.workdir / "hub.log"
+        self.config = self.workdir / "jupyterhub_config.py"
+        self.config.write_text(f"""
+c = get_config()
+load_subconfig({str(ROOT / "hub_config" / "jupyterhub_config.py")!r})
+c.JupyterHub.bind_url = {self.url!r}
+c.JupyterHub.hub_bind_url = "http://127.0.0.1:{free_port()}"
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{free_port()}"
+c.JupyterHub.spawner_class = {spawner_class!r}
+c.JupyterHub.load_groups = {{}}
+c.JupyterHub.services = [{{"name": "test-admin", "api_token": {self.token!r}}}]
+c.JupyterHub.load_roles = [{{
+    "name": "test-admin",
+    "scopes": ["admin:users", "admin:servers", "admin:groups", "tokens", "access:servers",
+               "list:users", "read:users"],
+    "services": ["test-admin"],
+}}]
+c.Spawner.poll_interval = 1
+c.DockerSpawner.prefix = {prefix!r}
+c.DockerSpawner.volumes = {{"{prefix}-home-{{username}}": "/home/jovyan"}}
+c.DockerSpawner.remove = True
+c.QuotaSpawner.quota_file = {str(self.quota_file)!r}
+{extra_config}
+""")
+        self.proc: subprocess.Popen | None = None
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"token {self.token}"
+
+    # --- process ------------------------------------------------------
+
+    def start(self, timeout: float = 60) -> Hub:
+        env = dict(os.environ, QUOTA_SPAWNER_STATE_DIR=str(self.workdir))
+        env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+        self.log_file = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config), "--debug"],
+            cwd=self.workdir, env=env, stdout=self.log_file, stderr=subprocess.STDOUT,
+            preexec_fn=_default_signals,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"hub exited:\n{self.log()[-3000:]}")
+            try:
+                if self.session.get(f"{self.url}/hub/api/", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"hub did not come up:\n{self.log()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    # --- REST API ---------------------------------------------------------
+
+    def api(self, method: str, path: str, token: str | None = None, **kwargs: Any):
+        headers = {"Authorization": f"token {token}"} if token else {}
+        return self.session.request(method, f"{self.url}/hub/api{path}", headers=headers,
+                                    timeout=120, **kwargs)
+
+    def create_user(self, name: str, groups: list[str] = ()) -> None:
+        r = self.api("POST", f"/users/{requests.utils.quote(name)}")
+        assert r.status_code in (201, 409), r.text
+        for group in groups:
+            r = self.api("POST", f"/groups/{group}")
+            assert r.status_code in (201, 409), r.text
+            r = self.api("POST", f"/groups/{group}/users", json={"users": [name]})
+            assert r.status_code == 200, r.text
+
+    def user(self, name: str) -> dict:
+        r = self.api("GET", f"/users/{requests.utils.quote(name)}")
+        r.raise_for_status()
+        return r.json()
+
+    def spawn(self, name: str, options: dict | None = None, token: str | None = None):
+        """POST the server start; returns the response (201 ready, 202 pending)."""
+        body = {"user_options": options} if options is not None else None
+        return self.api("POST", f"/users/{requests.utils.quote(name)}/server", json=body,
+                        token=token)
+
+    def wait_ready(self, name: str, timeout: float = 120) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            server = self.user(name)["servers"].get("")
+            if server and server["ready"]:
+                return server
+            if not server:
+                raise AssertionError(f"{name}'s server went away:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
+        raise AssertionError(f"{name}'s server not ready in {timeout}s")
+
+    def start_server(self, name: str, options: dict | None = None) -> dict:
+        r = self.spawn(name, options)
+        assert r.status_code in (201, 202), f"{r.status_code} {r.text}"
+        return self.wait_ready(name)
+
+    def stop_server(self, name: str, timeout: float = 60) -> None:
+        r = self.api("DELETE", f"/users/{requests.utils.quote(name)}/server")
+        assert r.status_code in (202, 204), r.text
+        deadline = time.monotonic() + timeout
+        while self.user(name)["servers"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not self.user(name)["servers"], f"{name}'s server did not stop"
+
+    def wait_stopped(self, name: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.user(name)["servers"]:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"hub still reports {name}'s server after {timeout}s")
+
+    def user_token(self, name: str) -> str:
+        r = self.api("POST", f"/users/{requests.utils.quote(name)}/tokens",
+                     json={"expires_in": 3600})
+        assert r.status_code == 201, r.text
+        return r.json()["token"]
+
+
+def containers(client: docker.DockerClient, user: str, all: bool = True) -> list:
+    return client.containers.list(all=all, filters={"label": f"quota-spawner.user={user}"})
+
+
+def container_for(client: docker.DockerClient, user: str):
+    found = containers(client, user, all=False)
+    assert len(found) == 1, f"expected one running container for {user}, found {len(found)}"
+    return found[0]
+
+
+def exec_text(container, cmd: str, user: str = "1000") -> tuple[int, str]:
+    code, out = container.exec_run(["sh", "-c", cmd], user=user)
+    return code, out.decode(errors="replace")
+
+
+def cleanup(client: docker.DockerClient, prefix: str) -> None:
+    for c in client.containers.list(all=True, filters={"name": f"{prefix}-"}):
+        c.remove(force=True)
+    for v in client.volumes.list(filters={"name": f"{prefix}-home-"}):
+        try:
+            v.remove(force=True)
+        except docker.errors.APIError:
+            pass

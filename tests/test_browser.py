@@ -1,0 +1,54 @@
+"""One real browser session: log in, pick a role and image, reach JupyterLab."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.sync_api import sync_playwright
+
+from harness import ARTIFACTS, container_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]
+
+
+@pytest.fixture
+def page():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        yield page
+        browser.close()
+
+
+def test_login_pick_role_and_image_reach_lab(hub, docker_client, page):
+    name = "browser-bob"
+    hub.create_user(name, ["ml-platform"])
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.goto(f"{hub.url}/hub/login?next=/hub/home")
+    page.fill("input[name=username]", name)
+    page.fill("input[name=password]", "quota-demo")
+    page.click("input[type=submit], button[type=submit]")
+    page.wait_for_url("**/hub/home")
+    page.click("#start")
+    page.wait_for_url("**/hub/spawn**")
+
+    # The form lists every (role, image) choice with its limits.
+    choices = page.locator(".quota-choice")
+    assert choices.count() == 3  # senior x {pytorch, paddle}, pipeline x pytorch
+    pipeline = page.locator(".quota-choice[data-role=pipeline][data-image=pytorch]")
+    assert "1 CPU · 2 GiB memory" in pipeline.inner_text()
+    page.screenshot(path=str(ARTIFACTS / "spawn-form.png"))
+    pipeline.click()
+    page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+
+    page.wait_for_selector(".jp-Launcher", timeout=120_000)
+    page.screenshot(path=str(ARTIFACTS / "jupyterlab.png"))
+    c = container_for(docker_client, name)
+    assert c.labels["quota-spawner.role"] == "pipeline"
+    assert c.attrs["HostConfig"]["Memory"] == 2 * 2**30
+    hub.stop_server(name)
