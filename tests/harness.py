@@ -190,6 +190,15 @@ c.QuotaSpawner.quota_file = {str(self.quota_file)!r}
             time.sleep(0.2)
         raise AssertionError(f"hub still reports {name}'s server after {timeout}s")
 
+    def login(self, name: str, password: str = "quota-demo") -> requests.Session:
+        """A browser-like session logged in through the login form."""
+        browser = requests.Session()
+        browser.get(f"{self.url}/hub/login", timeout=30)
+        r = browser.post(f"{self.url}/hub/login", timeout=30, allow_redirects=False, data={
+            "username": name, "password": password, "_xsrf": browser.cookies.get("_xsrf")})
+        assert r.status_code == 302, r.text
+        return browser
+
     def user_token(self, name: str) -> str:
         r = self.api("POST", f"/users/{requests.utils.quote(name)}/tokens",
                      json={"expires_in": 3600})
