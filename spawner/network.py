@@ -67,14 +67,19 @@ async def wait_for_port(
     port: int,
     still_running: Callable[[], Awaitable[str | None]],
     interval: float = 0.05,
-    check_every: float = 1.0,
+    fast_for: float = 4.0,
+    slow_interval: float = 0.25,
+    check_every: float = 2.0,
 ) -> None:
     """Return once ``ip:port`` accepts a TCP connection.
 
+    Polls every ``interval`` for the first ``fast_for`` seconds (a lone server
+    is up by then), then every ``slow_interval``, so that a class logging in at
+    once does not spend the CPU its servers need on polling.
     ``still_running`` returns None while the server lives, or why it stopped;
     it is asked every ``check_every`` seconds, and a stop raises RuntimeError.
     """
-    last_check = time.monotonic()
+    began = last_check = time.monotonic()
     while True:
         try:
             _, writer = await asyncio.wait_for(asyncio.open_connection(ip, port), timeout=1)
@@ -92,4 +97,5 @@ async def wait_for_port(
             stopped = await still_running()
             if stopped is not None:
                 raise RuntimeError(f"the server exited before it was ready: {stopped}")
-        await asyncio.sleep(interval)
+        fast = time.monotonic() - began < fast_for
+        await asyncio.sleep(interval if fast else slow_interval)
