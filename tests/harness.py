@@ -56,10 +56,12 @@ class Hub:
     """One JupyterHub process with its own state dir, ports and name prefix."""
 
     def __init__(self, workdir: Path, quota_text: str | None = None, prefix: str = "qstest",
-                 extra_config: str = "", spawner_class: str = "quota"):
+                 extra_config: str = "", spawner_class: str = "quota",
+                 pythonpath: str = ""):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.prefix = prefix
+        self.pythonpath = pythonpath
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = secrets.token_hex(16)
@@ -100,6 +102,8 @@ c.QuotaSpawner.quota_file = {str(self.quota_file)!r}
     def start(self, timeout: float = 60) -> Hub:
         env = dict(os.environ, QUOTA_SPAWNER_STATE_DIR=str(self.workdir))
         env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+        if self.pythonpath:
+            env["PYTHONPATH"] = self.pythonpath
         self.log_file = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterhub", "-f", str(self.config), "--debug"],
