@@ -9,7 +9,9 @@ import os
 from pathlib import Path
 
 from spawner.engine import check_engine
+from spawner.quota import QuotaTableError
 from spawner.rbac import instructor_roles
+from spawner.store import QuotaStore
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 
@@ -52,7 +54,9 @@ c.Spawner.default_url = "/lab"
 # e.g. c.JupyterHub.authenticator_class = "github" (oauthenticator).
 c.JupyterHub.authenticator_class = "shared-password"
 c.SharedPasswordAuthenticator.user_password = env("DEMO_PASSWORD", "quota-demo")
-c.SharedPasswordAuthenticator.admin_password = env("DEMO_ADMIN_PASSWORD", "quota-spawner-admin-demo-password")
+c.SharedPasswordAuthenticator.admin_password = env(
+    "DEMO_ADMIN_PASSWORD", "quota-spawner-admin-demo-password"
+)
 c.Authenticator.admin_users = {"admin"}
 c.Authenticator.allow_all = True
 
@@ -65,5 +69,11 @@ c.JupyterHub.load_groups = {
 # Instructors can list, start, stop and open their class's servers (spawner/rbac.py).
 c.JupyterHub.load_roles = instructor_roles({"cs101": ["prof-ada"]})
 
-# Warn at hub start if the engine cannot enforce the memory quotas.
-check_engine(logging.getLogger("JupyterHub"))
+# At hub start: warn if the engine cannot enforce the memory quotas, and
+# report a broken quota table now rather than at the first spawn.
+log = logging.getLogger("JupyterHub")
+check_engine(log)
+try:
+    QuotaStore.for_path(c.QuotaSpawner.quota_file).get(log)
+except QuotaTableError:
+    pass  # logged with file and line; spawns are refused until it is fixed

@@ -23,9 +23,9 @@ def describe_limits(role: Role) -> str:
     return " · ".join(parts)
 
 
-def render_form(choices: list[Choice], selected: str | None = None) -> str:
-    """The form's HTML; empty when there is nothing to choose."""
-    if len(choices) <= 1:
+def render_form(choices: list[Choice], selected: str | None = None, always: bool = False) -> str:
+    """The form's HTML; empty when there is nothing to choose (unless ``always``)."""
+    if not choices or (len(choices) == 1 and not always):
         return ""
     if selected not in {c.key for c in choices}:
         selected = choices[0].key

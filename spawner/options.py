@@ -67,7 +67,7 @@ def resolve_choice(choices: list[Choice], options: Mapping[str, object] | None) 
     if image:
         matching = [c for c in choices if c.image.key == image]
         if not matching:
-            offered = ", ".join(c.image.key for c in choices)
+            offered = ", ".join(dict.fromkeys(c.image.key for c in choices))
             scope = f"The role '{profile}'" if profile else "Your roles"
             raise OptionsError(
                 400,

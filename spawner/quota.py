@@ -312,6 +312,8 @@ def _read_assignments(r: _Reader, node: Node, role_names: set[str]):
                 known = ", ".join(sorted(role_names)) or "none are defined"
                 r.problem(item, f"{where} names role '{name}', which is not under roles "
                                 f"(known: {known})")
+            elif name in held:
+                r.problem(item, f"{where} lists role '{name}' twice")
             else:
                 held.append(name)
         return tuple(held)

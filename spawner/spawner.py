@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 from typing import Any, ClassVar
 
 from dockerspawner import DockerSpawner
@@ -117,9 +118,14 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
     async def _render_options_form(self) -> str:
         choices = await self.choices()
         saved = self.orm_spawner.user_options if self.orm_spawner else None
-        selected = None
-        if saved:
-            selected = f"{saved.get('profile')}/{saved.get('image')}"
+        if not saved:
+            return render_form(choices)
+        try:
+            selected = resolve_choice(choices, saved).key
+        except OptionsError:
+            # The saved choice is gone: show the form even for one choice,
+            # or every Start would reuse it and fail.
+            return render_form(choices, always=True)
         return render_form(choices, selected)
 
     async def resolve(self) -> Choice:
@@ -148,6 +154,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         assert self.choice is not None
         role = self.choice.role
         config = await self._admin_value(self._admin_host_config)
+        self._check_no_docker_socket(config)
         config.update(
             memswap_limit=role.memory,  # equal to memory: no swap at all
             pids_limit=role.pids or self.pids_limit,
@@ -170,8 +177,9 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
 
     async def _quota_create_kwargs(self) -> dict[str, Any]:
         kwargs = await self._admin_value(self._admin_create_kwargs)
-        labels = {**kwargs.get("labels", {}), **self.extra_labels, **self.labels()}
-        kwargs["labels"] = {literal(k): literal(v) for k, v in labels.items()}
+        # Only our labels hold user-named text; the admin's may use {username}.
+        ours = {literal(k): literal(v) for k, v in self.labels().items()}
+        kwargs["labels"] = {**kwargs.get("labels", {}), **self.extra_labels, **ours}
         kwargs["user"] = self.notebook_user
         return kwargs
 
@@ -188,9 +196,18 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         env["NVIDIA_VISIBLE_DEVICES"] = "void"
         return env
 
-    def _check_no_docker_socket(self) -> None:
-        for source in list(self.volumes) + [m.get("source", "") for m in self.mounts]:
-            if str(source).rstrip("/").endswith("docker.sock"):
+    def _check_no_docker_socket(self, host_config: dict[str, Any] | None = None) -> None:
+        host_config = host_config or {}
+        binds = host_config.get("binds") or []  # a list of "src:dst[:mode]", or a dict
+        sources = [
+            *self.volumes,
+            *(m.get("source", "") for m in self.mounts),
+            *(str(b).split(":", 1)[0] for b in binds),
+            *(m.get("Source", "") for m in host_config.get("mounts") or [] if isinstance(m, dict)),
+        ]
+        for source in sources:
+            source = str(source).rstrip("/")
+            if source.endswith("docker.sock") or os.path.exists(f"{source}/docker.sock"):
                 raise web.HTTPError(
                     500, "Refusing to start: the Docker socket must never be mounted into a "
                          "notebook container (check DockerSpawner.volumes and mounts)."

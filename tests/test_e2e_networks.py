@@ -81,3 +81,19 @@ async def test_user_defined_network_uses_internal_ip(docker_client, user_network
         assert host["Privileged"] is False
     finally:
         c.remove(force=True)
+
+
+@pytest.mark.parametrize("volumes, extra", [
+    ({"/var/run/docker.sock": "/var/run/docker.sock"}, {}),
+    ({}, {"binds": ["/var/run:/host-run:ro"]}),
+])
+async def test_docker_socket_is_never_mounted(docker_client, volumes, extra):
+    from tornado.web import HTTPError
+
+    spawner = make_spawner(volumes=volumes, extra_host_config=extra)
+    spawner._apply_choice(await spawner.resolve())
+    with pytest.raises(HTTPError, match="Docker socket"):
+        if volumes:
+            spawner._check_no_docker_socket()
+        await spawner.create_object()
+    assert docker_client.containers.list(all=True, filters={"name": "qstest-net-"}) == []

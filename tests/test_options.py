@@ -88,6 +88,8 @@ def test_form_keeps_previous_selection():
 def test_single_choice_shows_no_form():
     assert render_form(choices("solo")) == ""
     assert render_form([]) == ""
+    # ...unless the saved choice is gone, so the user can pick the new one
+    assert 'value="big/pytorch" checked' in render_form(choices("solo"), always=True)
 
 
 def test_options_from_form_and_query():

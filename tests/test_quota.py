@@ -130,6 +130,8 @@ def test_default_empty_refuses_everyone_unmatched():
         ("  default: [junior]\n", "  default: [juniors]\n",
          "q.yaml:23: assignments: default names role 'juniors'"),
         ("  users:\n", "  user:\n", "q.yaml:27: unknown key 'user' in assignments"),
+        ("    ops: [pipeline]\n", "    ops: [pipeline, pipeline]\n",
+         "q.yaml:26: assignments: group 'ops' lists role 'pipeline' twice"),
         ("  junior:\n", "  'bad name!':\n", "q.yaml:8: role name 'bad name!' is not allowed"),
         ("images:\n", "images:\n  pytorch:\n    image: again\n", "q.yaml:4: duplicate key 'pytorch' in images (first at line 2)"),
     ],
