@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# Build the notebook images quota-spawner/pytorch:latest and
+# quota-spawner/paddle:latest, and everything they need, in one command:
+#
+#   1. the local base quota-spawner/base:local (images/base/build.sh; skipped
+#      when up to date),
+#   2. wheels on the host (images/.build/wheels): project/ holds this package,
+#      deps/ everything in images/common/requirements.txt with all their
+#      dependencies, resolved with Debian's Python 3.11.2 (DESIGN.md),
+#   3. each image with `docker build --network none` on the local base.
+#
+# Each image carries the label quota-spawner.inputs: a hash of its Dockerfile,
+# images/common/, the package sources (spawner/, pyproject.toml) and the base
+# image. When the label matches, the image is skipped, so running this before
+# every test run costs well under a second.
+#
+#   scripts/build-images.sh [pytorch] [paddle]   # default: both
+#
+# Env:
+#   FORCE=1      rebuild the images even when their inputs are unchanged
+#                (FORCE=1 images/base/build.sh redoes the base).
+#   VERBOSE=1    stream `docker build` output (default: log to
+#                images/.build/logs/<image>.log, shown on failure).
+#   UPSTREAM=1   build FROM the pinned upstream CUDA images (pytorch/pytorch,
+#                paddlepaddle/paddle) instead, with network and PyPI: for real
+#                GPU hosts with a registry.
+#   WHEEL_PYTHON interpreter that resolves the wheels (default .venv/bin/python,
+#                which must be Debian's /usr/bin/python3, like the base).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+BUILD=images/.build
+WHEELS=$BUILD/wheels
+LOGS=$BUILD/logs
+LOCAL_BASE=quota-spawner/base:local
+ALL_IMAGES=(pytorch paddle)
+IMAGES=("$@")
+[ ${#IMAGES[@]} -gt 0 ] || IMAGES=("${ALL_IMAGES[@]}")
+# Fixed zip timestamps: the same sources give the same project wheel, so
+# Docker's layer cache holds when nothing changed.
+export SOURCE_DATE_EPOCH=315532800
+
+say() { echo "[images] $*"; }
+die() { echo "[images] ERROR: $*" >&2; exit 1; }
+now() { date +%s; }
+
+for name in "${IMAGES[@]}"; do
+    [ -f "images/$name/Dockerfile" ] || die "no images/$name/Dockerfile"
+done
+
+mkdir -p "$BUILD" "$LOGS"
+# One build at a time (parallel test runs share the images).
+exec 9>"$BUILD/.lock"
+if ! flock -n 9; then
+    say "another build is running; waiting for it"
+    flock 9
+fi
+
+docker info >/dev/null 2>&1 || scripts/dockerd.sh
+
+# ---------------------------------------------------------------- base ---
+if [ "${UPSTREAM:-0}" = 1 ]; then
+    BUILD_ARGS=()
+    PIP_ARGS=""
+    BASE_ID=upstream
+else
+    BASE_IMAGE=$LOCAL_BASE images/base/build.sh
+    BUILD_ARGS=(--network none --build-arg "BASE_IMAGE=$LOCAL_BASE")
+    PIP_ARGS=--no-index
+    BASE_ID=$(docker image inspect -f '{{.Id}}' "$LOCAL_BASE")
+fi
+
+# -------------------------------------------------------------- inputs ---
+# What goes into the project wheel: pyproject.toml, the package, and the
+# few top-level files setuptools may read.
+package_sources() {
+    local f
+    for f in pyproject.toml README.md README.rst LICENSE LICENSE.txt MANIFEST.in setup.py setup.cfg; do
+        [ -f "$f" ] && echo "$f"
+    done
+    find spawner -type f ! -path '*/__pycache__/*' ! -name '*.py[co]' | LC_ALL=C sort
+}
+
+# Of pyproject.toml only the tables that shape the wheel count: editing
+# [tool.ruff] or [tool.pytest] must not rebuild the images.
+PYPROJECT_DIGEST=$(/usr/bin/python3 -c '
+import hashlib, json, tomllib
+d = tomllib.load(open("pyproject.toml", "rb"))
+keep = {k: d.get(k) for k in ("build-system", "project")}
+keep["tool"] = {k: v for k, v in d.get("tool", {}).items() if k.startswith("setuptools")}
+print(hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest())')
+
+hash_files() {   # file names and contents
+    local f
+    for f in "$@"; do
+        printf '%s\n' "$f"
+        if [ "$f" = pyproject.toml ]; then echo "$PYPROJECT_DIGEST"; else sha256sum <"$f"; fi
+    done | sha256sum | cut -c1-16
+}
+
+mapfile -t SOURCES < <(package_sources)
+mapfile -t COMMON < <(find images/common images/.dockerignore -type f | LC_ALL=C sort)
+SHARED_HASH=$( { hash_files "${SOURCES[@]}" "${COMMON[@]}"; echo "$BASE_ID $PIP_ARGS"; } | sha256sum | cut -c1-16)
+
+image_hash() { { echo "$SHARED_HASH"; hash_files "images/$1/Dockerfile"; } | sha256sum | cut -c1-16; }
+
+STALE=()
+for name in "${IMAGES[@]}"; do
+    tag=quota-spawner/$name:latest
+    want=$(image_hash "$name")
+    have=$(docker image inspect -f '{{index .Config.Labels "quota-spawner.inputs"}}' "$tag" 2>/dev/null || true)
+    if [ "${FORCE:-0}" != 1 ] && [ "$have" = "$want" ]; then
+        say "$tag is up to date ($want)"
+    else
+        say "$tag: ${have:-missing} -> $want, will build"
+        STALE+=("$name")
+    fi
+done
+[ ${#STALE[@]} -gt 0 ] || exit 0
+
+# -------------------------------------------------------------- wheels ---
+PY=${WHEEL_PYTHON:-.venv/bin/python}
+if [ ! -x "$PY" ]; then
+    # No project venv yet (setup.sh makes one): a small one just for pip.
+    PY=$BUILD/wheel-venv/bin/python
+    [ -x "$PY" ] || /usr/bin/python3 -m venv "$BUILD/wheel-venv"
+fi
+pyver() { "$@" -c 'import platform; print(platform.python_version())'; }
+HOST_PY=$(pyver "$PY")
+if [ "${UPSTREAM:-0}" != 1 ]; then
+    BASE_PY=$(docker run --rm --network none "$LOCAL_BASE" python3 -c \
+        'import platform; print(platform.python_version())')
+    [ "$HOST_PY" = "$BASE_PY" ] || die "$PY is Python $HOST_PY but the base image has $BASE_PY;" \
+        "wheels resolved there may not install in the image. Recreate .venv with /usr/bin/python3" \
+        "or set WHEEL_PYTHON."
+fi
+PIP=("$PY" -m pip --disable-pip-version-check)
+
+t=$(now)
+# Build from a clean copy: setuptools' build/ in the tree can keep modules
+# that were deleted since, and would put them into the wheel.
+rm -rf "$BUILD/src" "$WHEELS/project"
+mkdir -p "$BUILD/src" "$WHEELS/project"
+tar -cf - "${SOURCES[@]}" | tar -xf - -C "$BUILD/src"
+"${PIP[@]}" wheel --no-deps -q -w "$WHEELS/project" "$BUILD/src" >"$LOGS/wheel-project.log" 2>&1 ||
+    { tail -n 30 "$LOGS/wheel-project.log" >&2; die "building the quota-spawner wheel failed"; }
+PROJECT_WHEEL=$(ls "$WHEELS"/project/quota_spawner-*.whl)
+say "project wheel $(basename "$PROJECT_WHEEL") ($(( $(now) - t ))s)"
+
+# Dependencies: resolved again only when what they come from changes.
+DEPS_STAMP=$( { hash_files pyproject.toml images/common/requirements.txt; echo "$HOST_PY"; } | sha256sum | cut -c1-16)
+if [ "$(cat "$WHEELS/deps.stamp" 2>/dev/null)" = "$DEPS_STAMP" ] && [ -d "$WHEELS/deps" ]; then
+    say "dependency wheels up to date ($(ls "$WHEELS/deps" | wc -l) wheels)"
+else
+    t=$(now)
+    say "pip wheel: dependencies with Python $HOST_PY (log: $LOGS/wheel-deps.log)"
+    rm -rf "$WHEELS/deps.tmp" "$WHEELS/deps.stamp"
+    sed "s#^quota-spawner#$ROOT/$PROJECT_WHEEL#" images/common/requirements.txt >"$BUILD/requirements.txt"
+    "${PIP[@]}" wheel -w "$WHEELS/deps.tmp" -r "$BUILD/requirements.txt" >"$LOGS/wheel-deps.log" 2>&1 ||
+        { tail -n 30 "$LOGS/wheel-deps.log" >&2; die "pip wheel failed"; }
+    rm -f "$WHEELS"/deps.tmp/quota_spawner-*.whl
+    rm -rf "$WHEELS/deps"
+    mv "$WHEELS/deps.tmp" "$WHEELS/deps"
+    echo "$DEPS_STAMP" >"$WHEELS/deps.stamp"
+    say "dependency wheels: $(ls "$WHEELS/deps" | wc -l) wheels, $(du -sh "$WHEELS/deps" | cut -f1) ($(( $(now) - t ))s)"
+fi
+
+# quota-spawner's own requirements: the image installs them in its cached
+# deps layer, then the package alone with --no-deps. (Docker's cache looks
+# at content, so rewriting the same list each time costs nothing.)
+/usr/bin/python3 -c '
+import tomllib
+d = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print("\n".join(d.get("dependencies", []) + d.get("optional-dependencies", {}).get("notebook", [])))
+' >"$WHEELS/deps/project-requirements.txt"
+
+# -------------------------------------------------------------- images ---
+export DOCKER_BUILDKIT=0   # legacy builder: no buildx here (DESIGN.md)
+for name in "${STALE[@]}"; do
+    tag=quota-spawner/$name:latest
+    want=$(image_hash "$name")
+    old=$(docker image inspect -f '{{.Id}}' "$tag" 2>/dev/null || true)
+    log=$LOGS/$name.log
+    t=$(now)
+    say "docker build $tag (log: $log)"
+    cmd=(docker build "${BUILD_ARGS[@]}" --build-arg "PIP_INSTALL_ARGS=$PIP_ARGS"
+         --label "quota-spawner.inputs=$want" -f "images/$name/Dockerfile" -t "$tag" images)
+    if [ "${VERBOSE:-0}" = 1 ]; then
+        set +e
+        "${cmd[@]}" 2>&1 | tee "$log"
+        ok=${PIPESTATUS[0]}
+        set -e
+    else
+        ok=0
+        "${cmd[@]}" >"$log" 2>&1 || ok=$?
+    fi
+    if [ "$ok" != 0 ]; then
+        tail -n 40 "$log" >&2
+        die "building $tag failed (full log: $log)"
+    fi
+    grep -h "WARNING: 'import spawner'" "$log" >&2 || true
+    # Tag the builder stage (all cache hits now): it keeps the layer cache
+    # that makes the next rebuild short, and lets the cleanup below tell
+    # current cache from garbage.
+    docker build "${BUILD_ARGS[@]}" --build-arg "PIP_INSTALL_ARGS=$PIP_ARGS" --target builder \
+        -t "quota-spawner/build-cache:$name" -f "images/$name/Dockerfile" images >>"$log" 2>&1 ||
+        say "WARNING: could not tag the build cache of $tag (see $log)"
+    new=$(docker image inspect -f '{{.Id}}' "$tag")
+    # Drop the image this one replaces (it is untagged now), unless a
+    # container still uses it.
+    if [ -n "$old" ] && [ "$old" != "$new" ]; then
+        docker rmi "$old" >/dev/null 2>&1 || true
+    fi
+    size=$(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}')
+    say "built $tag, $size ($(( $(now) - t ))s)"
+done
+
+# ------------------------------------------------------------- cleanup ---
+# Untagged leftovers of earlier builds: replaced notebook images, old
+# builder caches, old bases. Images a container still uses are kept (docker
+# rmi refuses); the current cache is tagged quota-spawner/build-cache:*.
+freed=0
+for id in $(docker images -q --filter dangling=true --filter label=quota-spawner.inputs); do
+    docker rmi "$id" >/dev/null 2>&1 && freed=$((freed + 1))
+done
+[ "$freed" = 0 ] || say "removed $freed old untagged image(s)"

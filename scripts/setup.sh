@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Prepare a fresh machine (Debian bookworm, root, no GPU, no registry) to
+# run the tests, the demo and the bench. Idempotent: each step checks first
+# and skips what is already done, so `make test` can run it every time.
+#
+#   1. apt: docker.io debootstrap chromium python3-venv python3-pip (missing only)
+#   2. npm: configurable-http-proxy from package-lock.json into node_modules/
+#   3. .venv (Debian's /usr/bin/python3) with `pip install -e '.[test,notebook]'`
+#   4. a running Docker engine (scripts/dockerd.sh)
+#   5. the notebook images (scripts/build-images.sh)
+#
+# Env: SKIP_IMAGES=1 stops after step 4.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+say() { echo "[setup] $*"; }
+die() { echo "[setup] ERROR: $*" >&2; exit 1; }
+T0=$(date +%s)
+
+# ------------------------------------------------------------------ apt ---
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
+missing=()
+for pkg in docker.io debootstrap chromium python3-venv python3-pip; do
+    installed "$pkg" || missing+=("$pkg")
+done
+# node and npm come from the machine image (NodeSource node 20); Debian's
+# own are the fallback.
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
+if [ ${#missing[@]} -gt 0 ]; then
+    [ "$(id -u)" -eq 0 ] || die "need root to apt-get install ${missing[*]}"
+    say "apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+else
+    say "system packages present"
+fi
+
+# ------------------------------------------------------------------ npm ---
+# npm writes node_modules/.package-lock.json on every install: newer than
+# package-lock.json means node_modules matches it.
+if [ -x node_modules/.bin/configurable-http-proxy ] &&
+   [ node_modules/.package-lock.json -nt package-lock.json ]; then
+    say "configurable-http-proxy present"
+else
+    say "npm ci (configurable-http-proxy)"
+    # EBADENGINE warnings on node 20 are harmless (DESIGN.md).
+    npm ci --no-audit --no-fund --loglevel=error
+fi
+
+# ----------------------------------------------------------------- venv ---
+# Debian's Python, not the machine's default python3: the images run
+# Debian's 3.11.2 and the wheels are resolved with this venv.
+if [ ! -x .venv/bin/python ]; then
+    say "creating .venv with /usr/bin/python3"
+    /usr/bin/python3 -m venv .venv
+fi
+home=$(sed -n 's/^home *= *//p' .venv/pyvenv.cfg)
+[ "$home" = /usr/bin ] || say "WARNING: .venv was made from $home, not /usr/bin; image wheels may not match (rm -rf .venv to redo)"
+
+stamp=.venv/.quota-spawner-setup
+want=$(sha256sum pyproject.toml | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && .venv/bin/python -c 'import spawner' 2>/dev/null; then
+    say ".venv up to date"
+else
+    say "pip install -e '.[test,notebook]'"
+    log=.venv/.quota-spawner-setup.log
+    .venv/bin/python -m pip install --disable-pip-version-check -e '.[test,notebook]' >"$log" 2>&1 ||
+        { tail -n 30 "$log" >&2; die "pip install failed (log: $log)"; }
+    echo "$want" >"$stamp"
+fi
+
+# --------------------------------------------------------------- docker ---
+scripts/dockerd.sh
+
+# --------------------------------------------------------------- images ---
+if [ "${SKIP_IMAGES:-0}" = 1 ]; then
+    say "SKIP_IMAGES=1: not building images"
+else
+    scripts/build-images.sh
+fi
+
+say "done in $(( $(date +%s) - T0 ))s"
