@@ -51,8 +51,9 @@ for name in "${IMAGES[@]}"; do
 done
 
 mkdir -p "$BUILD" "$LOGS"
-# One build at a time (parallel test runs share the images).
-exec 9>"$BUILD/.lock"
+# One build at a time, machine-wide: the image tags are global, and parallel
+# test runs or a second checkout (a CI clone) share them.
+exec 9>"${TMPDIR:-/tmp}/quota-spawner-images.lock"
 if ! flock -n 9; then
     say "another build is running; waiting for it"
     flock 9
@@ -152,7 +153,7 @@ say "project wheel $(basename "$PROJECT_WHEEL") ($(( $(now) - t ))s)"
 # Dependencies: resolved again only when what they come from changes.
 DEPS_STAMP=$( { hash_files pyproject.toml images/common/requirements.txt; echo "$HOST_PY"; } | sha256sum | cut -c1-16)
 if [ "$(cat "$WHEELS/deps.stamp" 2>/dev/null)" = "$DEPS_STAMP" ] && [ -d "$WHEELS/deps" ]; then
-    say "dependency wheels up to date ($(ls "$WHEELS/deps" | wc -l) wheels)"
+    say "dependency wheels up to date ($(ls "$WHEELS"/deps/*.whl | wc -l) wheels)"
 else
     t=$(now)
     say "pip wheel: dependencies with Python $HOST_PY (log: $LOGS/wheel-deps.log)"
@@ -164,7 +165,7 @@ else
     rm -rf "$WHEELS/deps"
     mv "$WHEELS/deps.tmp" "$WHEELS/deps"
     echo "$DEPS_STAMP" >"$WHEELS/deps.stamp"
-    say "dependency wheels: $(ls "$WHEELS/deps" | wc -l) wheels, $(du -sh "$WHEELS/deps" | cut -f1) ($(( $(now) - t ))s)"
+    say "dependency wheels: $(ls "$WHEELS"/deps/*.whl | wc -l) wheels, $(du -sh "$WHEELS/deps" | cut -f1) ($(( $(now) - t ))s)"
 fi
 
 # quota-spawner's own requirements: the image installs them in its cached
@@ -185,7 +186,7 @@ for name in "${STALE[@]}"; do
     log=$LOGS/$name.log
     t=$(now)
     say "docker build $tag (log: $log)"
-    cmd=(docker build "${BUILD_ARGS[@]}" --build-arg "PIP_INSTALL_ARGS=$PIP_ARGS"
+    cmd=(docker build --force-rm "${BUILD_ARGS[@]}" --build-arg "PIP_INSTALL_ARGS=$PIP_ARGS"
          --label "quota-spawner.inputs=$want" -f "images/$name/Dockerfile" -t "$tag" images)
     if [ "${VERBOSE:-0}" = 1 ]; then
         set +e
@@ -204,7 +205,7 @@ for name in "${STALE[@]}"; do
     # Tag the builder stage (all cache hits now): it keeps the layer cache
     # that makes the next rebuild short, and lets the cleanup below tell
     # current cache from garbage.
-    docker build "${BUILD_ARGS[@]}" --build-arg "PIP_INSTALL_ARGS=$PIP_ARGS" --target builder \
+    docker build --force-rm "${BUILD_ARGS[@]}" --build-arg "PIP_INSTALL_ARGS=$PIP_ARGS" --target builder \
         -t "quota-spawner/build-cache:$name" -f "images/$name/Dockerfile" images >>"$log" 2>&1 ||
         say "WARNING: could not tag the build cache of $tag (see $log)"
     new=$(docker image inspect -f '{{.Id}}' "$tag")

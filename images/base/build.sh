@@ -2,7 +2,7 @@
 # Build the small local base image `quota-spawner/base:local` without any
 # container registry: debootstrap a minimal Debian bookworm and `docker import`
 # it. It stands in for the CUDA framework images (pytorch/pytorch,
-# paddlepaddle/paddle) on machines with no registry and no GPU; see README.md.
+# paddlepaddle/paddle) on machines with no registry and no GPU; see images/README.md.
 #
 #   images/base/build.sh            # build if the image is missing or stale
 #   FORCE=1 images/base/build.sh    # debootstrap and import again
@@ -21,9 +21,9 @@ PACKAGES=python3,python3-venv,ca-certificates,tini,passwd,bash
 
 say() { echo "[base] $*"; }
 
-# The image records what it was built from; change this script (or the
-# package list, suite, mirror) and the image is rebuilt.
-INPUTS=$( { sha256sum <"$HERE/build.sh"; echo "$SUITE $MIRROR $PACKAGES"; } | sha256sum | cut -c1-16)
+# The image records what it was built from; change this script's code (not
+# its comments), the package list, suite or mirror, and it is rebuilt.
+INPUTS=$( { grep -v '^[[:space:]]*#' "$HERE/build.sh"; echo "$SUITE $MIRROR $PACKAGES"; } | sha256sum | cut -c1-16)
 
 if [ "${FORCE:-0}" != 1 ] && docker image inspect "$TAG" >/dev/null 2>&1; then
     have=$(docker image inspect -f '{{index .Config.Labels "quota-spawner.inputs"}}' "$TAG" 2>/dev/null || true)
