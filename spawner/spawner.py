@@ -228,9 +228,6 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         except Exception as e:
             self.log.warning("Could not read docker info: %s", e)
 
-    async def _still_running(self) -> str | None:
-        return await self.poll()
-
     async def start(self) -> tuple[str, int]:
         await self._check_engine_once()
         choice = await self.resolve()
@@ -244,7 +241,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         ip, port = await super().start()
         try:
             # The hub's own readiness check backs off to seconds; polling here is faster.
-            await wait_for_port(ip, port, self._still_running)
+            await wait_for_port(ip, port, self.poll)
         except BaseException:
             self.release_port()
             raise
