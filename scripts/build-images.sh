@@ -59,7 +59,10 @@ if ! flock -n 9; then
     flock 9
 fi
 
-docker info >/dev/null 2>&1 || scripts/dockerd.sh
+if ! docker info >/dev/null 2>&1; then
+    [ -z "${DOCKER_HOST:-}" ] || die "no Docker engine answers at DOCKER_HOST=$DOCKER_HOST"
+    scripts/dockerd.sh
+fi
 
 # ---------------------------------------------------------------- base ---
 if [ "${UPSTREAM:-0}" = 1 ]; then

@@ -6,10 +6,12 @@
 #   1. apt: docker.io debootstrap chromium python3-venv python3-pip (missing only)
 #   2. npm: configurable-http-proxy from package-lock.json into node_modules/
 #   3. .venv (Debian's /usr/bin/python3) with `pip install -e '.[test,notebook]'`
-#   4. a running Docker engine (scripts/dockerd.sh)
-#   5. the notebook images (scripts/build-images.sh)
+#   4. a running Docker engine: the machine's own (scripts/dockerd.sh), or
+#      with SETUP_ENGINE=test the private test engine that carries the fake
+#      NVIDIA hook (scripts/test-dockerd.sh), which `make test` and the bench use
+#   5. the notebook images in that engine (scripts/build-images.sh)
 #
-# Env: SKIP_IMAGES=1 stops after step 4.
+# Env: SKIP_IMAGES=1 stops after step 4. SETUP_ENGINE=system (default) or test.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -73,7 +75,14 @@ else
 fi
 
 # --------------------------------------------------------------- docker ---
-scripts/dockerd.sh
+case "${SETUP_ENGINE:-system}" in
+    system) scripts/dockerd.sh ;;
+    test)
+        scripts/test-dockerd.sh
+        DOCKER_HOST=$(scripts/test-dockerd.sh --host)
+        export DOCKER_HOST ;;
+    *) die "SETUP_ENGINE must be system or test, not $SETUP_ENGINE" ;;
+esac
 
 # --------------------------------------------------------------- images ---
 if [ "${SKIP_IMAGES:-0}" = 1 ]; then

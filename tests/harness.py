@@ -23,6 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
 IMAGES = ("quota-spawner/pytorch:latest", "quota-spawner/paddle:latest")
 
+# Tests and benchmarks use the private test engine, which carries the fake
+# NVIDIA hook (scripts/test-dockerd.sh), never the machine's own engine. The
+# hubs they start inherit this.
+TEST_DOCKER_HOST = os.environ.get(
+    "QUOTA_SPAWNER_TEST_DOCKER_HOST", "unix:///run/quota-spawner-test/docker.sock"
+)
+os.environ["DOCKER_HOST"] = TEST_DOCKER_HOST
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -31,17 +39,18 @@ def free_port() -> int:
 
 
 def ensure_engine() -> docker.DockerClient:
-    """A working Docker engine; starts our own dockerd when none answers."""
+    """The test engine; started when it does not answer."""
     try:
         client = docker.from_env()
         client.ping()
     except Exception:
-        subprocess.run(["bash", str(ROOT / "scripts" / "dockerd.sh")], check=True)
+        subprocess.run(["bash", str(ROOT / "scripts" / "test-dockerd.sh")], check=True)
         client = docker.from_env()
         client.ping()
     missing = [image for image in IMAGES if not client.images.list(name=image)]
     if missing:
-        raise RuntimeError(f"images {missing} are missing: run scripts/build-images.sh")
+        raise RuntimeError(f"images {missing} are missing from the test engine: run "
+                           "DOCKER_HOST=$(scripts/test-dockerd.sh --host) scripts/build-images.sh")
     return client
 
 
