@@ -8,8 +8,8 @@ import sys
 from typing import Any
 
 from .form import describe_limits
-from .quota import QuotaTable, QuotaTableError, Role, load_quota_table
-from .units import format_size
+from .quota import GpuCapacity, QuotaTable, QuotaTableError, Role, load_quota_table
+from .units import format_size, parse_size
 
 
 def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
@@ -21,6 +21,10 @@ def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
         "memory_human": format_size(role.memory),
         "shm": role.shm,
         "pids": role.pids,
+        "gpus": role.gpus,
+        "gpu_mode": role.gpu_mode if role.gpus else None,
+        "gpu_share": role.gpu_share if role.gpu_mode == "shared" else None,
+        "gpu_memory": role.gpu_memory,
         "images": [
             {"key": key, "image": table.images[key].image,
              "display_name": table.images[key].display_name}
@@ -31,9 +35,12 @@ def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     status = 0
+    gpus = None
+    if args.gpus is not None:
+        gpus = GpuCapacity(args.gpus, parse_size(args.gpu_memory) if args.gpu_memory else None)
     for path in args.files:
         try:
-            table = load_quota_table(path)
+            table = load_quota_table(path, gpus)
         except QuotaTableError as e:
             for problem in e.problems:
                 print(problem)
@@ -71,6 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     validate = sub.add_parser("validate", help="check quota tables; print FILE:LINE: problems")
     validate.add_argument("files", nargs="+", metavar="FILE")
+    validate.add_argument("--gpus", type=int, metavar="N",
+                          help="also check the roles against a hub with N GPUs")
+    validate.add_argument("--gpu-memory", metavar="SIZE",
+                          help="with --gpus: the smallest GPU's memory, like 80G")
     validate.set_defaults(func=cmd_validate)
     show = sub.add_parser("show", help="show the roles a user would get, with their limits")
     show.add_argument("file", metavar="FILE")

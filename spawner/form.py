@@ -14,17 +14,49 @@ from .units import format_human
 FIELD = "choice"
 
 
+def describe_gpus(role: Role) -> str:
+    """'1 GPU, exclusive' or '1 GPU, shared by up to 3 · 20 GiB GPU memory cap'; '' for none."""
+    if not role.gpus:
+        return ""
+    text = f"{role.gpus} GPU{'' if role.gpus == 1 else 's'}, "
+    if role.gpu_mode != "shared":
+        return text + "exclusive"
+    text += f"shared by up to {role.gpu_share}"
+    if role.gpu_memory:
+        text += f" · {format_human(role.gpu_memory)} GPU memory cap"
+    return text
+
+
 def describe_limits(role: Role) -> str:
-    """'2 CPUs · 4 GiB memory · 8 GiB shared memory'."""
+    """'2 CPUs · 4 GiB memory · 8 GiB shared memory · 1 GPU, exclusive'."""
     cpus = f"{role.cpus:g} CPU" + ("" if role.cpus == 1 else "s")
     parts = [cpus, f"{format_human(role.memory)} memory"]
     if role.shm:
         parts.append(f"{format_human(role.shm)} shared memory")
+    if role.gpus:
+        parts.append(describe_gpus(role))
     return " · ".join(parts)
 
 
-def render_form(choices: list[Choice], selected: str | None = None, always: bool = False) -> str:
-    """The form's HTML; empty when there is nothing to choose (unless ``always``)."""
+def describe_free(role: Role, available: int, total: int) -> str:
+    """How many GPUs this role could get one of right now."""
+    if total == 0:
+        return "this hub has no GPUs"
+    if role.gpu_mode == "shared":
+        return f"room on {available} of {total} GPUs now"
+    return f"{available} of {total} GPUs free now"
+
+
+def render_form(
+    choices: list[Choice],
+    selected: str | None = None,
+    always: bool = False,
+    gpus: tuple[Mapping[str, int], int] | None = None,
+) -> str:
+    """The form's HTML; empty when there is nothing to choose (unless ``always``).
+
+    ``gpus`` is (GPUs available per GPU role's name, GPUs in the inventory).
+    """
     if not choices or (len(choices) == 1 and not always):
         return ""
     if selected not in {c.key for c in choices}:
@@ -37,6 +69,14 @@ def render_form(choices: list[Choice], selected: str | None = None, always: bool
             f'<div class="text-muted small">{escape(role.description)}</div>'
             if role.description else ""
         )
+        gpu_state = ""
+        if role.gpus and gpus is not None:
+            available, total = gpus[0].get(role.name, 0), gpus[1]
+            enough = "text-success" if available >= role.gpus else "text-danger"
+            gpu_state = (
+                f'<div class="quota-gpus small {enough}" data-available="{available}">'
+                f"{escape(describe_free(role, available, total))}</div>"
+            )
         rows.append(
             f'<label class="list-group-item d-flex gap-3 quota-choice"'
             f' data-role="{escape(role.name)}" data-image="{escape(image.key)}">'
@@ -45,7 +85,7 @@ def render_form(choices: list[Choice], selected: str | None = None, always: bool
             f'<span><strong>{escape(role.title)}</strong>'
             f' <span class="badge text-bg-secondary">{escape(image.display_name)}</span>'
             f'<div class="quota-limits">{escape(describe_limits(role))}</div>'
-            f"{description}</span></label>"
+            f"{gpu_state}{description}</span></label>"
         )
     return (
         '<div class="quota-spawner-form">'

@@ -15,11 +15,12 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from .units import parse_size
+from .units import format_human, parse_size
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 NAME_RULE = "start with a letter or digit and use only letters, digits, '.', '_' and '-'"
 DOCKER_MIN_MEMORY = 6 * 2**20
+GPU_MODES = ("exclusive", "shared")
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,22 @@ class Role:
     display_name: str = ""
     shm: int | None = None
     pids: int | None = None
+    gpus: int = 0
+    gpu_mode: str = "exclusive"
+    gpu_share: int = 1  # most users on one GPU; 1 unless shared
+    gpu_memory: int | None = None  # soft cap per user, shared mode only
 
     @property
     def title(self) -> str:
         return self.display_name or self.name
+
+
+@dataclass(frozen=True)
+class GpuCapacity:
+    """What the hub's GPU inventory holds, for checking a table against it."""
+
+    count: int
+    smallest_memory: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,9 +127,10 @@ class QuotaTable:
 class _Reader:
     """Walks the YAML node tree, turning nodes into values and noting problems."""
 
-    def __init__(self, path: str, loader: yaml.SafeLoader):
+    def __init__(self, path: str, loader: yaml.SafeLoader, gpus: GpuCapacity | None = None):
         self.path = path
         self.loader = loader
+        self.gpus = gpus
         self.problems: list[Problem] = []
 
     def problem(self, node: Node, message: str) -> None:
@@ -190,6 +204,20 @@ class _Reader:
             return None
         return value
 
+    def whole_number(self, node: Node, where: str) -> int | None:
+        value = self.scalar(node) if isinstance(node, ScalarNode) else None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self.problem(node, f"{where} must be a whole number, 0 or more, not {_show(value)}")
+            return None
+        return value
+
+    def choice(self, node: Node, where: str, allowed: tuple[str, ...]) -> str | None:
+        value = self.scalar(node) if isinstance(node, ScalarNode) else None
+        if value not in allowed:
+            self.problem(node, f"{where} must be one of {', '.join(allowed)}, not {_show(value)}")
+            return None
+        return value
+
     def size(self, node: Node, where: str, minimum: int = 1) -> int | None:
         value = self.scalar(node) if isinstance(node, ScalarNode) else None
         try:
@@ -218,7 +246,10 @@ def _show(value: Any) -> str:
 
 
 IMAGE_FIELDS = ("image", "display_name", "description")
-ROLE_FIELDS = ("description", "display_name", "cpus", "memory", "shm", "pids", "images")
+ROLE_FIELDS = (
+    "description", "display_name", "cpus", "memory", "shm", "pids", "images",
+    "gpus", "gpu_mode", "gpu_share", "gpu_memory",
+)
 ASSIGNMENT_FIELDS = ("default", "groups", "users")
 TOP_FIELDS = ("images", "roles", "assignments")
 
@@ -256,7 +287,46 @@ _ROLE_READERS: dict[str, Callable[[_Reader, Node, str], Any]] = {
     "memory": lambda r, n, w: r.size(n, w, DOCKER_MIN_MEMORY),
     "shm": lambda r, n, w: r.size(n, w),
     "pids": lambda r, n, w: r.positive_int(n, w),
+    "gpus": lambda r, n, w: r.whole_number(n, w),
+    "gpu_mode": lambda r, n, w: r.choice(n, w, GPU_MODES),
+    "gpu_share": lambda r, n, w: r.positive_int(n, w),
+    "gpu_memory": lambda r, n, w: r.size(n, w, DOCKER_MIN_MEMORY),
 }
+
+
+def _check_gpu_fields(
+    r: _Reader, where: str, fields: dict[str, tuple[Node, Node]], values: dict[str, Any]
+) -> None:
+    """Rules that span the GPU fields, and the table against the GPU inventory."""
+
+    def at(key: str, message: str) -> None:
+        r.problem(fields[key][0], f"{where}: {message}")
+
+    gpus = values.get("gpus") or 0
+    mode = values.get("gpu_mode", "exclusive")
+    if gpus == 0:
+        for key in ("gpu_mode", "gpu_share", "gpu_memory"):
+            if key in fields:
+                at(key, f"{key} applies only to a role with gpus of 1 or more")
+        return
+    if mode == "exclusive":
+        if "gpu_share" in fields:
+            at("gpu_share", "gpu_share needs gpu_mode: shared (exclusive GPUs have one user)")
+        if "gpu_memory" in fields:
+            at("gpu_memory", "gpu_memory is the per-user cap on a shared GPU; it needs "
+                             "gpu_mode: shared (an exclusive user has the whole GPU)")
+    elif mode == "shared" and "gpu_share" not in fields:
+        at("gpu_mode", "gpu_mode: shared needs gpu_share, the most users on one GPU")
+    capacity = r.gpus
+    if capacity is None or capacity.count == 0:
+        return  # no inventory: GPU roles are refused at spawn time, with a message
+    if gpus > capacity.count:
+        at("gpus", f"gpus is {gpus}, but this hub has only {capacity.count} "
+                   f"GPU{'s' if capacity.count != 1 else ''}")
+    cap = values.get("gpu_memory")
+    if cap and capacity.smallest_memory and cap > capacity.smallest_memory:
+        at("gpu_memory", f"gpu_memory {format_human(cap)} is more than the smallest GPU's "
+                         f"memory ({format_human(capacity.smallest_memory)})")
 
 
 def _read_roles(
@@ -294,10 +364,14 @@ def _read_roles(
                     r.problem(item, f"{where} lists image '{key}' twice")
                 else:
                     role_images.append(key)
+        if len(r.problems) == before:
+            _check_gpu_fields(r, where, fields, values)
         if missing or len(r.problems) > before:
             continue
         if not all(k in images for k in role_images):
             continue  # the image itself had a problem, reported already
+        if values.get("gpu_mode") != "shared":
+            values.pop("gpu_share", None)
         roles[name] = Role(name=name, images=tuple(role_images), **values)
     return roles, set(declared)
 
@@ -330,8 +404,13 @@ def _read_assignments(r: _Reader, node: Node, role_names: set[str]):
     return default, by_section["groups"], by_section["users"]
 
 
-def parse_quota_table(text: str, path: str = "<quota table>") -> QuotaTable:
-    """Parse and validate; raise QuotaTableError listing every problem."""
+def parse_quota_table(
+    text: str, path: str = "<quota table>", gpus: GpuCapacity | None = None
+) -> QuotaTable:
+    """Parse and validate; raise QuotaTableError listing every problem.
+
+    With ``gpus``, roles are also checked against the hub's GPU inventory.
+    """
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
@@ -349,7 +428,7 @@ def parse_quota_table(text: str, path: str = "<quota table>") -> QuotaTable:
     if root is None:
         raise QuotaTableError([Problem(path, 1, "the file is empty; it needs images, roles "
                                                 "and assignments")])
-    r = _Reader(path, loader)
+    r = _Reader(path, loader, gpus)
     top = r.mapping(root, "the quota table", TOP_FIELDS)
     for needed in TOP_FIELDS:
         if isinstance(root, MappingNode) and needed not in top and not r.problems:
@@ -367,8 +446,7 @@ def parse_quota_table(text: str, path: str = "<quota table>") -> QuotaTable:
     return QuotaTable(path, images, roles, default, groups, users)
 
 
-
-def load_quota_table(path: str | Path) -> QuotaTable:
+def load_quota_table(path: str | Path, gpus: GpuCapacity | None = None) -> QuotaTable:
     """Read and validate the quota table at ``path``."""
     path = str(path)
     try:
@@ -377,4 +455,4 @@ def load_quota_table(path: str | Path) -> QuotaTable:
         raise QuotaTableError([Problem(path, 0, f"cannot read the file: {e.strerror}")]) from None
     except UnicodeDecodeError as e:
         raise QuotaTableError([Problem(path, 1, f"the file is not UTF-8 text: {e}")]) from None
-    return parse_quota_table(text, path)
+    return parse_quota_table(text, path, gpus)

@@ -4,21 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import os
+from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 from dockerspawner import DockerSpawner
 from tornado import web
-from traitlets import Dict, Integer, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 
+from .allocator import GpuRequest, NoGpuFree
 from .engine import check_engine_info
 from .form import options_from_form, render_form
+from .gpu_env import gpu_environment
+from .gpu_pool import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, LABEL_PREFIX, GpuPool, mode_label
+from .inventory import Inventory, declared_inventory, discover_nvml
 from .network import HostNetworkMixin, wait_for_port
 from .options import OptionsError, resolve_choice
-from .quota import Choice, QuotaTable, QuotaTableError
+from .quota import Choice, GpuCapacity, QuotaTable, QuotaTableError, Role
 from .store import QuotaStore
 
-LABEL_PREFIX = "quota-spawner."
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
@@ -54,12 +59,44 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
     extra_labels = Dict(
         config=True, help="More container labels. The quota-spawner.* labels cannot be overridden."
     )
+    gpu_inventory = List(
+        Dict(),
+        config=True,
+        help="""The GPUs this hub hands out, declared: for a hub that cannot see them
+        (a hub in a container, say). A list of {"uuid": "GPU-…", "name": "…",
+        "memory": "80G"}; name and memory are optional. When empty, the GPUs are
+        discovered with NVML on the hub host.""",
+    )
+    gpu_discovery = Bool(
+        True, config=True, help="Discover GPUs with NVML when no gpu_inventory is declared."
+    )
+    hub_id = Unicode(
+        config=True,
+        help="""Names this hub in the quota-spawner.hub label of its containers. Containers
+        with this hub's label that no server of the hub claims are stopped after
+        zombie_grace_period. Defaults to the container name prefix.""",
+    )
+    gpu_sync_interval = Float(
+        30.0, config=True,
+        help="Seconds between checks of the running containers against the GPU holdings.",
+    )
+    zombie_grace_period = Float(
+        300.0, config=True,
+        help="Seconds an unclaimed container of this hub may run before it is stopped.",
+    )
 
     _engine_checked: ClassVar[bool] = False
+    _pools: ClassVar[dict[str, GpuPool]] = {}
+    _pool_lock: ClassVar[asyncio.Lock | None] = None
+    # Container names the servers of this hub process claim (state loaded or started).
+    _claimed: ClassVar[set[str]] = set()
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.choice: Choice | None = None
+        self.gpu_uuids: tuple[str, ...] = ()
+        self._gpu_memory: int | None = None  # the smallest assigned GPU's memory
+        self._events: list[dict[str, Any]] = []
         # The admin's own extra config stays; the quota settings go on top of it.
         self._admin_host_config = self.extra_host_config
         self._admin_create_kwargs = self.extra_create_kwargs
@@ -92,15 +129,90 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
     def _cmd_default(self) -> list[str]:
         return ["jupyterhub-singleuser"]
 
+    @default("hub_id")
+    def _hub_id_default(self) -> str:
+        return self.prefix
+
+    # --- GPUs ---------------------------------------------------------------
+
+    def _inventory(self) -> Inventory:
+        if self.gpu_inventory:
+            try:
+                return declared_inventory(self.gpu_inventory)
+            except ValueError as e:
+                return Inventory((), "none", f"QuotaSpawner.gpu_inventory is invalid: {e}")
+        if not self.gpu_discovery:
+            return Inventory((), "none", "no gpu_inventory is declared and discovery is off")
+        return discover_nvml()
+
+    async def gpu_pool(self) -> GpuPool:
+        """This hub's GPU pool, in step with the running containers."""
+        key = json.dumps([self.gpu_inventory, self.gpu_discovery, self.hub_id], default=str)
+        pool = QuotaSpawner._pools.get(key)
+        if pool is None:
+            if QuotaSpawner._pool_lock is None:
+                QuotaSpawner._pool_lock = asyncio.Lock()
+            async with QuotaSpawner._pool_lock:
+                pool = QuotaSpawner._pools.get(key)
+                if pool is None:
+                    inventory = await asyncio.to_thread(self._inventory)
+                    log = self.log.info if inventory.devices else self.log.warning
+                    log("GPU inventory: %s", inventory.describe())
+                    pool = GpuPool(
+                        inventory, self.hub_id, self.client, self.log,
+                        sync_interval=self.gpu_sync_interval,
+                        zombie_grace=self.zombie_grace_period,
+                        known=QuotaSpawner._claimed,
+                    )
+                    QuotaSpawner._pools[key] = pool
+        await pool.ready()
+        return pool
+
+    @staticmethod
+    def gpu_capacity(pool: GpuPool) -> GpuCapacity:
+        memories = [d.memory for d in pool.inventory.devices]
+        smallest = min(memories) if memories and None not in memories else None
+        return GpuCapacity(len(memories), smallest)  # type: ignore[arg-type]
+
+    @staticmethod
+    def gpu_request(role: Role) -> GpuRequest | None:
+        if not role.gpus:
+            return None
+        return GpuRequest(role.gpus, role.gpu_mode, role.gpu_share, role.gpu_memory)
+
+    def _no_gpu_message(self, role: Role, error: NoGpuFree, pool: GpuPool,
+                        choices: list[Choice]) -> str:
+        usage = error.usage
+        wanted = f"{role.gpus} GPU{'s' if role.gpus != 1 else ''}"
+        if usage.total == 0:
+            reason = pool.inventory.reason or "none were found"
+            text = f"The role '{role.name}' needs {wanted}, but this hub has no GPUs ({reason})."
+        else:
+            held = usage.total - usage.free
+            text = (
+                f"No GPU is free for the role '{role.name}', which needs {wanted} "
+                f"({role.gpu_mode}): this hub has {usage.total} GPU"
+                f"{'s' if usage.total != 1 else ''} and {held} "
+                f"{'is' if held == 1 else 'are'} held ({usage.exclusive} exclusively, "
+                f"{usage.shared} shared)."
+            )
+        cpu_roles = list(dict.fromkeys(c.role.name for c in choices if not c.role.gpus))
+        if cpu_roles:
+            text += f" You can start a CPU-only server now with the role '{cpu_roles[0]}'."
+        else:
+            text += " You have no CPU-only role; try again when a GPU is released."
+        return text
+
     # --- the quota table --------------------------------------------------
 
     @property
     def store(self) -> QuotaStore:
         return QuotaStore.for_path(self.quota_file)
 
-    async def load_table(self) -> QuotaTable:
+    async def load_table(self, pool: GpuPool | None = None) -> QuotaTable:
+        pool = pool or await self.gpu_pool()
         try:
-            return await asyncio.to_thread(self.store.get, self.log)
+            return await asyncio.to_thread(self.store.get, self.log, self.gpu_capacity(pool))
         except QuotaTableError as e:
             raise web.HTTPError(
                 500,
@@ -111,27 +223,33 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
     def group_names(self) -> list[str]:
         return [g.name for g in self.user.groups]
 
-    async def choices(self) -> list[Choice]:
-        table = await self.load_table()
+    async def choices(self, pool: GpuPool | None = None) -> list[Choice]:
+        table = await self.load_table(pool)
         return table.choices_for(self.user.name, self.group_names())
 
     async def _render_options_form(self) -> str:
-        choices = await self.choices()
+        pool = await self.gpu_pool()
+        choices = await self.choices(pool)
+        free = {
+            c.role.name: pool.allocator.available(request)
+            for c in choices if (request := self.gpu_request(c.role))
+        }
+        gpus = (free, len(pool.inventory.devices))
         saved = self.orm_spawner.user_options if self.orm_spawner else None
         if not saved:
-            return render_form(choices)
+            return render_form(choices, gpus=gpus)
         try:
             selected = resolve_choice(choices, saved).key
         except OptionsError:
             # The saved choice is gone: show the form even for one choice,
             # or every Start would reuse it and fail.
-            return render_form(choices, always=True)
-        return render_form(choices, selected)
+            return render_form(choices, always=True, gpus=gpus)
+        return render_form(choices, selected, gpus=gpus)
 
-    async def resolve(self) -> Choice:
+    async def resolve(self, choices: list[Choice]) -> Choice:
         """The user's choice for this start, checked against the table."""
         try:
-            return resolve_choice(await self.choices(), self.user_options)
+            return resolve_choice(choices, self.user_options)
         except OptionsError as e:
             raise web.HTTPError(e.status, e.message) from None
 
@@ -164,6 +282,11 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         )
         if role.shm:
             config["shm_size"] = role.shm
+        # Exact UUIDs, never a Count (Docker would take GPUs 0..N-1 for everyone);
+        # always set, so an admin's extra config cannot add GPUs.
+        config["device_requests"] = [
+            {"driver": "nvidia", "device_ids": list(self.gpu_uuids), "capabilities": [["gpu"]]}
+        ] if self.gpu_uuids else []
         return config
 
     def labels(self) -> dict[str, str]:
@@ -172,7 +295,10 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             LABEL_PREFIX + "user": self.user.name,
             LABEL_PREFIX + "role": self.choice.role.name,
             LABEL_PREFIX + "image": self.choice.image.key,
-            LABEL_PREFIX + "gpus": "",
+            GPUS_LABEL: ",".join(self.gpu_uuids),
+            GPU_MODE_LABEL: mode_label(self.gpu_request(self.choice.role))
+            if self.gpu_uuids else "",
+            HUB_LABEL: self.hub_id,
         }
 
     async def _quota_create_kwargs(self) -> dict[str, Any]:
@@ -192,9 +318,15 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             env["QUOTA_ROLE"] = role.name
             env["CPU_LIMIT"] = f"{role.cpus:g}"
             env["MEM_LIMIT"] = str(role.memory)
-        # CUDA images default to "all": without a GPU role, see none.
-        env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        # CUDA images default to NVIDIA_VISIBLE_DEVICES=all: without GPUs, "void".
+        env.update(gpu_environment(self.gpu_uuids, self._gpu_cap(), self._gpu_memory))
         return env
+
+    def _gpu_cap(self) -> int | None:
+        if self.choice is None or not self.gpu_uuids:
+            return None
+        role = self.choice.role
+        return role.gpu_memory if role.gpu_mode == "shared" else None
 
     def _check_no_docker_socket(self, host_config: dict[str, Any] | None = None) -> None:
         host_config = host_config or {}
@@ -228,24 +360,82 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         except Exception as e:
             self.log.warning("Could not read docker info: %s", e)
 
+    def _progress(self, message: str, progress: int) -> None:
+        self._events.append({"message": message, "progress": progress})
+
+    async def progress(self) -> AsyncIterator[dict[str, Any]]:
+        """Spawn steps for the hub's progress page; it stops reading when the spawn ends."""
+        sent = 0
+        while True:
+            while sent < len(self._events):
+                yield self._events[sent]
+                sent += 1
+            await asyncio.sleep(0.1)
+
+    def _assign_gpus(self, pool: GpuPool, owner: str, choices: list[Choice]) -> None:
+        assert self.choice is not None
+        role = self.choice.role
+        self.gpu_uuids, self._gpu_memory = (), None
+        request = self.gpu_request(role)
+        if request is None:
+            return
+        try:
+            self.gpu_uuids = pool.allocator.acquire(owner, request)
+        except NoGpuFree as e:
+            message = self._no_gpu_message(role, e, pool, choices)
+            self.log.warning("Refused %s: %s", self._log_name, message)
+            raise web.HTTPError(503, message) from None
+        memories = [d.memory for d in pool.inventory.devices if d.uuid in self.gpu_uuids]
+        self._gpu_memory = min(memories) if memories and None not in memories else None
+        text = f"GPU {','.join(self.gpu_uuids)} assigned ({mode_label(request)})"
+        self.log.info("%s: %s", self._log_name, text)
+        self._progress(text, 30)
+
     async def start(self) -> tuple[str, int]:
+        self._events = []
         await self._check_engine_once()
-        choice = await self.resolve()
+        pool = await self.gpu_pool()
+        choices = await self.choices(pool)
+        choice = await self.resolve(choices)
         self._check_no_docker_socket()
         self._apply_choice(choice)
+        owner = self.object_name
         self.log.info(
-            "Starting %s as role %s with image %s (%g CPUs, %d bytes memory)",
+            "Starting %s as role %s with image %s (%g CPUs, %d bytes memory, %d GPUs)",
             self._log_name, choice.role.name, choice.image.key,
-            choice.role.cpus, choice.role.memory,
+            choice.role.cpus, choice.role.memory, choice.role.gpus,
         )
-        ip, port = await super().start()
+        self._progress(f"Role {choice.role.name} with {choice.image.display_name}", 10)
+        pool.starting.add(owner)
         try:
+            self._assign_gpus(pool, owner, choices)
+            self._progress("Starting the container", 40)
+            ip, port = await super().start()
+            pool.claim(owner)
+            self._progress("Container started; waiting for the notebook server", 60)
             # The hub's own readiness check backs off to seconds; polling here is faster.
             await wait_for_port(ip, port, self.poll)
         except BaseException:
             self.release_port()
+            pool.release(owner, "the start failed")
             raise
+        finally:
+            pool.starting.discard(owner)
         return ip, port
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        if self.object_id:
+            # after a hub restart: this container is ours, not a zombie
+            QuotaSpawner._claimed.add(self.object_name)
+
+    async def poll(self) -> int | str | None:
+        status = await super().poll()
+        if status is not None:
+            pool = await self.gpu_pool()
+            if self.object_name not in pool.starting:
+                pool.forget(self.object_name, f"the container stopped ({status})")
+        return status
 
     async def stop(self, now: bool = False) -> None:
         if not self.object_id:
@@ -255,3 +445,4 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
                 self.release_port()
                 return
         await super().stop(now=now)
+        (await self.gpu_pool()).forget(self.object_name, "the server stopped")

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import ClassVar
 
-from .quota import Problem, QuotaTable, QuotaTableError, load_quota_table
+from .quota import GpuCapacity, Problem, QuotaTable, QuotaTableError, load_quota_table
 
 
 class QuotaStore:
@@ -25,6 +25,7 @@ class QuotaStore:
         self.path = path
         self._lock = threading.Lock()
         self._raw: bytes | None = None
+        self._gpus: GpuCapacity | None = None
         self._good: QuotaTable | None = None
         self._problems: list[Problem] = []
 
@@ -41,9 +42,12 @@ class QuotaStore:
         """What was wrong with the file when it was last read; empty if it was good."""
         return list(self._problems)
 
-    def get(self, log: logging.Logger | logging.LoggerAdapter) -> QuotaTable:
+    def get(
+        self, log: logging.Logger | logging.LoggerAdapter, gpus: GpuCapacity | None = None
+    ) -> QuotaTable:
         """The current table; blocking (reads the file), so call it in a thread.
 
+        ``gpus`` is the hub's GPU inventory, which roles are checked against.
         Raises QuotaTableError only when no good table was ever loaded.
         """
         with self._lock:
@@ -52,10 +56,10 @@ class QuotaStore:
                 raw: bytes | None = Path(self.path).read_bytes()
             except OSError:
                 raw = None
-            if raw is None or raw != self._raw:
-                self._raw = raw
+            if raw is None or raw != self._raw or gpus != self._gpus:
+                self._raw, self._gpus = raw, gpus
                 try:
-                    table = load_quota_table(self.path)
+                    table = load_quota_table(self.path, gpus)
                 except QuotaTableError as e:
                     self._problems = e.problems
                     kept = "keeping the last good table" if self._good else "no good table yet"

@@ -118,7 +118,7 @@ def test_default_empty_refuses_everyone_unmatched():
          "q.yaml:17: role 'senior' names image 'tensorflow', which is not under images"),
         ("    images: [pytorch]\n", "    images: []\n", "q.yaml:17: role 'senior': images must name"),
         ("    images: [pytorch]\n", "    images: pytorch\n", "q.yaml:17: role 'senior': images must be a list"),
-        ("    shm: 8G\n", "    shm: 8G\n    gpus: 1\n", "q.yaml:16: unknown key 'gpus' in role 'senior'"),
+        ("    shm: 8G\n", "    shm: 8G\n    gpu: 1\n", "q.yaml:16: unknown key 'gpu' in role 'senior'"),
         ("    memory: 4G\n", "    memory: 4G\n    memory: 8G\n",
          "q.yaml:11: duplicate key 'memory' in role 'junior' (first at line 10)"),
         ("    image: quota-spawner/paddle:latest\n", "    img: quota-spawner/paddle:latest\n",

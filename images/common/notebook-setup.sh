@@ -118,6 +118,14 @@ for f in dist.files or []:
 print(f"[notebook-setup] staged {n} files of quota-spawner {dist.version} in {delta}")
 PY
 
+    # PyTorch's soft GPU memory cap (spawner/torch_memory_cap.py): a .pth
+    # line runs at every Python start, and imports the hook only when the
+    # spawner set GPU_MEMORY_LIMIT.
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    mkdir -p "$DELTA$site"
+    echo 'import os; os.environ.get("GPU_MEMORY_LIMIT") and __import__("spawner.torch_memory_cap").torch_memory_cap.install()' \
+        >"$DELTA$site/quota_spawner_gpu_cap.pth"
+
     # Checked, not required: a broken package import shows up here as a
     # warning (and in the tests) without blocking the image.
     "$VENV/bin/python" -c 'import spawner' || say "WARNING: 'import spawner' failed in the image"

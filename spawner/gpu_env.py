@@ -1,0 +1,56 @@
+"""The environment a container gets for its GPUs and its soft GPU memory cap.
+
+The caps are per process and cooperative: each framework limits its own
+allocator. They are not hardware isolation; MIG is (docs/gpus.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+# What every GPU-related variable is when the container has no GPU, so that
+# nothing from an earlier spawn's environment can survive a role change.
+NO_GPU = "void"
+
+CAP_VARIABLES = (
+    "GPU_MEMORY_LIMIT",
+    "FLAGS_gpu_memory_limit_mb",
+    "FLAGS_allocator_strategy",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION",
+    "XLA_PYTHON_CLIENT_PREALLOCATE",
+    "TF_FORCE_GPU_ALLOW_GROWTH",
+)
+
+
+def memory_fraction(cap: int, device_memory: int) -> float:
+    """The cap as a fraction of the card, rounded down to 3 places (never above it)."""
+    return max(0.001, min(1.0, math.floor(cap / device_memory * 1000) / 1000))
+
+
+def gpu_environment(
+    uuids: Sequence[str], memory_cap: int | None = None, device_memory: int | None = None
+) -> dict[str, str]:
+    """NVIDIA_VISIBLE_DEVICES, plus the framework settings for a soft memory cap.
+
+    ``device_memory`` is the smallest assigned GPU's memory, when known; JAX
+    takes its cap as a fraction of it.
+    """
+    env = {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids) if uuids else NO_GPU}
+    if not uuids or not memory_cap:
+        return env
+    env.update({
+        # Read by the image's torch startup hook (spawner/torch_memory_cap.py):
+        # torch 2.7 has no allocator setting for a fraction.
+        "GPU_MEMORY_LIMIT": str(memory_cap),
+        # PaddlePaddle
+        "FLAGS_gpu_memory_limit_mb": str(memory_cap // 2**20),
+        "FLAGS_allocator_strategy": "auto_growth",
+        # JAX: never grab most of the card up front
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        # TensorFlow has no cap by environment; growth at least leaves room for others
+        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+    })
+    if device_memory:
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{memory_fraction(memory_cap, device_memory):.3f}"
+    return env

@@ -1,0 +1,190 @@
+"""The hub's GPU pool: the allocator kept in step with the running containers.
+
+The labels on running containers are the record of which GPUs are held
+(DESIGN.md). The pool rebuilds its holdings from them before it serves the
+first spawn after a hub start, and then on a timer:
+
+- a holding whose container is gone (``docker rm``, OOM, a crash) is released;
+- a running container holding GPUs that the allocator does not know about
+  (another hub process, a restart) is adopted, so its GPUs are never handed out;
+- a container of this hub that no spawner claims (a "zombie", e.g. left by a
+  hub whose database was lost) is reported, and stopped and removed after a
+  grace period, which releases its GPUs. Its home volume is kept.
+
+Docker and NVML calls run in threads; the allocator itself is in-memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .allocator import GpuAllocator, GpuRequest
+from .inventory import Inventory, free_memory
+
+LABEL_PREFIX = "quota-spawner."
+GPUS_LABEL = LABEL_PREFIX + "gpus"
+GPU_MODE_LABEL = LABEL_PREFIX + "gpu-mode"  # "exclusive" or "shared:<gpu_share>"
+HUB_LABEL = LABEL_PREFIX + "hub"
+USER_LABEL = LABEL_PREFIX + "user"
+ALIVE_STATES = ("created", "running", "restarting", "paused")
+
+
+def mode_label(request: GpuRequest | None) -> str:
+    if request is None:
+        return ""
+    return f"shared:{request.share}" if request.shared else "exclusive"
+
+
+def request_from_labels(labels: dict[str, str]) -> tuple[tuple[str, ...], GpuRequest | None]:
+    """The UUIDs and the kind of holding a container's labels record."""
+    uuids = tuple(u for u in (labels.get(GPUS_LABEL) or "").split(",") if u)
+    if not uuids:
+        return (), None
+    mode = labels.get(GPU_MODE_LABEL, "exclusive")
+    if mode.startswith("shared:"):
+        try:
+            share = max(1, int(mode.partition(":")[2]))
+        except ValueError:
+            share = 1
+        return uuids, GpuRequest(len(uuids), "shared", share)
+    return uuids, GpuRequest(len(uuids))
+
+
+def container_name(container: dict[str, Any]) -> str:
+    names = container.get("Names") or ["/"]
+    return names[0].lstrip("/")
+
+
+class GpuPool:
+    """One per hub process (and inventory): shared by all its spawners."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        hub_id: str,
+        docker: Callable[..., Any],
+        log: logging.Logger | logging.LoggerAdapter,
+        sync_interval: float = 30.0,
+        zombie_grace: float = 300.0,
+        known: set[str] | None = None,
+    ):
+        self.inventory = inventory
+        self.allocator = GpuAllocator(inventory.devices)
+        self.hub_id = hub_id
+        self._docker = docker  # a docker APIClient (its methods block)
+        self.log = log
+        self.sync_interval = sync_interval
+        self.zombie_grace = zombie_grace
+        # containers a spawner of this hub claims (shared with the spawner class)
+        self.known: set[str] = known if known is not None else set()
+        self.starting: set[str] = set()  # owners mid-start: not gone, not zombies
+        self._suspects: dict[str, float] = {}  # unclaimed container -> first seen
+        self._ready = False
+        self._sync_lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    # --- the spawners' side ---------------------------------------------------
+
+    async def ready(self) -> None:
+        """Holdings rebuilt from the containers; awaited before any spawn is served."""
+        if not self._ready:
+            await self.sync()
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._loop())
+
+    def claim(self, name: str) -> None:
+        self.known.add(name)
+        self._suspects.pop(name, None)
+
+    def release(self, owner: str, why: str) -> tuple[str, ...]:
+        uuids = self.allocator.release(owner)
+        if uuids:
+            self.log.info("GPU %s released by %s: %s", ",".join(uuids), owner, why)
+        return uuids
+
+    def forget(self, name: str, why: str) -> None:
+        self.known.discard(name)
+        self.release(name, why)
+
+    # --- keeping in step with Docker ------------------------------------------
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.to_thread(getattr(self._docker, method), *args, **kwargs)
+
+    async def sync(self) -> None:
+        async with self._sync_lock:
+            containers = await self._call("containers", all=True,
+                                          filters={"label": GPUS_LABEL})
+            self._reconcile(containers, time.monotonic())
+            self._ready = True
+            zombies = [name for name, seen in self._suspects.items()
+                       if time.monotonic() - seen >= self.zombie_grace]
+        for name in zombies:
+            await self._stop_zombie(name)
+        if self.inventory.source == "nvml" and self.inventory.devices:
+            free = await asyncio.to_thread(free_memory, self.inventory.uuids)
+            self.allocator.set_free_memory(free)
+
+    def _reconcile(self, containers: list[dict[str, Any]], now: float) -> None:
+        alive = {container_name(c): c for c in containers if c.get("State") in ALIVE_STATES}
+        for owner in self.allocator.holdings():
+            if owner not in alive and owner not in self.starting:
+                self.release(owner, "its container is gone")
+        held = self.allocator.holdings()
+        for name, c in alive.items():
+            labels = c.get("Labels") or {}
+            uuids, request = request_from_labels(labels)
+            if request is not None and name not in self.starting:
+                holding = held.get(name)
+                if holding is None or holding.uuids != uuids:
+                    self._adopt(name, uuids, request)
+            if labels.get(HUB_LABEL) == self.hub_id and USER_LABEL in labels:
+                self._check_claimed(name, labels, now)
+        for name in list(self._suspects):
+            if name not in alive or name in self.known:
+                self._suspects.pop(name)
+
+    def _adopt(self, name: str, uuids: tuple[str, ...], request: GpuRequest) -> None:
+        conflicts = self.allocator.adopt(name, uuids, request)
+        self.log.info("GPU %s held by running container %s (%s)", ",".join(uuids), name,
+                      mode_label(request))
+        for conflict in conflicts:
+            self.log.error("GPU double-booked: %s", conflict)
+
+    def _check_claimed(self, name: str, labels: dict[str, str], now: float) -> None:
+        if name in self.known or name in self.starting or name in self._suspects:
+            return
+        self._suspects[name] = now
+        self.log.warning(
+            "Container %s (user %s, GPUs %s) has this hub's labels, but no server of this "
+            "hub claims it; it will be stopped in %.0f s unless one does",
+            name, labels.get(USER_LABEL, "?"), labels.get(GPUS_LABEL) or "none",
+            self.zombie_grace,
+        )
+
+    async def _stop_zombie(self, name: str) -> None:
+        if name in self.known or name in self.starting:
+            self._suspects.pop(name, None)
+            return
+        self.log.warning("Stopping unclaimed container %s, which held GPUs %s", name,
+                         ",".join(h.uuids) if (h := self.allocator.holding(name)) else "none")
+        try:
+            await self._call("remove_container", name, force=True)
+        except Exception as e:
+            if getattr(getattr(e, "response", None), "status_code", None) != 404:
+                self.log.error("Could not remove unclaimed container %s: %s", name, e)
+                return
+        self._suspects.pop(name, None)
+        self.release(name, "unclaimed container removed")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.sync_interval)
+            try:
+                await self.sync()
+            except Exception as e:  # keep syncing; Docker may be back next time
+                self.log.error("GPU sync with Docker failed: %s", e)

@@ -1,0 +1,79 @@
+"""Apply GPU_MEMORY_LIMIT to PyTorch in every Python process of the image.
+
+The notebook images install a .pth file that imports this module at Python
+startup when GPU_MEMORY_LIMIT is set (images/common/notebook-setup.sh). The
+pinned torch (2.7) has no PYTORCH_CUDA_ALLOC_CONF setting for a memory
+fraction, so this waits for ``import torch`` and queues
+``torch.cuda.set_per_process_memory_fraction`` for CUDA's lazy
+initialisation: importing torch stays cheap and CPU-only work never
+touches CUDA. A soft, per-process cap: see docs/gpus.md.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+from types import ModuleType
+from typing import Any
+
+VARIABLE = "GPU_MEMORY_LIMIT"
+
+
+def limit_from_env() -> int | None:
+    try:
+        value = int(os.environ.get(VARIABLE, ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def apply_cap(torch: Any, limit: int) -> None:
+    """Cap every visible device at ``limit`` bytes (run once CUDA is initialised)."""
+    for device in range(torch.cuda.device_count()):
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+
+
+def on_torch_imported(torch: ModuleType, limit: int) -> None:
+    try:
+        torch.cuda._lazy_call(lambda: apply_cap(torch, limit))
+    except Exception as e:  # never break `import torch`
+        print(f"quota-spawner: could not apply {VARIABLE}: {e}", file=sys.stderr)
+
+
+class _TorchImportHook(importlib.abc.MetaPathFinder):
+    """Finds nothing itself; wraps torch's own loader to run after it."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)  # once, and not for the lookup below
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        loader, limit = spec.loader, self.limit
+        exec_module = loader.exec_module
+
+        def exec_then_cap(module: ModuleType) -> None:
+            exec_module(module)
+            on_torch_imported(module, limit)
+
+        loader.exec_module = exec_then_cap  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    """Called from the .pth file: arm the hook when a cap applies."""
+    limit = limit_from_env()
+    if limit is None:
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        on_torch_imported(torch, limit)
+    elif not any(isinstance(f, _TorchImportHook) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TorchImportHook(limit))
