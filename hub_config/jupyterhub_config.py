@@ -4,6 +4,7 @@
 # For production set the QUOTA_SPAWNER_* variables below (the compose file in
 # this folder does) and replace the authenticator with your own.
 # Docs: docs/deployment.md.
+import json
 import logging
 import os
 from pathlib import Path
@@ -48,6 +49,15 @@ c.QuotaSpawner.start_timeout = int(env("START_TIMEOUT", "300"))  # first pull of
 c.QuotaSpawner.http_timeout = 60
 c.QuotaSpawner.poll_interval = int(env("POLL_INTERVAL", "10"))
 c.Spawner.default_url = "/lab"
+# GPUs: discovered with NVML on this host. A hub that cannot see them (in a
+# container, say) declares them: a JSON list of {"uuid", "name", "memory"},
+# or just comma-separated UUIDs. See docs/gpus.md.
+if env("GPU_INVENTORY", ""):
+    declared = env("GPU_INVENTORY", "")
+    c.QuotaSpawner.gpu_inventory = (
+        json.loads(declared) if declared.lstrip().startswith("[")
+        else [{"uuid": u.strip()} for u in declared.split(",") if u.strip()]
+    )
 
 # --- people ----------------------------------------------------------------
 # Demo login: any user name with the shared password. Replace in production,
