@@ -430,19 +430,22 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             QuotaSpawner._claimed.add(self.object_name)
 
     async def poll(self) -> int | str | None:
+        # The hub polls every running server at startup: the pool (and its
+        # zombie check) starts then, not only at the first spawn.
+        pool = await self.gpu_pool()
         status = await super().poll()
-        if status is not None:
-            pool = await self.gpu_pool()
-            if self.object_name not in pool.starting:
-                pool.forget(self.object_name, f"the container stopped ({status})")
+        if status is not None and self.object_name not in pool.starting:
+            pool.forget(self.object_name, f"the container stopped ({status})")
         return status
 
     async def stop(self, now: bool = False) -> None:
+        pool = await self.gpu_pool()
         if not self.object_id:
-            # a start refused before any container was made
+            # a start refused before any container was made, or one removed behind our back
             await self.get_object()
             if not self.object_id:
                 self.release_port()
+                pool.forget(self.object_name, "the server stopped")
                 return
         await super().stop(now=now)
-        (await self.gpu_pool()).forget(self.object_name, "the server stopped")
+        pool.forget(self.object_name, "the server stopped")
