@@ -35,9 +35,7 @@ def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     status = 0
-    gpus = None
-    if args.gpus is not None:
-        gpus = GpuCapacity(args.gpus, parse_size(args.gpu_memory) if args.gpu_memory else None)
+    gpus = GpuCapacity(args.gpus, args.gpu_memory) if args.gpus is not None else None
     for path in args.files:
         try:
             table = load_quota_table(path, gpus)
@@ -73,6 +71,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def size_argument(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{e} (sizes look like 80G or 80GiB)") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quota-spawner", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -80,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("files", nargs="+", metavar="FILE")
     validate.add_argument("--gpus", type=int, metavar="N",
                           help="also check the roles against a hub with N GPUs")
-    validate.add_argument("--gpu-memory", metavar="SIZE",
+    validate.add_argument("--gpu-memory", metavar="SIZE", type=size_argument,
                           help="with --gpus: the smallest GPU's memory, like 80G")
     validate.set_defaults(func=cmd_validate)
     show = sub.add_parser("show", help="show the roles a user would get, with their limits")
@@ -94,7 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "gpu_memory", None) is not None and args.gpus is None:
+        parser.error("--gpu-memory needs --gpus")
     return args.func(args)
 
 

@@ -83,6 +83,9 @@ class GpuPool:
         self.known: set[str] = known if known is not None else set()
         self.starting: set[str] = set()  # owners mid-start: not gone, not zombies
         self._suspects: dict[str, float] = {}  # unclaimed container -> first seen
+        # owner -> when its holding last changed here; a container list taken
+        # before that says nothing about the holding
+        self._changed: dict[str, float] = {}
         self._ready = False
         self._sync_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -100,7 +103,13 @@ class GpuPool:
         self.known.add(name)
         self._suspects.pop(name, None)
 
+    def acquire(self, owner: str, request: GpuRequest) -> tuple[str, ...]:
+        """Hold GPUs for a starting container (raises NoGpuFree)."""
+        self._changed[owner] = time.monotonic()
+        return self.allocator.acquire(owner, request)
+
     def release(self, owner: str, why: str) -> tuple[str, ...]:
+        self._changed[owner] = time.monotonic()
         uuids = self.allocator.release(owner)
         if uuids:
             self.log.info("GPU %s released by %s: %s", ",".join(uuids), owner, why)
@@ -117,9 +126,10 @@ class GpuPool:
 
     async def sync(self) -> None:
         async with self._sync_lock:
+            listed_at = time.monotonic()
             containers = await self._call("containers", all=True,
                                           filters={"label": GPUS_LABEL})
-            self._reconcile(containers, time.monotonic())
+            self._reconcile(containers, listed_at)
             self._ready = True
             zombies = [name for name, seen in self._suspects.items()
                        if time.monotonic() - seen >= self.zombie_grace]
@@ -129,21 +139,28 @@ class GpuPool:
             free = await asyncio.to_thread(free_memory, self.inventory.uuids)
             self.allocator.set_free_memory(free)
 
-    def _reconcile(self, containers: list[dict[str, Any]], now: float) -> None:
+    def _reconcile(self, containers: list[dict[str, Any]], listed_at: float) -> None:
+        """Bring the holdings in line with a container list taken at ``listed_at``."""
         alive = {container_name(c): c for c in containers if c.get("State") in ALIVE_STATES}
+        self._changed = {o: t for o, t in self._changed.items() if t >= listed_at}
+
+        def settled(owner: str) -> bool:
+            # not mid-start, and not acquired or released since the list was taken
+            return owner not in self.starting and owner not in self._changed
+
         for owner in self.allocator.holdings():
-            if owner not in alive and owner not in self.starting:
+            if owner not in alive and settled(owner):
                 self.release(owner, "its container is gone")
         held = self.allocator.holdings()
         for name, c in alive.items():
             labels = c.get("Labels") or {}
             uuids, request = request_from_labels(labels)
-            if request is not None and name not in self.starting:
+            if request is not None and settled(name):
                 holding = held.get(name)
                 if holding is None or holding.uuids != uuids:
                     self._adopt(name, uuids, request)
             if labels.get(HUB_LABEL) == self.hub_id and USER_LABEL in labels:
-                self._check_claimed(name, labels, now)
+                self._check_claimed(name, labels, listed_at)
         for name in list(self._suspects):
             if name not in alive or name in self.known:
                 self._suspects.pop(name)

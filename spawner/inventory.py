@@ -31,7 +31,7 @@ class GpuDevice:
 class Inventory:
     devices: tuple[GpuDevice, ...]
     source: str  # "nvml", "declared" or "none"
-    reason: str = ""  # why there are no devices, when there are none
+    reason: str = ""  # why there are no devices, or which ones were skipped
 
     @property
     def uuids(self) -> tuple[str, ...]:
@@ -41,7 +41,8 @@ class Inventory:
         if not self.devices:
             return f"no GPUs ({self.reason})" if self.reason else "no GPUs"
         names = ", ".join(f"{d.index}: {d.name} {d.uuid}" for d in self.devices)
-        return f"{len(self.devices)} GPUs from {self.source}: {names}"
+        text = f"{len(self.devices)} GPUs from {self.source}: {names}"
+        return f"{text} ({self.reason})" if self.reason else text
 
 
 def declared_inventory(entries: Iterable[Mapping[str, Any]]) -> Inventory:
@@ -101,11 +102,16 @@ def discover_nvml(nvml: ModuleType | None = None) -> Inventory:
             return Inventory((), "none", nvml_reason(e))
         try:
             devices: list[GpuDevice] = []
+            skipped: list[str] = []
             for i in range(nvml.nvmlDeviceGetCount()):
-                handle = nvml.nvmlDeviceGetHandleByIndex(i)
-                migs = _mig_devices(nvml, handle, i)
-                devices.extend(migs if migs is not None else [_device(nvml, handle, str(i))])
-            return Inventory(tuple(devices), "nvml", "" if devices else "NVML found no GPUs")
+                try:  # one lost GPU must not take the others out of the inventory
+                    handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                    migs = _mig_devices(nvml, handle, i)
+                    devices.extend(migs if migs is not None else [_device(nvml, handle, str(i))])
+                except Exception as e:
+                    skipped.append(f"GPU {i} skipped: {nvml_reason(e)}")
+            reason = "; ".join(skipped) or ("" if devices else "NVML found no GPUs")
+            return Inventory(tuple(devices), "nvml" if devices else "none", reason)
         except Exception as e:
             return Inventory((), "none", nvml_reason(e))
         finally:

@@ -187,6 +187,9 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         if usage.total == 0:
             reason = pool.inventory.reason or "none were found"
             text = f"The role '{role.name}' needs {wanted}, but this hub has no GPUs ({reason})."
+        elif role.gpus > usage.total:
+            text = (f"The role '{role.name}' needs {wanted}, but this hub has only "
+                    f"{usage.total}; an admin must fix the quota table.")
         else:
             held = usage.total - usage.free
             text = (
@@ -380,7 +383,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         if request is None:
             return
         try:
-            self.gpu_uuids = pool.allocator.acquire(owner, request)
+            self.gpu_uuids = pool.acquire(owner, request)
         except NoGpuFree as e:
             message = self._no_gpu_message(role, e, pool, choices)
             self.log.warning("Refused %s: %s", self._log_name, message)

@@ -21,7 +21,7 @@ def test_validate_ok():
 
 def test_validate_reports_file_and_line(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(Path(EXAMPLE).read_text().replace("cpus: 8", "cpus: -8"))
+    bad.write_text(Path(EXAMPLE).read_text().replace("cpus: 8", "cpus: -8", 1))
     result = run("validate", str(bad))
     assert result.returncode == 1
     line = next(i for i, t in enumerate(bad.read_text().splitlines(), 1) if "cpus: -8" in t)
@@ -41,8 +41,28 @@ def test_show_text_and_json():
     text = run("show", EXAMPLE, "--user", "bob", "--group", "ml-platform")
     assert "senior-engineer: 8 CPUs · 32 GiB memory" in text.stdout
     data = json.loads(run("show", EXAMPLE, "--user", "research-lead", "--json").stdout)
-    assert [r["name"] for r in data["roles"]] == ["senior-engineer"]
+    assert [r["name"] for r in data["roles"]] == ["senior-engineer", "gpu-training"]
     assert data["roles"][0]["memory"] == 32 * 2**30
     assert data["roles"][0]["cpus"] == 8
+    assert data["roles"][0]["gpus"] == 0
+    gpu = data["roles"][1]
+    assert (gpu["gpus"], gpu["gpu_mode"], gpu["gpu_share"]) == (1, "exclusive", None)
+    lab = json.loads(run("show", EXAMPLE, "--user", "s", "--group", "cs101", "--json").stdout)
+    shared = lab["roles"][1]
+    assert (shared["name"], shared["gpu_mode"], shared["gpu_share"]) == ("gpu-lab", "shared", 4)
+    assert shared["gpu_memory"] == 16 * 2**30
+
+
+def test_validate_against_a_gpu_inventory():
+    ok = run("validate", EXAMPLE, "--gpus", "1", "--gpu-memory", "80G")
+    assert ok.returncode == 0, ok.stdout
+    small = run("validate", EXAMPLE, "--gpus", "1", "--gpu-memory", "8G")
+    assert small.returncode == 1
+    assert "role 'gpu-lab': gpu_memory 16 GiB is more than the smallest GPU's memory (8 GiB)" in small.stdout
+    bad_size = run("validate", EXAMPLE, "--gpus", "1", "--gpu-memory", "80GB")
+    assert bad_size.returncode == 2 and "sizes look like 80G" in bad_size.stderr
+    assert "Traceback" not in bad_size.stderr
+    alone = run("validate", EXAMPLE, "--gpu-memory", "80G")
+    assert alone.returncode == 2 and "--gpu-memory needs --gpus" in alone.stderr
     default = json.loads(run("show", EXAMPLE, "--user", "someone", "--json").stdout)
     assert [r["name"] for r in default["roles"]] == ["junior-researcher"]

@@ -57,6 +57,18 @@ assignments:
 CAP_VARIABLES = ("GPU_MEMORY_LIMIT", "FLAGS_gpu_memory_limit_mb", "FLAGS_allocator_strategy",
                  "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE",
                  "TF_FORCE_GPU_ALLOW_GROWTH")
+# A FAKE torch for the memory-cap hook: records the calls the hook makes.
+FAKE_TORCH = """mkdir -p /tmp/faketorch/torch && cat > /tmp/faketorch/torch/__init__.py <<'END'
+class _Props:
+    total_memory = 16 * 2**30
+class cuda:
+    queued, fractions = [], {}
+    _lazy_call = staticmethod(lambda fn: cuda.queued.append(fn))
+    device_count = staticmethod(lambda: 1)
+    get_device_properties = staticmethod(lambda i: _Props())
+    set_per_process_memory_fraction = staticmethod(lambda f, d: cuda.fractions.update({d: f}))
+END
+"""
 EXCL = {"profile": "excl"}
 SHARED = {"profile": "shared"}
 CPU = {"profile": "cpu"}
@@ -201,6 +213,12 @@ def test_shared_mode_packs_and_caps(hub4, docker_client):
         assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.250"  # 4G of a 16G card
         assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
         assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+        # The image's .pth hook caps torch when it is imported. torch cannot use
+        # CUDA here, so a FAKE torch records what the hook asks of torch.cuda.
+        code, out = exec_text(c, FAKE_TORCH + "PYTHONPATH=/tmp/faketorch python -c "
+                                 "'import torch; [f() for f in torch.cuda.queued]; "
+                                 "print(torch.cuda.fractions)'")
+        assert code == 0 and out.strip() == "{0: 0.25}", out  # 4G of a 16G card
         # An exclusive user never lands on a GPU that is being shared.
         [excl] = users(hub4, "excl-next-to-shared", 1)
         hub4.start_server(excl, EXCL)
