@@ -29,6 +29,9 @@ images:
   pytorch:
     display_name: PyTorch
     image: quota-spawner/pytorch:latest
+  bare:
+    display_name: The local base, which has no Jupyter server
+    image: quota-spawner/base:local
 roles:
   cpu:
     cpus: 0.5
@@ -48,8 +51,14 @@ roles:
     gpu_share: 3
     gpu_memory: 4G
     images: [pytorch]
+  broken:
+    description: Its container cannot start
+    cpus: 0.5
+    memory: 512M
+    gpus: 1
+    images: [bare]
 assignments:
-  default: [cpu, excl, shared]
+  default: [cpu, excl, shared, broken]
   groups:
     gpu-only: [excl]
 """
@@ -317,6 +326,21 @@ def test_storm_of_spawns_never_double_books(hub4, docker_client):
             assert sorted(uuids) == sorted(hub4.gpus), f"round {round_}: {uuids}"
         finally:
             stop_all(hub4, names)
+
+
+def test_failed_start_releases_its_gpu(hub2, docker_client):
+    a, b, c = users(hub2, "fail", 3)
+    try:
+        r = hub2.spawn(a, {"profile": "broken"})
+        assert r.status_code >= 500, r.text  # no jupyterhub-singleuser in that image
+        hub2.wait_stopped(a, timeout=30)
+        assert "the start failed" in hub2.log()
+        # Both GPUs are free again.
+        hub2.start_server(b, EXCL)
+        hub2.start_server(c, EXCL)
+        assert sorted(held(docker_client, hub2)) == sorted(hub2.gpus)
+    finally:
+        stop_all(hub2, [a, b, c])
 
 
 def test_killed_container_frees_its_gpu(hub2, docker_client):
