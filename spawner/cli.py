@@ -71,6 +71,12 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def count_argument(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, not {text!r}")
+    return int(text)
+
+
 def size_argument(text: str) -> int:
     try:
         return parse_size(text)
@@ -83,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     validate = sub.add_parser("validate", help="check quota tables; print FILE:LINE: problems")
     validate.add_argument("files", nargs="+", metavar="FILE")
-    validate.add_argument("--gpus", type=int, metavar="N",
+    validate.add_argument("--gpus", type=count_argument, metavar="N",
                           help="also check the roles against a hub with N GPUs")
     validate.add_argument("--gpu-memory", metavar="SIZE", type=size_argument,
                           help="with --gpus: the smallest GPU's memory, like 80G")

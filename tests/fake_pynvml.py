@@ -1,0 +1,224 @@
+"""A FAKE of the ``pynvml`` module (nvidia-ml-py), for tests on machines without a GPU.
+
+Code that reads GPUs through NVML (spawner/inventory.py, the GPU monitor)
+takes the NVML module as an argument. Tests pass a ``FakeNvml`` instead: it
+has the pynvml names that code uses, answers from a list of ``FakeGpu``, and
+fails the way real NVML does: no library, no driver, a field that is not
+supported, a GPU that fell off the bus. CI machines have no driver, so this
+is the only way to test those paths; the device tests check the real thing.
+
+It is a fake, not a simulator: values are whatever the test sets.
+
+    nvml = FakeNvml([FakeGpu("GPU-a"), FakeGpu("GPU-b", mig_mode=1, mig=[FakeGpu("MIG-b0")])])
+    nvml.fail["nvmlDeviceGetPowerUsage"] = NVMLError_NotSupported   # for every GPU
+    FakeNvml(init_error=NVMLError_DriverNotLoaded)                   # a host without a driver
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+
+class NVMLError(Exception):
+    """As in pynvml: str() is NVML's own text for the error code in ``value``."""
+
+    value = 999
+    text = "Unknown Error"
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class NVMLError_Uninitialized(NVMLError):
+    value, text = 1, "Uninitialized"
+
+
+class NVMLError_InvalidArgument(NVMLError):
+    value, text = 2, "Invalid Argument"
+
+
+class NVMLError_NotSupported(NVMLError):
+    value, text = 3, "Not Supported"
+
+
+class NVMLError_NoPermission(NVMLError):
+    value, text = 4, "Insufficient Permissions"
+
+
+class NVMLError_NotFound(NVMLError):
+    value, text = 6, "Not Found"
+
+
+class NVMLError_DriverNotLoaded(NVMLError):
+    value, text = 9, "Driver Not Loaded"
+
+
+class NVMLError_LibraryNotFound(NVMLError):
+    value, text = 12, "NVML Shared Library Not Found"
+
+
+class NVMLError_GpuIsLost(NVMLError):
+    value, text = 15, "GPU is lost"
+
+
+@dataclass(eq=False)
+class FakeGpu:
+    """One GPU, or one MIG instance when it sits in another FakeGpu's ``mig``."""
+
+    uuid: str
+    name: str = "NVIDIA H100 80GB HBM3"
+    memory: int = 80 * 2**30  # total bytes
+    used: int = 0  # bytes in use
+    utilization: int = 0  # % of time a kernel ran
+    memory_utilization: int = 0  # % of time memory was read or written
+    temperature: int = 35  # °C
+    power: int = 70_000  # mW
+    power_limit: int = 700_000  # mW
+    processes: list[tuple[int, int | None]] = field(default_factory=list)  # (pid, bytes)
+    mig_mode: int | None = None  # None: no MIG support; 0 off; 1 on
+    mig: list[FakeGpu | None] = field(default_factory=list)  # per slot; None: empty slot
+    max_mig: int = 7
+    fail: dict[str, type[NVMLError]] = field(default_factory=dict)  # function -> error raised
+
+
+class FakeNvml:
+    """Module-like: pass an instance where the code takes ``nvml``."""
+
+    NVMLError = NVMLError
+    NVMLError_Uninitialized = NVMLError_Uninitialized
+    NVMLError_InvalidArgument = NVMLError_InvalidArgument
+    NVMLError_NotSupported = NVMLError_NotSupported
+    NVMLError_NoPermission = NVMLError_NoPermission
+    NVMLError_NotFound = NVMLError_NotFound
+    NVMLError_DriverNotLoaded = NVMLError_DriverNotLoaded
+    NVMLError_LibraryNotFound = NVMLError_LibraryNotFound
+    NVMLError_GpuIsLost = NVMLError_GpuIsLost
+    NVML_DEVICE_MIG_DISABLE = 0
+    NVML_DEVICE_MIG_ENABLE = 1
+    NVML_TEMPERATURE_GPU = 0
+
+    def __init__(
+        self,
+        gpus: Iterable[FakeGpu] = (),
+        init_error: type[NVMLError] | None = None,  # nvmlInit raises it (no library, no driver)
+        fail: dict[str, type[NVMLError]] | None = None,  # function -> error, for every GPU
+        bytes_strings: bool = False,  # old bindings return UUIDs and names as bytes
+    ):
+        self.gpus = list(gpus)
+        self.init_error = init_error
+        self.fail = dict(fail or {})
+        self.bytes_strings = bytes_strings
+        self.initialized = 0  # nvmlInit calls not yet matched by nvmlShutdown
+        self.calls: list[str] = []  # every function called, in order
+
+    def _enter(self, function: str, gpu: FakeGpu | None = None) -> None:
+        self.calls.append(function)
+        if self.initialized <= 0:
+            raise NVMLError_Uninitialized()
+        error = (gpu.fail.get(function) if gpu else None) or self.fail.get(function)
+        if error is not None:
+            raise error()
+
+    def _str(self, value: str) -> str | bytes:
+        return value.encode() if self.bytes_strings else value
+
+    # --- library ----------------------------------------------------------
+
+    def nvmlInit(self) -> None:
+        self.calls.append("nvmlInit")
+        if self.init_error is not None:
+            raise self.init_error()
+        self.initialized += 1
+
+    def nvmlShutdown(self) -> None:
+        self._enter("nvmlShutdown")
+        self.initialized -= 1
+
+    # --- devices ----------------------------------------------------------
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._enter("nvmlDeviceGetCount")
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        self._enter("nvmlDeviceGetHandleByIndex")
+        if not 0 <= index < len(self.gpus):
+            raise NVMLError_InvalidArgument()
+        return self.gpus[index]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes) -> FakeGpu:
+        self._enter("nvmlDeviceGetHandleByUUID")
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for gpu in self.gpus:
+            for device in (gpu, *(m for m in gpu.mig if m is not None)):
+                if device.uuid == uuid:
+                    return device
+        raise NVMLError_NotFound()
+
+    def nvmlDeviceGetIndex(self, handle: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetIndex", handle)
+        if handle not in self.gpus:
+            raise NVMLError_NotSupported()  # a MIG instance has no index of its own
+        return self.gpus.index(handle)
+
+    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str | bytes:
+        self._enter("nvmlDeviceGetUUID", handle)
+        return self._str(handle.uuid)
+
+    def nvmlDeviceGetName(self, handle: FakeGpu) -> str | bytes:
+        self._enter("nvmlDeviceGetName", handle)
+        return self._str(handle.name)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetMemoryInfo", handle)
+        return SimpleNamespace(total=handle.memory, used=handle.used,
+                               free=handle.memory - handle.used)
+
+    # --- MIG --------------------------------------------------------------
+
+    def nvmlDeviceGetMigMode(self, handle: FakeGpu) -> tuple[int, int]:
+        self._enter("nvmlDeviceGetMigMode", handle)
+        if handle.mig_mode is None:
+            raise NVMLError_NotSupported()
+        return handle.mig_mode, handle.mig_mode  # (current, pending)
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetMaxMigDeviceCount", handle)
+        if handle.mig_mode is None:
+            raise NVMLError_NotSupported()
+        return handle.max_mig
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeGpu, index: int) -> FakeGpu:
+        self._enter("nvmlDeviceGetMigDeviceHandleByIndex", handle)
+        if not handle.mig_mode or not 0 <= index < handle.max_mig:
+            raise NVMLError_InvalidArgument()
+        child = handle.mig[index] if index < len(handle.mig) else None
+        if child is None:
+            raise NVMLError_NotFound()
+        return child
+
+    # --- monitoring -------------------------------------------------------
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu) -> SimpleNamespace:
+        self._enter("nvmlDeviceGetUtilizationRates", handle)
+        return SimpleNamespace(gpu=handle.utilization, memory=handle.memory_utilization)
+
+    def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
+        self._enter("nvmlDeviceGetTemperature", handle)
+        if sensor != self.NVML_TEMPERATURE_GPU:
+            raise NVMLError_InvalidArgument()
+        return handle.temperature
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetPowerUsage", handle)
+        return handle.power
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeGpu) -> int:
+        self._enter("nvmlDeviceGetEnforcedPowerLimit", handle)
+        return handle.power_limit
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list[SimpleNamespace]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses", handle)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in handle.processes]
