@@ -1,15 +1,51 @@
-"""The baseline for bench/: plain DockerSpawner, plus only what host network mode needs.
+"""The baseline for bench/, and the measurement both benchmarks share.
 
-Stock DockerSpawner cannot run with network_mode "host" at all, so the
-baseline gets the same minimal host-network support as QuotaSpawner
+Plain DockerSpawner gets only what host network mode needs: stock
+DockerSpawner cannot run with network_mode "host" at all, so the baseline
+has the same minimal host-network support as QuotaSpawner
 (spawner.network.HostNetworkMixin) and nothing else: no readiness wait, no
-quota table.
+quota table, no GPUs. Hubs load it as ``baseline.PlainDockerSpawner``.
 """
+
+from __future__ import annotations
+
+import time
+from typing import Any
 
 from dockerspawner import DockerSpawner
 
 from spawner.network import HostNetworkMixin
 
+# Hub config for the baseline: the same image and limits the bench roles use.
+PLAIN_CONFIG = """
+c.DockerSpawner.image = "quota-spawner/pytorch:latest"
+c.DockerSpawner.cmd = ["jupyterhub-singleuser"]
+c.DockerSpawner.mem_limit = "1G"
+c.DockerSpawner.cpu_limit = 1.0
+c.DockerSpawner.network_name = "host"
+c.DockerSpawner.http_timeout = 120  # as generous as QuotaSpawner's wait
+c.DockerSpawner.start_timeout = 300
+"""
+
 
 class PlainDockerSpawner(HostNetworkMixin, DockerSpawner):
     pass
+
+
+def spawn_and_wait(hub: Any, name: str, options: dict | None = None) -> float:
+    """Seconds from the start request to the hub reporting the server ready."""
+    start = time.perf_counter()
+    r = hub.spawn(name, options if options is not None else {})
+    assert r.status_code in (201, 202), f"{r.status_code} {r.text}"
+    while True:
+        server = hub.user(name)["servers"].get("")
+        if server and server["ready"]:
+            return time.perf_counter() - start
+        assert server, f"{name}'s spawn failed:\n{hub.log()[-2000:]}"
+        time.sleep(0.02)
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile, nearest rank (no interpolation)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]

@@ -54,6 +54,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+from baseline import PLAIN_CONFIG, pct, spawn_and_wait  # noqa: E402
+
 from spawner.allocator import GpuAllocator, GpuRequest, NoGpuFree  # noqa: E402
 from spawner.inventory import GpuDevice  # noqa: E402
 
@@ -69,10 +71,6 @@ ROLES: tuple[tuple[str, float, GpuRequest], ...] = (
     ("shared-1", 0.50, GpuRequest(1, "shared", 4, 16 * GiB)),
 )
 
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def devices(n: int) -> list[GpuDevice]:
@@ -367,30 +365,10 @@ c.QuotaSpawner.http_timeout = 120
 c.QuotaSpawner.start_timeout = 300
 c.QuotaSpawner.gpu_inventory = {INVENTORY!r}
 """
-PLAIN_CONFIG = """
-c.DockerSpawner.image = "quota-spawner/pytorch:latest"
-c.DockerSpawner.cmd = ["jupyterhub-singleuser"]
-c.DockerSpawner.mem_limit = "1G"
-c.DockerSpawner.cpu_limit = 1.0
-c.DockerSpawner.network_name = "host"
-c.DockerSpawner.http_timeout = 120  # as generous as QuotaSpawner's wait
-c.DockerSpawner.start_timeout = 300
-"""
 KINDS = ("plain", "cpu", "gpu")
 LABELS = {"plain": "plain DockerSpawner", "cpu": "QuotaSpawner cpu role",
           "gpu": "QuotaSpawner gpu role"}
 
-
-def spawn_and_wait(hub, name: str, options: dict | None) -> float:
-    start = time.perf_counter()
-    r = hub.spawn(name, options)
-    assert r.status_code in (201, 202), f"{r.status_code} {r.text}"
-    while True:
-        server = hub.user(name)["servers"].get("")
-        if server and server["ready"]:
-            return time.perf_counter() - start
-        assert server, f"{name}'s spawn failed:\n{hub.log()[-2000:]}"
-        time.sleep(0.02)
 
 
 def spawn_bench(n: int, prefix: str) -> dict[str, str]:

@@ -21,6 +21,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
+from baseline import PLAIN_CONFIG, pct, spawn_and_wait  # noqa: E402
+
 from harness import Hub, cleanup, ensure_engine  # noqa: E402
 
 QUOTA_CONFIG = """
@@ -35,37 +37,13 @@ roles:
 assignments:
   default: [bench]
 """
-PLAIN_CONFIG = """
-c.DockerSpawner.image = "quota-spawner/pytorch:latest"
-c.DockerSpawner.cmd = ["jupyterhub-singleuser"]
-c.DockerSpawner.mem_limit = "1G"
-c.DockerSpawner.cpu_limit = 1.0
-c.DockerSpawner.network_name = "host"
-c.DockerSpawner.http_timeout = 120  # as generous as QuotaSpawner's wait
-c.DockerSpawner.start_timeout = 300
-"""
 
-
-def spawn_and_wait(hub: Hub, name: str) -> float:
-    start = time.perf_counter()
-    r = hub.spawn(name, {})
-    assert r.status_code in (201, 202), r.text
-    while True:
-        server = hub.user(name)["servers"].get("")
-        if server and server["ready"]:
-            return time.perf_counter() - start
-        assert server, f"{name}'s spawn failed:\n{hub.log()[-2000:]}"
-        time.sleep(0.02)
 
 
 def stop_all(hub: Hub, names: list[str]) -> None:
     with ThreadPoolExecutor(len(names)) as pool:
         list(pool.map(hub.stop_server, names))
 
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def run(label: str, hub: Hub, n: int, storm: int) -> dict[str, float]:
