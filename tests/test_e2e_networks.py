@@ -38,7 +38,7 @@ def make_spawner(**traits) -> QuotaSpawner:
 
 
 async def create(spawner: QuotaSpawner, docker_client):
-    spawner._apply_choice(await spawner.resolve())
+    spawner._apply_choice(await spawner.resolve(await spawner.choices()))
     created = await spawner.create_object()
     container = docker_client.containers.get(created["Id"])
     return container
@@ -91,7 +91,7 @@ async def test_docker_socket_is_never_mounted(docker_client, volumes, extra):
     from tornado.web import HTTPError
 
     spawner = make_spawner(volumes=volumes, extra_host_config=extra)
-    spawner._apply_choice(await spawner.resolve())
+    spawner._apply_choice(await spawner.resolve(await spawner.choices()))
     with pytest.raises(HTTPError, match="Docker socket"):
         if volumes:
             spawner._check_no_docker_socket()
