@@ -35,6 +35,8 @@ c.ConfigurableHTTPProxy.pid_file = str(STATE / "jupyterhub-proxy.pid")
 local_chp = ROOT / "node_modules" / ".bin" / "configurable-http-proxy"
 if local_chp.exists():
     c.ConfigurableHTTPProxy.command = [str(local_chp)]
+# The home page adds a "GPU usage" link to each running server.
+c.JupyterHub.template_paths = [str(HERE / "templates")]
 if env("HUB_CONNECT_IP", ""):
     c.JupyterHub.hub_connect_ip = env("HUB_CONNECT_IP", "")
 

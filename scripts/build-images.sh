@@ -84,7 +84,7 @@ package_sources() {
     for f in pyproject.toml README.md README.rst LICENSE LICENSE.txt MANIFEST.in setup.py setup.cfg; do
         [ -f "$f" ] && echo "$f"
     done
-    find spawner -type f ! -path '*/__pycache__/*' ! -name '*.py[co]' | LC_ALL=C sort
+    find spawner jupyter-config -type f ! -path '*/__pycache__/*' ! -name '*.py[co]' | LC_ALL=C sort
 }
 
 # Of pyproject.toml only the tables that shape the wheel count: editing

@@ -1,0 +1,163 @@
+"""The collector: samples NVML on a timer, off the event loop, and keeps history.
+
+It also applies the busy rule: the GPU counts as busy when, over the last
+``busy_window`` seconds, at least ``busy_fraction`` of the samples show some
+GPU at ``busy_utilization`` or more. One reading never decides it, so a
+short spike does not keep an idle server alive and a dip does not end a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from tornado.ioloop import PeriodicCallback
+from traitlets import Float
+from traitlets.config import LoggingConfigurable
+
+from .sample import handles, read_gpu, reason, visible_devices
+
+
+class GpuMonitor(LoggingConfigurable):
+    """Configure with ``c.GpuMonitor.<name>`` in the notebook server's config."""
+
+    interval = Float(1.0, config=True, help="Seconds between NVML samples.")
+    history_seconds = Float(900.0, config=True, help="How much history to keep (seconds).")
+    warning_threshold = Float(
+        0.9, config=True,
+        help="Warn when GPU memory use reaches this fraction of the limit that applies.",
+    )
+    busy_utilization = Float(
+        0.1, config=True, help="A sample counts as busy when a GPU's utilization is this or more."
+    )
+    busy_window = Float(60.0, config=True, help="Seconds of samples the busy rule looks at.")
+    busy_fraction = Float(
+        0.5, config=True, help="The share of busy samples in the window that makes the GPU busy."
+    )
+    retry_seconds = Float(30.0, config=True, help="Seconds between tries when NVML is missing.")
+
+    def __init__(self, nvml: ModuleType | None = None, env: dict[str, str] | None = None,
+                 **kwargs: Any):
+        super().__init__(**kwargs)
+        self._nvml = nvml
+        self._env = dict(os.environ) if env is None else env
+        self.visible = visible_devices(self._env)
+        self.history: deque[dict[str, Any]] = deque(maxlen=self.history_length)
+        self.latest: dict[str, Any] = self._state("starting", "No sample yet.")
+        self.busy = False
+        self.on_sample: list[Callable[[dict[str, Any]], None]] = []
+        self._initialized = False
+        self._next_init = 0.0
+        self._timer: PeriodicCallback | None = None
+        self._sampling = False
+
+    @property
+    def history_length(self) -> int:
+        return max(1, int(self.history_seconds / self.interval) + 1)
+
+    def memory_limit_env(self) -> int | None:
+        try:
+            value = int(self._env.get("GPU_MEMORY_LIMIT", ""))
+        except ValueError:
+            return None
+        return value if value > 0 else None
+
+    # --- sampling (blocking; runs in a thread) ---------------------------------
+
+    def _state(self, status: str, message: str = "", gpus: list | None = None) -> dict[str, Any]:
+        return {"time": time.time(), "status": status, "message": message, "gpus": gpus or []}
+
+    def _module(self) -> ModuleType:
+        if self._nvml is None:
+            self._nvml = importlib.import_module("pynvml")  # nvidia-ml-py
+        return self._nvml
+
+    def sample(self) -> dict[str, Any]:
+        """One reading: status "ok", "no_gpu" or "error", never an exception."""
+        if self.visible == []:
+            return self._state("no_gpu", "No GPU assigned to this server.")
+        now = time.monotonic()
+        if not self._initialized:
+            if now < self._next_init:
+                return self._state("error", self.latest.get("message") or "NVML unavailable.")
+            try:
+                nvml = self._module()
+                nvml.nvmlInit()
+            except ImportError:
+                self._next_init = now + self.retry_seconds
+                return self._state("error", "The NVML binding (nvidia-ml-py) is not installed.")
+            except Exception as e:  # library not found, driver not loaded
+                self._next_init = now + self.retry_seconds
+                return self._state("error", f"NVML is not available: {reason(e)}.")
+            self._initialized = True
+        nvml = self._module()
+        try:
+            found = handles(nvml, self.visible)
+        except Exception as e:  # a GPU lost, or the driver gone
+            return self._state("error", f"Cannot read the GPUs: {reason(e)}.")
+        gpus = [read_gpu(nvml, i, name, h) for i, (name, h) in enumerate(found)]
+        if not gpus:
+            return self._state("no_gpu", "NVML sees no GPU in this server.")
+        return self._state("ok", "", gpus)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.stop()
+        if self._initialized:
+            try:
+                self._module().nvmlShutdown()
+            except Exception:
+                pass
+            self._initialized = False
+
+    # --- on the event loop ------------------------------------------------------
+
+    def start(self) -> None:
+        self._timer = PeriodicCallback(self.tick, self.interval * 1000)
+        self._timer.start()
+        asyncio.ensure_future(self.tick())
+
+    async def tick(self) -> None:
+        if self._sampling:  # a slow NVML call: skip, never pile up threads
+            return
+        self._sampling = True
+        try:
+            reading = await asyncio.to_thread(self.sample)
+        except Exception as e:  # a bug here must not stop the timer
+            reading = self._state("error", f"Sampling failed: {reason(e)}.")
+        finally:
+            self._sampling = False
+        self.record(reading)
+
+    def record(self, reading: dict[str, Any]) -> None:
+        self.latest = reading
+        if reading["status"] == "ok":
+            self.history.append({
+                "time": reading["time"],
+                "gpus": [{"uuid": g["uuid"], "utilization": g.get("utilization"),
+                          "memory_used": g.get("memory_used")} for g in reading["gpus"]],
+            })
+        self.busy = self.is_busy(reading["time"])
+        for callback in self.on_sample:
+            try:
+                callback(reading)
+            except Exception as e:
+                self.log.warning("GPU monitor callback failed: %s", e)
+
+    def is_busy(self, now: float) -> bool:
+        window = [s for s in self.history if s["time"] >= now - self.busy_window]
+        # at least 3 samples and a third of the window, so one reading never decides
+        needed = max(3, int(self.busy_window / self.interval / 3))
+        if len(window) < needed:
+            return False
+        busy = sum(
+            any((g["utilization"] or 0) >= self.busy_utilization for g in s["gpus"])
+            for s in window
+        )
+        return busy >= self.busy_fraction * len(window)
