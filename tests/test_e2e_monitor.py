@@ -1,0 +1,176 @@
+"""End to end: the GPU monitor inside a real notebook container, through the hub's proxy.
+
+The container gets a GPU from a declared fake inventory, and reads a FAKE
+pynvml (tests/fake_nvml_container/) from a folder the test mounts first on
+its PYTHONPATH, because this machine has no NVML. Everything else is real:
+the image's extension, jupyterhub-singleuser, the proxy and the hub.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from datetime import datetime
+
+import pytest
+import requests
+
+from harness import ARTIFACTS, ROOT, Hub, cleanup, container_for, exec_text
+
+pytestmark = pytest.mark.e2e
+
+QUOTAS = """\
+images:
+  pytorch: {image: "quota-spawner/pytorch:latest"}
+roles:
+  gpu:
+    cpus: 0.5
+    memory: 512M
+    gpus: 1
+    gpu_mode: shared
+    gpu_share: 2
+    gpu_memory: 8G
+    images: [pytorch]
+assignments:
+  default: [gpu]
+"""
+PREFIX = "qsmon"
+GPUS = [f"GPU-{PREFIX}-{i}" for i in range(2)]
+GiB = 2**30
+
+
+def write_state(folder, used: float, utilization: int) -> None:
+    """What the fake NVML reports: GPU 0 as given; GPU 1 (not this server's) busy."""
+    state = {"gpus": [
+        {"uuid": GPUS[0], "memory": 16 * GiB, "used": int(used * GiB), "utilization": utilization},
+        {"uuid": GPUS[1], "memory": 16 * GiB, "used": 15 * GiB, "utilization": 100},
+    ]}
+    tmp = folder / "state.json.tmp"
+    tmp.write_text(json.dumps(state))
+    tmp.chmod(0o644)
+    tmp.replace(folder / "state.json")
+
+
+@pytest.fixture(scope="module")
+def fake_nvml(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fake-nvml")
+    for source in (ROOT / "tests" / "fake_pynvml.py",
+                   ROOT / "tests" / "fake_nvml_container" / "pynvml.py"):
+        shutil.copy(source, folder / source.name)
+        (folder / source.name).chmod(0o644)
+    folder.chmod(0o755)  # the notebook runs as uid 1000
+    write_state(folder, used=1, utilization=0)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def mon_hub(docker_client, tmp_path_factory, fake_nvml):
+    inventory = [{"uuid": u, "name": "Fake GPU", "memory": "16G"} for u in GPUS]
+    hub = Hub(tmp_path_factory.mktemp("monhub"), quota_text=QUOTAS, prefix=PREFIX, extra_config=f"""
+c.QuotaSpawner.gpu_inventory = {inventory!r}
+c.QuotaSpawner.volumes = {{
+    "{PREFIX}-home-{{username}}": "/home/jovyan",
+    {str(fake_nvml)!r}: {{"bind": "/opt/fake-nvml", "mode": "ro"}},
+}}
+c.QuotaSpawner.environment = {{
+    "PYTHONPATH": "/opt/fake-nvml",  # the FAKE pynvml shadows the real binding
+    "FAKE_NVML_STATE": "/opt/fake-nvml/state.json",
+    "JUPYTERHUB_ACTIVITY_INTERVAL": "2",
+}}
+c.QuotaSpawner.args = ["--GpuMonitor.interval=0.25", "--GpuMonitor.busy_window=3"]
+""").start()
+    yield hub
+    hub.stop()
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy(hub.log_path, ARTIFACTS / "hub-monitor.log")
+    cleanup(docker_client, PREFIX)
+
+
+@pytest.fixture(scope="module")
+def server(mon_hub):
+    name = "gpu-watcher"
+    mon_hub.create_user(name)
+    mon_hub.start_server(name)
+    yield name
+    mon_hub.stop_server(name)
+
+
+def metrics(hub: Hub, name: str, token: str | None, **params) -> requests.Response:
+    headers = {"Authorization": f"token {token}"} if token else {}
+    return requests.get(f"{hub.url}/user/{name}/api/gpu/metrics", headers=headers,
+                        params=params, timeout=30, allow_redirects=False)
+
+
+def test_metrics_through_the_proxy_need_the_users_token(mon_hub, server, docker_client):
+    token = mon_hub.user_token(server)
+    r = metrics(mon_hub, server, token)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["status"] == "ok", body
+    # Only the GPU the hub assigned, although the fake NVML has two.
+    assert [g["uuid"] for g in body["gpus"]] == [GPUS[0]]
+    assert body["gpu_memory_limit"] == 8 * GiB  # the role's soft cap
+    assert body["gpus"][0]["memory_limit_source"] == "GPU_MEMORY_LIMIT"
+
+    assert metrics(mon_hub, server, None).status_code in (302, 401, 403)
+    # Another user's token does not open this server.
+    mon_hub.create_user("someone-else")
+    other = mon_hub.user_token("someone-else")
+    assert metrics(mon_hub, server, other).status_code in (302, 403, 404)
+
+    page = requests.get(f"{mon_hub.url}/user/{server}/gpu", timeout=30,
+                        headers={"Authorization": f"token {token}"})
+    assert page.status_code == 200 and "GPU usage" in page.text
+
+
+def test_warning_follows_the_users_cap(mon_hub, server, fake_nvml):
+    token = mon_hub.user_token(server)
+    write_state(fake_nvml, used=7.5, utilization=0)  # 94% of the 8G cap, 47% of the card
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        body = metrics(mon_hub, server, token).json()
+        if body["warning"]:
+            break
+        time.sleep(0.3)
+    assert body["warning"] == "GPU memory at 94% of your 8 GiB limit"
+    write_state(fake_nvml, used=1, utilization=0)
+
+
+def test_busy_gpu_is_reported_to_the_hub_as_activity(mon_hub, server, fake_nvml,
+                                                     docker_client):
+    token = mon_hub.user_token(server)
+
+    def hub_activity() -> datetime:
+        stamp = mon_hub.user(server)["servers"][""]["last_activity"]
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+    # Idle GPU: polling the metrics is not activity, so the hub's record stands still.
+    write_state(fake_nvml, used=1, utilization=0)
+    time.sleep(5)
+    before = hub_activity()
+    for _ in range(10):
+        assert metrics(mon_hub, server, token).status_code == 200
+        time.sleep(0.5)
+    assert hub_activity() == before
+
+    # A busy GPU (90% over the window) is activity: singleuser reports it within
+    # its 2 s interval.
+    write_state(fake_nvml, used=4, utilization=90)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and hub_activity() <= before:
+        time.sleep(0.5)
+    assert hub_activity() > before
+    assert metrics(mon_hub, server, token).json()["busy"] is True
+    write_state(fake_nvml, used=1, utilization=0)
+
+    c = container_for(docker_client, server)
+    code, out = exec_text(c, "jupyter server extension list 2>&1")
+    assert "spawner.monitor" in out and "enabled" in out, out
+
+
+def test_home_page_links_the_gpu_page(mon_hub, server):
+    browser = mon_hub.login(server)
+    page = browser.get(f"{mon_hub.url}/hub/home", timeout=30).content.decode()
+    assert f'href="/user/{server}/gpu"' in page
+    assert "GPU usage" in page
