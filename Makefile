@@ -26,3 +26,4 @@ bench:
 	SETUP_ENGINE=test scripts/setup.sh
 	.venv/bin/python bench/spawn_bench.py
 	.venv/bin/python bench/gpu_bench.py
+	.venv/bin/python bench/monitor_bench.py

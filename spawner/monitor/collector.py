@@ -17,7 +17,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from tornado.ioloop import PeriodicCallback
+from tornado.ioloop import IOLoop, PeriodicCallback
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
@@ -121,7 +121,7 @@ class GpuMonitor(LoggingConfigurable):
     def start(self) -> None:
         self._timer = PeriodicCallback(self.tick, self.interval * 1000)
         self._timer.start()
-        asyncio.ensure_future(self.tick())
+        IOLoop.current().add_callback(self.tick)  # the first sample now, not after a period
 
     async def tick(self) -> None:
         if self._sampling:  # a slow NVML call: skip, never pile up threads
