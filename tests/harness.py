@@ -6,6 +6,7 @@ started from hub_config/jupyterhub_config.py with a few test overrides.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -242,3 +243,43 @@ def cleanup(client: docker.DockerClient, prefix: str) -> None:
             v.remove(force=True)
         except docker.errors.APIError:
             pass
+
+
+def install_fake_nvml(folder: Path) -> Path:
+    """A folder to mount at /opt/fake-nvml with the FAKE pynvml (tests/fake_nvml_container).
+
+    The notebook runs as uid 1000, so everything is world-readable.
+    """
+    for source in (ROOT / "tests" / "fake_pynvml.py",
+                   ROOT / "tests" / "fake_nvml_container" / "pynvml.py"):
+        target = folder / source.name
+        target.write_bytes(source.read_bytes())
+        target.chmod(0o644)
+    folder.chmod(0o755)
+    write_fake_gpus(folder, [])
+    return folder
+
+
+def write_fake_gpus(folder: Path, gpus: list[dict[str, Any]]) -> None:
+    """What the fake NVML reports from now on (fields of fake_pynvml.FakeGpu)."""
+    tmp = folder / "state.json.tmp"
+    tmp.write_text(json.dumps({"gpus": gpus}))
+    tmp.chmod(0o644)
+    tmp.replace(folder / "state.json")  # atomic: a reader never sees half a file
+
+
+def fake_nvml_config(folder: Path, prefix: str, activity_interval: int = 2,
+                     monitor_args: tuple[str, ...] = ()) -> str:
+    """Hub config lines that mount the fake NVML into every notebook container."""
+    return f"""
+c.QuotaSpawner.volumes = {{
+    "{prefix}-home-{{username}}": "/home/jovyan",
+    {str(folder)!r}: {{"bind": "/opt/fake-nvml", "mode": "ro"}},
+}}
+c.QuotaSpawner.environment = {{
+    "PYTHONPATH": "/opt/fake-nvml",  # the FAKE pynvml shadows the real binding
+    "FAKE_NVML_STATE": "/opt/fake-nvml/state.json",
+    "JUPYTERHUB_ACTIVITY_INTERVAL": "{activity_interval}",
+}}
+c.QuotaSpawner.args = {list(monitor_args)!r}
+"""

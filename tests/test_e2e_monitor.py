@@ -8,7 +8,6 @@ the image's extension, jupyterhub-singleuser, the proxy and the hub.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from datetime import datetime
@@ -16,7 +15,16 @@ from datetime import datetime
 import pytest
 import requests
 
-from harness import ARTIFACTS, ROOT, Hub, cleanup, container_for, exec_text
+from harness import (
+    ARTIFACTS,
+    Hub,
+    cleanup,
+    container_for,
+    exec_text,
+    fake_nvml_config,
+    install_fake_nvml,
+    write_fake_gpus,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -42,24 +50,15 @@ GiB = 2**30
 
 def write_state(folder, used: float, utilization: int) -> None:
     """What the fake NVML reports: GPU 0 as given; GPU 1 (not this server's) busy."""
-    state = {"gpus": [
+    write_fake_gpus(folder, [
         {"uuid": GPUS[0], "memory": 16 * GiB, "used": int(used * GiB), "utilization": utilization},
         {"uuid": GPUS[1], "memory": 16 * GiB, "used": 15 * GiB, "utilization": 100},
-    ]}
-    tmp = folder / "state.json.tmp"
-    tmp.write_text(json.dumps(state))
-    tmp.chmod(0o644)
-    tmp.replace(folder / "state.json")
+    ])
 
 
 @pytest.fixture(scope="module")
 def fake_nvml(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("fake-nvml")
-    for source in (ROOT / "tests" / "fake_pynvml.py",
-                   ROOT / "tests" / "fake_nvml_container" / "pynvml.py"):
-        shutil.copy(source, folder / source.name)
-        (folder / source.name).chmod(0o644)
-    folder.chmod(0o755)  # the notebook runs as uid 1000
+    folder = install_fake_nvml(tmp_path_factory.mktemp("fake-nvml"))
     write_state(folder, used=1, utilization=0)
     return folder
 
@@ -67,19 +66,10 @@ def fake_nvml(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mon_hub(docker_client, tmp_path_factory, fake_nvml):
     inventory = [{"uuid": u, "name": "Fake GPU", "memory": "16G"} for u in GPUS]
-    hub = Hub(tmp_path_factory.mktemp("monhub"), quota_text=QUOTAS, prefix=PREFIX, extra_config=f"""
-c.QuotaSpawner.gpu_inventory = {inventory!r}
-c.QuotaSpawner.volumes = {{
-    "{PREFIX}-home-{{username}}": "/home/jovyan",
-    {str(fake_nvml)!r}: {{"bind": "/opt/fake-nvml", "mode": "ro"}},
-}}
-c.QuotaSpawner.environment = {{
-    "PYTHONPATH": "/opt/fake-nvml",  # the FAKE pynvml shadows the real binding
-    "FAKE_NVML_STATE": "/opt/fake-nvml/state.json",
-    "JUPYTERHUB_ACTIVITY_INTERVAL": "2",
-}}
-c.QuotaSpawner.args = ["--GpuMonitor.interval=0.25", "--GpuMonitor.busy_window=3"]
-""").start()
+    config = f"c.QuotaSpawner.gpu_inventory = {inventory!r}\n" + fake_nvml_config(
+        fake_nvml, PREFIX, monitor_args=("--GpuMonitor.interval=0.25", "--GpuMonitor.busy_window=3"))
+    hub = Hub(tmp_path_factory.mktemp("monhub"), quota_text=QUOTAS, prefix=PREFIX,
+              extra_config=config).start()
     yield hub
     hub.stop()
     ARTIFACTS.mkdir(exist_ok=True)

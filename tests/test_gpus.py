@@ -14,6 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
 from fake_pynvml import (
     FakeGpu,
     FakeNvml,
@@ -23,10 +27,6 @@ from fake_pynvml import (
     NVMLError_NoPermission,
     NVMLError_NotSupported,
 )
-from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-
 from spawner import gpu_pool, inventory
 from spawner.allocator import GpuAllocator, GpuRequest, NoGpuFree, Usage
 from spawner.cli import main as cli_main

@@ -99,7 +99,9 @@ class GpuMonitor(LoggingConfigurable):
         nvml = self._module()
         try:
             found = handles(nvml, self.visible)
-        except Exception as e:  # a GPU lost, or the driver gone
+        except Exception as e:  # the driver gone (or reloaded): start NVML again later
+            self.close_nvml()
+            self._next_init = now + self.retry_seconds
             return self._state("error", f"Cannot read the GPUs: {reason(e)}.")
         gpus = [read_gpu(nvml, i, name, h) for i, (name, h) in enumerate(found)]
         if not gpus:
@@ -109,6 +111,9 @@ class GpuMonitor(LoggingConfigurable):
     def close(self) -> None:
         if self._timer is not None:
             self._timer.stop()
+        self.close_nvml()
+
+    def close_nvml(self) -> None:
         if self._initialized:
             try:
                 self._module().nvmlShutdown()
@@ -151,7 +156,11 @@ class GpuMonitor(LoggingConfigurable):
                 self.log.warning("GPU monitor callback failed: %s", e)
 
     def is_busy(self, now: float) -> bool:
-        window = [s for s in self.history if s["time"] >= now - self.busy_window]
+        window = []
+        for s in reversed(self.history):  # newest first: stop at the window's start
+            if s["time"] < now - self.busy_window:
+                break
+            window.append(s)
         # at least 3 samples and a third of the window, so one reading never decides
         needed = max(3, int(self.busy_window / self.interval / 3))
         if len(window) < needed:

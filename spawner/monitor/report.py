@@ -21,14 +21,13 @@ def memory_warning(used: int, limit: int, threshold: float, capped: bool) -> str
 def gpu_report(gpu: dict[str, Any], cap: int | None, threshold: float) -> dict[str, Any]:
     report = dict(gpu)
     used, total = gpu.get("memory_used"), gpu.get("memory_total")
-    limit = cap or total
-    if cap and total:
-        limit = min(cap, total)
+    capped = bool(cap) and (not total or cap < total)  # a cap above the card is no cap
+    limit = cap if capped else total
     report["memory_limit"] = limit
-    report["memory_limit_source"] = "GPU_MEMORY_LIMIT" if cap else "total"
+    report["memory_limit_source"] = "GPU_MEMORY_LIMIT" if capped else "total"
     if used is not None and limit:
         report["memory_fraction"] = used / limit
-        report["warning"] = memory_warning(used, limit, threshold, bool(cap))
+        report["warning"] = memory_warning(used, limit, threshold, capped)
     else:
         report["memory_fraction"] = None
         report["warning"] = None

@@ -41,17 +41,28 @@ def _read(errors: dict[str, str], field: str, call: Callable[[], Any]) -> Any:
         return None
 
 
+def _handle(call: Callable[[Any], Any], ident: Any) -> Any:
+    try:
+        return call(ident)
+    except Exception as e:  # lost (GPU_IS_LOST), or gone from NVML: that GPU's error
+        return e
+
+
 def handles(nvml: ModuleType, visible: list[str] | None) -> list[tuple[str, Any]]:
-    """(the name it was asked by, NVML handle) for each visible device."""
+    """(the name it was asked by, NVML handle) for each visible device.
+
+    A device whose lookup fails gets the exception in place of its handle, so
+    one lost GPU does not hide the others; read_gpu turns it into its error.
+    """
     if visible is None:
-        return [(str(i), nvml.nvmlDeviceGetHandleByIndex(i))
+        return [(str(i), _handle(nvml.nvmlDeviceGetHandleByIndex, i))
                 for i in range(nvml.nvmlDeviceGetCount())]
     found = []
     for ident in visible:
         if ident.isdigit():
-            found.append((ident, nvml.nvmlDeviceGetHandleByIndex(int(ident))))
+            found.append((ident, _handle(nvml.nvmlDeviceGetHandleByIndex, int(ident))))
         else:  # GPU-… or MIG-…
-            found.append((ident, nvml.nvmlDeviceGetHandleByUUID(ident)))
+            found.append((ident, _handle(nvml.nvmlDeviceGetHandleByUUID, ident)))
     return found
 
 
@@ -59,6 +70,9 @@ def read_gpu(nvml: ModuleType, position: int, asked_as: str, handle: Any) -> dic
     """Everything NVML will tell about one device; unsupported fields are None."""
     errors: dict[str, str] = {}
     gpu: dict[str, Any] = {"index": position, "uuid": asked_as, "errors": errors}
+    if isinstance(handle, Exception):  # the lookup itself failed (see handles)
+        gpu["error"] = reason(handle)
+        return gpu
     try:
         gpu["uuid"] = _text(nvml.nvmlDeviceGetUUID(handle))
     except Exception as e:  # a GPU that fell off the bus fails here first

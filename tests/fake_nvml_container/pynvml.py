@@ -29,6 +29,8 @@ _seen: int | None = None
 
 def _load() -> None:
     global _seen
+    if len(_nvml.calls) > 1000:
+        _nvml.calls.clear()  # a long-running server must not grow this forever
     try:
         stamp = os.stat(STATE).st_mtime_ns
     except OSError:
@@ -41,7 +43,6 @@ def _load() -> None:
     _nvml.gpus = [_fake.FakeGpu(**gpu) for gpu in state.get("gpus", [])]
     error = state.get("init_error")
     _nvml.init_error = getattr(_fake, error) if error else None
-    _nvml.calls.clear()  # a long-running server must not grow this forever
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,157 @@
+"""The GPU page ({base_url}gpu) in Chromium, on a real ``jupyter server`` with fake GPUs."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from harness import ARTIFACTS
+from monitor_server import TOKEN, GiB, MonitorServer, gpu_state, start_servers
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]
+LIMIT = 8 * GiB
+ARGS = ("--GpuMonitor.interval=0.2", "--GpuMonitor.busy_window=2")
+
+
+def state(used: int, utilization: int = 40) -> dict:
+    return {"gpus": [gpu_state(used, utilization, memory=16 * GiB, temperature=57,
+                               power=210_000, processes=[[4321, GiB]])]}
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu-page")
+    gpu = MonitorServer(tmp / "gpu", state(LIMIT // 2),
+                        {"NVIDIA_VISIBLE_DEVICES": "GPU-a", "GPU_MEMORY_LIMIT": str(LIMIT)},
+                        ARGS, base_url="/user/ana/")
+    void = MonitorServer(tmp / "void", state(0), {"NVIDIA_VISIBLE_DEVICES": "void"}, ARGS,
+                         base_url="/user/bo/")
+    start_servers(gpu, void)
+    yield {"gpu": gpu, "void": void}
+    for server in (gpu, void):
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+class Page:
+    """A fresh page that records every request it makes and every script error."""
+
+    def __init__(self, browser, server: MonitorServer):
+        self.server = server
+        self.context = browser.new_context(viewport={"width": 1100, "height": 800})
+        self.page = self.context.new_page()
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", lambda m: self.errors.append(m.text)
+                     if "Content Security Policy" in m.text else None)
+
+    def open(self) -> None:
+        self.page.goto(f"{self.server.url}gpu?token={TOKEN}")  # the token in the URL logs in
+
+    def check_stayed_home(self) -> None:
+        assert self.requests, "no requests recorded"
+        outside = [u for u in self.requests if not u.startswith(self.server.origin + "/")]
+        assert outside == [], f"requests that left the origin: {outside}"
+        assert any("/api/gpu/metrics" in u for u in self.requests)
+        assert self.errors == []
+
+
+@pytest.fixture
+def open_page(browser):
+    pages = []
+
+    def make(server: MonitorServer) -> Page:
+        page = Page(browser, server)
+        pages.append(page)
+        page.open()
+        return page
+
+    yield make
+    for page in pages:
+        page.context.close()
+
+
+def test_gpu_page_normal_then_warning(servers, open_page):
+    server = servers["gpu"]
+    server.write_state(state(LIMIT // 2))
+    server.wait_for(lambda b: b["gpus"][0]["memory_used"] == LIMIT // 2)
+    p = open_page(server)
+    page = p.page
+    card = page.locator("section.gpu[data-uuid=GPU-a]")
+    expect(card).to_be_visible()
+    fill = card.locator(".bar .fill")
+    expect(fill).to_have_attribute("style", re.compile(r"width:\s*50%"))
+    assert fill.evaluate("e => e.style.width") == "50%"
+    expect(card.locator(".memory-text")).to_have_text(
+        "Memory: 4.0 GiB of 8.0 GiB (your limit) · 50%")
+    expect(card).to_contain_text("40%")  # utilization
+    expect(card).to_contain_text("57 °C")
+    expect(card).to_contain_text("210 / 700 W")
+    banner = page.locator("#banner")
+    expect(banner).to_be_hidden()
+    expect(page.locator("#state")).to_be_hidden()
+    # sparklines: a utilization and a memory line, with points once samples come in
+    expect(card.locator("svg.spark polyline")).to_have_count(2)
+    for kind in ("util", "mem"):
+        line = card.locator(f"svg.spark.{kind} polyline")
+        expect(line).to_have_attribute("points", re.compile(r"^[\d.]+,[\d.]+( [\d.]+,[\d.]+)+$"))
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "gpu-page-normal.png"), full_page=True)
+
+    # memory reaches 93% of the limit while the page is open: the banner shows
+    server.write_state(state(math.ceil(0.93 * LIMIT)))
+    expect(banner).to_be_visible(timeout=2_000)
+    expect(banner).to_have_text("GPU memory at 93% of your 8 GiB limit")
+    expect(fill).to_have_attribute("style", re.compile(r"width:\s*93%"))
+    expect(card).to_have_class(re.compile(r"\bwarning\b"))
+    page.screenshot(path=str(ARTIFACTS / "gpu-page-warning.png"), full_page=True)
+
+    # 89%: below the threshold, the banner goes away again
+    server.write_state(state(math.floor(0.89 * LIMIT)))
+    expect(banner).to_be_hidden(timeout=2_000)
+    expect(fill).to_have_attribute("style", re.compile(r"width:\s*89%"))
+    expect(card).not_to_have_class(re.compile(r"\bwarning\b"))
+    p.check_stayed_home()
+
+
+def test_gpu_page_without_a_gpu(servers, open_page):
+    p = open_page(servers["void"])
+    page = p.page
+    expect(page.locator("#state")).to_have_text("No GPU assigned to this server.")
+    expect(page.locator("#state")).to_be_visible()
+    expect(page.locator("#banner")).to_be_hidden()
+    expect(page.locator("#updated")).to_contain_text("Updated")
+    assert page.locator("section.gpu").count() == 0
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "gpu-page-no-gpu.png"), full_page=True)
+    p.check_stayed_home()
+
+
+def test_gpu_page_needs_login(servers, browser):
+    server = servers["gpu"]
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"{server.url}gpu")
+        assert "/login" in page.url
+        assert page.locator("section.gpu").count() == 0
+    finally:
+        context.close()
