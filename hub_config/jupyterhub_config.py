@@ -9,10 +9,12 @@ import logging
 import os
 from pathlib import Path
 
+from spawner.culling import culler_service
 from spawner.engine import check_engine
 from spawner.quota import QuotaTableError
 from spawner.rbac import instructor_roles
 from spawner.store import QuotaStore
+from spawner.units import parse_duration
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 
@@ -80,6 +82,25 @@ c.JupyterHub.load_groups = {
 }
 # Instructors can list, start, stop and open their class's servers (spawner/rbac.py).
 c.JupyterHub.load_roles = instructor_roles({"cs101": ["prof-ada"]})
+
+# --- culling -----------------------------------------------------------------
+# jupyterhub-idle-culler stops servers idle for IDLE_TIMEOUT (a role's own
+# idle_timeout and max_age win; spawner/culling.py). Activity reaches the hub
+# every ACTIVITY_INTERVAL from the servers and from the proxy, so an idle
+# server is culled between IDLE_TIMEOUT and IDLE_TIMEOUT + CULL_EVERY after
+# its last activity, and an active one never (docs/culling.md). "0" turns it off.
+IDLE_TIMEOUT = parse_duration(env("IDLE_TIMEOUT", "30m"))
+CULL_EVERY = parse_duration(env("CULL_EVERY", "60"))
+ACTIVITY_INTERVAL = max(1, int(parse_duration(env("ACTIVITY_INTERVAL", "60"))))
+c.JupyterHub.last_activity_interval = ACTIVITY_INTERVAL
+c.Spawner.environment = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(ACTIVITY_INTERVAL)}
+if IDLE_TIMEOUT > 0:
+    culler, culler_role = culler_service(
+        c.QuotaSpawner.quota_file, timeout=IDLE_TIMEOUT, cull_every=CULL_EVERY,
+        max_age=parse_duration(env("MAX_AGE", "0")),
+    )
+    c.JupyterHub.services = [culler]
+    c.JupyterHub.load_roles.append(culler_role)
 
 # At hub start: warn if the engine cannot enforce the memory quotas, and
 # report a broken quota table now rather than at the first spawn.

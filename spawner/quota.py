@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from .units import format_human, parse_size
+from .units import format_human, parse_duration, parse_size
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 NAME_RULE = "start with a letter or digit and use only letters, digits, '.', '_' and '-'"
@@ -63,6 +63,8 @@ class Role:
     gpu_mode: str = "exclusive"
     gpu_share: int = 1  # most users on one GPU; 1 unless shared
     gpu_memory: int | None = None  # soft cap per user, shared mode only
+    idle_timeout: float | None = None  # seconds; None: the culler's default (30m)
+    max_age: float | None = None  # seconds; None: no limit
 
     @property
     def title(self) -> str:
@@ -218,6 +220,18 @@ class _Reader:
             return None
         return value
 
+    def duration(self, node: Node, where: str) -> float | None:
+        value = self.scalar(node) if isinstance(node, ScalarNode) else None
+        try:
+            seconds = parse_duration(value)
+        except ValueError as e:
+            self.problem(node, f"{where}: {e} (durations look like 90, 45s, 30m or 72h)")
+            return None
+        if seconds < 1:
+            self.problem(node, f"{where} must be at least 1 second, not {value}")
+            return None
+        return seconds
+
     def size(self, node: Node, where: str, minimum: int = 1) -> int | None:
         value = self.scalar(node) if isinstance(node, ScalarNode) else None
         try:
@@ -248,7 +262,7 @@ def _show(value: Any) -> str:
 IMAGE_FIELDS = ("image", "display_name", "description")
 ROLE_FIELDS = (
     "description", "display_name", "cpus", "memory", "shm", "pids", "images",
-    "gpus", "gpu_mode", "gpu_share", "gpu_memory",
+    "gpus", "gpu_mode", "gpu_share", "gpu_memory", "idle_timeout", "max_age",
 )
 ASSIGNMENT_FIELDS = ("default", "groups", "users")
 TOP_FIELDS = ("images", "roles", "assignments")
@@ -291,6 +305,8 @@ _ROLE_READERS: dict[str, Callable[[_Reader, Node, str], Any]] = {
     "gpu_mode": lambda r, n, w: r.choice(n, w, GPU_MODES),
     "gpu_share": lambda r, n, w: r.positive_int(n, w),
     "gpu_memory": lambda r, n, w: r.size(n, w, DOCKER_MIN_MEMORY),
+    "idle_timeout": lambda r, n, w: r.duration(n, w),
+    "max_age": lambda r, n, w: r.duration(n, w),
 }
 
 

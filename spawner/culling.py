@@ -1,0 +1,117 @@
+"""Idle culling with per-role timeouts and lifetimes, through jupyterhub-idle-culler.
+
+The hub runs jupyterhub-idle-culler 2.x as a managed service
+(``culler_service``); its ``cull_arbiter_hook`` (``make_arbiter``) looks up
+the role recorded in each server's ``user_options`` and applies that role's
+``idle_timeout`` and ``max_age`` from the quota table. Culling itself (the
+API calls, the schedule) stays the culler's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from .store import QuotaStore
+
+DEFAULT_IDLE_TIMEOUT = 30 * 60
+# What the culler needs and nothing more (DESIGN.md).
+CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
+
+
+def culler_service(
+    quota_file: str, timeout: float = DEFAULT_IDLE_TIMEOUT, cull_every: float = 60,
+    max_age: float = 0, name: str = "idle-culler",
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The managed service and its RBAC role, for c.JupyterHub.services / load_roles.
+
+    ``timeout`` applies to servers whose role sets no idle_timeout; ``max_age``
+    (0: none) to servers whose role sets no max_age.
+    """
+    service = {
+        "name": name,
+        "command": [
+            sys.executable, "-m", "jupyterhub_idle_culler",
+            f"--timeout={int(timeout)}", f"--cull-every={max(1, int(cull_every))}",
+            f"--config={Path(__file__).with_name('culler_config.py')}",
+        ],
+        "environment": {
+            "QUOTA_SPAWNER_QUOTA_FILE": quota_file,
+            "QUOTA_SPAWNER_MAX_AGE": str(int(max_age)),
+        },
+    }
+    role = {"name": name, "scopes": list(CULLER_SCOPES), "services": [name]}
+    return service, role
+
+
+def _logger() -> logging.Logger:
+    log = logging.getLogger("quota_spawner.culling")
+    if not log.handlers:  # the culler process configures only its own logger
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(
+            "[%(levelname).1s %(asctime)s quota-spawner culling] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+    return log
+
+
+def _seconds(td: timedelta) -> str:
+    total = int(td.total_seconds())
+    hours, rest = divmod(total, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
+
+
+def _parse_time(stamp: str | None) -> datetime | None:
+    if not stamp:
+        return None
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+
+
+def owner(server: dict[str, Any]) -> str:
+    """The user (and server name) from a server model's URL, /user/<name>/[<server>/]."""
+    parts = [unquote(p) for p in (server.get("url") or "").strip("/").split("/")]
+    name = parts[1] if len(parts) > 1 else "?"
+    return f"{name}/{server['name']}" if server.get("name") else name
+
+
+def make_arbiter(quota_file: str, default_max_age: float = 0,
+                 log: logging.Logger | None = None):
+    """A cull_arbiter_hook applying each server's role's idle_timeout and max_age."""
+    store = QuotaStore.for_path(quota_file)
+    log = log or _logger()
+
+    async def arbiter(*, inactive: timedelta | None, inactive_limit: int,
+                      server: dict[str, Any], **_: Any) -> bool:
+        if inactive is None:
+            return False
+        profile = (server.get("user_options") or {}).get("profile")
+        try:
+            table = await asyncio.to_thread(store.get, log)
+            role = table.roles.get(profile) if profile else None
+        except Exception as e:  # no good table: fall back to the defaults
+            log.warning("Quota table unavailable (%s); using the default timeouts", e)
+            role = None
+        timeout = (role.idle_timeout if role and role.idle_timeout else None) or inactive_limit
+        max_age = (role.max_age if role and role.max_age else None) or default_max_age
+        started = _parse_time(server.get("started"))
+        age = datetime.now(timezone.utc) - started if started else None
+        who, role_name = owner(server), profile or "(none)"
+        if max_age and age is not None and age.total_seconds() >= max_age:
+            log.info("Culling %s (role %s): reached max_age %s (age %s, idle %s)",
+                     who, role_name, _seconds(timedelta(seconds=max_age)), _seconds(age),
+                     _seconds(inactive))
+            return True
+        if inactive.total_seconds() >= timeout:
+            log.info("Culling %s (role %s): idle for %s, idle_timeout %s",
+                     who, role_name, _seconds(inactive), _seconds(timedelta(seconds=timeout)))
+            return True
+        return False
+
+    return arbiter
