@@ -83,9 +83,8 @@ def test_sample_reads_every_field_with_units():
         "utilization": 0.45,  # % -> ratio
         "temperature": 61,
         "power_draw": 123.456, "power_limit": 300.0,  # mW -> W
-        # host PIDs and memory only: no command lines, no user names
-        "processes": [{"host_pid": 4242, "used_memory": 2**20},
-                      {"host_pid": 4343, "used_memory": None}],
+        # how many and how much only: no host PIDs, no command lines, no user names
+        "processes": {"count": 2, "used_memory": None},  # one process's memory unknown
     }
 
 
@@ -549,11 +548,10 @@ GPU_OK = {
         "temperature": {"type": ["number", "null"]},
         "power_draw": {"type": ["number", "null"], "minimum": 0},
         "power_limit": {"type": ["number", "null"], "minimum": 0},
-        "processes": {"type": ["array", "null"], "items": {
-            "type": "object", "additionalProperties": False,
-            "required": ["host_pid", "used_memory"],
-            "properties": {"host_pid": {"type": "integer"},
-                           "used_memory": {"type": ["integer", "null"]}}}},
+        "processes": {"type": ["object", "null"], "additionalProperties": False,
+                      "required": ["count", "used_memory"],
+                      "properties": {"count": {"type": "integer"},
+                                     "used_memory": {"type": ["integer", "null"]}}},
         "errors": {"type": "object", "additionalProperties": {"type": "string"}},
         "memory_limit": {"type": ["integer", "null"], "minimum": 0},
         "memory_limit_source": {"enum": ["GPU_MEMORY_LIMIT", "total"]},
@@ -663,7 +661,7 @@ def test_api_report_matches_the_schema(server):
     assert (a["uuid"], a["index"], b["uuid"], b["index"]) == ("GPU-a", 0, "GPU-b", 1)
     assert a["memory_used"] == 4 * GiB and a["memory_total"] == 16 * GiB
     assert (a["memory_limit"], a["memory_fraction"]) == (8 * GiB, 0.5)
-    assert b["processes"] == [{"host_pid": 1234, "used_memory": GiB}]
+    assert b["processes"] == {"count": 1, "used_memory": GiB}
     assert body["warning"] is None
 
 

@@ -1,4 +1,4 @@
-"""The JSON that GET {base_url}api/gpu/metrics returns (schema: docs/gpu-monitor.md)."""
+"""The JSON that GET {base_url}api/gpu/metrics returns (docs/gpu-metrics.schema.json)."""
 
 from __future__ import annotations
 

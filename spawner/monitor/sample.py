@@ -91,14 +91,12 @@ def read_gpu(nvml: ModuleType, position: int, asked_as: str, handle: Any) -> dic
     limit = _read(errors, "power_limit", lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
     gpu["power_limit"] = limit / 1000 if limit is not None else None
     procs = _read(errors, "processes", lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
-    # NVML gives host PIDs, which mean nothing inside the container; on a
-    # shared GPU they include other users' work. Show only count and memory.
-    gpu["processes"] = None if procs is None else [
-        {"host_pid": int(p.pid), "used_memory": _memory_of(p)} for p in procs
-    ]
+    # NVML gives host PIDs, which mean nothing inside the container, and on a
+    # shared GPU other users' processes: report only how many and how much.
+    if procs is None:
+        gpu["processes"] = None
+    else:
+        used = [getattr(p, "usedGpuMemory", None) for p in procs]
+        known = all(isinstance(u, int) for u in used)  # not known under MIG
+        gpu["processes"] = {"count": len(used), "used_memory": sum(used) if known else None}
     return gpu
-
-
-def _memory_of(process: Any) -> int | None:
-    used = getattr(process, "usedGpuMemory", None)
-    return int(used) if isinstance(used, int) else None  # None: not available (MIG, WDDM)
