@@ -25,6 +25,8 @@ def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
         "gpu_mode": role.gpu_mode if role.gpus else None,
         "gpu_share": role.gpu_share if role.gpu_mode == "shared" else None,
         "gpu_memory": role.gpu_memory,
+        "idle_timeout": role.idle_timeout,
+        "max_age": role.max_age,
         "images": [
             {"key": key, "image": table.images[key].image,
              "display_name": table.images[key].display_name}
@@ -66,8 +68,13 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"{args.user} holds {len(roles)} role{'s' if len(roles) != 1 else ''}:")
     for role in roles:
         images = ", ".join(table.images[k].display_name for k in role.images)
-        pids = f", pids {role.pids}" if role.pids else ""
-        print(f"  {role.name}: {describe_limits(role)}{pids}; images: {images}")
+        extras = [f"pids {role.pids}"] if role.pids else []
+        if role.idle_timeout:
+            extras.append(f"idle timeout {role.idle_timeout:g}s")
+        if role.max_age:
+            extras.append(f"max age {role.max_age:g}s")
+        extra = "".join(f", {e}" for e in extras)
+        print(f"  {role.name}: {describe_limits(role)}{extra}; images: {images}")
     return 0
 
 

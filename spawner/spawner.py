@@ -402,6 +402,10 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         choice = await self.resolve(choices)
         self._check_no_docker_socket()
         self._apply_choice(choice)
+        # The resolved choice, for the REST API's server model (the culler reads
+        # the role there); not saved as the user's default options.
+        self.user_options = {**(self.user_options or {}),
+                             "profile": choice.role.name, "image": choice.image.key}
         owner = self.object_name
         self.log.info(
             "Starting %s as role %s with image %s (%g CPUs, %d bytes memory, %d GPUs)",
@@ -426,11 +430,20 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             pool.starting.discard(owner)
         return ip, port
 
+    def get_state(self) -> dict[str, Any]:
+        state = super().get_state()
+        if self.object_id and self.choice is not None:
+            state["quota_choice"] = {"profile": self.choice.role.name,
+                                     "image": self.choice.image.key}
+        return state
+
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         if self.object_id:
             # after a hub restart: this container is ours, not a zombie
             QuotaSpawner._claimed.add(self.object_name)
+            # and it runs as the role it was started with, whatever was saved
+            self.user_options = {**(self.user_options or {}), **state.get("quota_choice", {})}
 
     async def poll(self) -> int | str | None:
         # The hub polls every running server at startup: the pool (and its

@@ -365,10 +365,12 @@ def test_killed_container_frees_its_gpu(hub2, docker_client):
 
 
 def test_hub_restart_rebuilds_holdings_and_stops_zombies(hub2, docker_client):
-    a, b, c = users(hub2, "restart", 3)
+    a, b, c, d = users(hub2, "restart", 4)
     zombie = None
     try:
         hub2.start_server(a, EXCL)
+        # No options: the role resolved at start is what the API (and the culler) see.
+        assert hub2.start_server(d)["user_options"] == {"profile": "cpu", "image": "pytorch"}
         [gpu_a] = gpus_of(container_for(docker_client, a))
         hub2.stop()
         # While the hub is down, a container with this hub's labels appears that
@@ -382,6 +384,8 @@ def test_hub_restart_rebuilds_holdings_and_stops_zombies(hub2, docker_client):
         )
         hub2.start()
         assert hub2.user(a)["servers"][""]["ready"]  # a's server survived the restart
+        # d's role survives the restart too (kept in the spawner's state).
+        assert hub2.user(d)["servers"][""]["user_options"]["profile"] == "cpu"
 
         # Both GPUs are held: a's (rebuilt from its labels) and the zombie's.
         message = refused(hub2.spawn(b, EXCL))
@@ -404,7 +408,7 @@ def test_hub_restart_rebuilds_holdings_and_stops_zombies(hub2, docker_client):
     finally:
         if zombie is not None:
             zombie.remove(force=True)
-        stop_all(hub2, [a, b, c])
+        stop_all(hub2, [a, b, c, d])
 
 
 def test_no_inventory_refuses_gpu_roles_and_keeps_cpu_roles(hub, quotas, fresh_user,
