@@ -37,6 +37,14 @@ class Inventory:
     def uuids(self) -> tuple[str, ...]:
         return tuple(d.uuid for d in self.devices)
 
+    def smallest_memory(self, uuids: Iterable[str] | None = None) -> int | None:
+        """The least memory among these devices (all by default); None if any is unknown."""
+        wanted = None if uuids is None else set(uuids)
+        memories = [d.memory for d in self.devices if wanted is None or d.uuid in wanted]
+        if not memories or None in memories:
+            return None
+        return min(m for m in memories if m is not None)
+
     def describe(self) -> str:
         if not self.devices:
             return f"no GPUs ({self.reason})" if self.reason else "no GPUs"

@@ -170,9 +170,8 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
 
     @staticmethod
     def gpu_capacity(pool: GpuPool) -> GpuCapacity:
-        memories = [d.memory for d in pool.inventory.devices]
-        smallest = min(memories) if memories and None not in memories else None
-        return GpuCapacity(len(memories), smallest)  # type: ignore[arg-type]
+        inventory = pool.inventory
+        return GpuCapacity(len(inventory.devices), inventory.smallest_memory())
 
     @staticmethod
     def gpu_request(role: Role) -> GpuRequest | None:
@@ -388,8 +387,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             message = self._no_gpu_message(role, e, pool, choices)
             self.log.warning("Refused %s: %s", self._log_name, message)
             raise web.HTTPError(503, message) from None
-        memories = [d.memory for d in pool.inventory.devices if d.uuid in self.gpu_uuids]
-        self._gpu_memory = min(memories) if memories and None not in memories else None
+        self._gpu_memory = pool.inventory.smallest_memory(self.gpu_uuids)
         text = f"GPU {','.join(self.gpu_uuids)} assigned ({mode_label(request)})"
         self.log.info("%s: %s", self._log_name, text)
         self._progress(text, 30)

@@ -55,7 +55,7 @@ def ensure_engine() -> docker.DockerClient:
     return client
 
 
-def _default_signals() -> None:
+def default_signals() -> None:
     # A hub started from a non-interactive shell inherits SIGINT ignored,
     # and its shutdown then hangs.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -118,7 +118,7 @@ c.QuotaSpawner.quota_file = {str(self.quota_file)!r}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterhub", "-f", str(self.config), "--debug"],
             cwd=self.workdir, env=env, stdout=self.log_file, stderr=subprocess.STDOUT,
-            preexec_fn=_default_signals,
+            preexec_fn=default_signals,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -262,9 +262,21 @@ def install_fake_nvml(folder: Path) -> Path:
 
 def write_fake_gpus(folder: Path, gpus: list[dict[str, Any]]) -> None:
     """What the fake NVML reports from now on (fields of fake_pynvml.FakeGpu)."""
+    write_fake_nvml_state(folder, {"gpus": gpus})
+
+
+_last_stamp = 0
+
+
+def write_fake_nvml_state(folder: Path, state: dict[str, Any]) -> None:
+    """The whole state file: {"gpus": [...], "init_error": "NVMLError_…"}."""
+    global _last_stamp
     tmp = folder / "state.json.tmp"
-    tmp.write_text(json.dumps({"gpus": gpus}))
+    tmp.write_text(json.dumps(state))
     tmp.chmod(0o644)
+    # The fake re-reads on a new mtime; file times are coarse, so set one that differs.
+    _last_stamp = max(time.time_ns(), _last_stamp + 1_000_000)
+    os.utime(tmp, ns=(_last_stamp, _last_stamp))
     tmp.replace(folder / "state.json")  # atomic: a reader never sees half a file
 
 

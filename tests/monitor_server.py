@@ -11,9 +11,7 @@ machine's own Jupyter setup.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,16 +22,10 @@ from typing import Any
 
 import requests
 
-from harness import free_port
+from harness import default_signals, free_port, install_fake_nvml, write_fake_nvml_state
 
-TESTS = Path(__file__).resolve().parent
 TOKEN = "abc"
 GiB = 2**30
-
-
-def _default_signals() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 class MonitorServer:
@@ -45,10 +37,8 @@ class MonitorServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.fake = self.workdir / "fake-nvml"
         self.fake.mkdir(exist_ok=True)
-        shutil.copy(TESTS / "fake_pynvml.py", self.fake / "fake_pynvml.py")
-        shutil.copy(TESTS / "fake_nvml_container" / "pynvml.py", self.fake / "pynvml.py")
-        self.state_file = self.workdir / "state.json"
-        self._stamp = 0
+        install_fake_nvml(self.fake)
+        self.state_file = self.fake / "state.json"
         self.write_state(state)
         self.env = env
         self.args = args
@@ -63,12 +53,7 @@ class MonitorServer:
 
     def write_state(self, state: dict[str, Any]) -> None:
         """Replace the fake GPUs; the fake module sees the change at its next call."""
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        # File times are coarse (a clock tick): set one that surely differs.
-        self._stamp = max(time.time_ns(), self._stamp + 1_000_000)
-        os.utime(tmp, ns=(self._stamp, self._stamp))
-        os.replace(tmp, self.state_file)
+        write_fake_nvml_state(self.fake, state)
 
     def start(self, timeout: float = 30) -> MonitorServer:
         env = {k: v for k, v in os.environ.items()
@@ -92,7 +77,7 @@ class MonitorServer:
              "--ServerApp.jpserver_extensions={'spawner.monitor': True}",
              *self.args],
             cwd=self.workdir, env=env, stdout=self.log_file, stderr=subprocess.STDOUT,
-            preexec_fn=_default_signals,
+            preexec_fn=default_signals,
         )
         return self
 

@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from harness import ARTIFACTS, Hub, cleanup, container_for, containers, exec_text
+from spawner.gpu_env import CAP_VARIABLES
 
 pytestmark = pytest.mark.e2e
 GiB = 2**30
@@ -63,9 +64,6 @@ assignments:
     gpu-only: [excl]
 """
 
-CAP_VARIABLES = ("GPU_MEMORY_LIMIT", "FLAGS_gpu_memory_limit_mb", "FLAGS_allocator_strategy",
-                 "XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_PREALLOCATE",
-                 "TF_FORCE_GPU_ALLOW_GROWTH")
 # A FAKE torch for the memory-cap hook: records the calls the hook makes.
 FAKE_TORCH = """mkdir -p /tmp/faketorch/torch && cat > /tmp/faketorch/torch/__init__.py <<'END'
 class _Props:
