@@ -6,6 +6,7 @@ admin can go straight to it. The loader never stops at the first problem.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -15,12 +16,22 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from .units import format_human, parse_duration, parse_size
+from .units import format_human, format_size, parse_duration, parse_size
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 NAME_RULE = "start with a letter or digit and use only letters, digits, '.', '_' and '-'"
 DOCKER_MIN_MEMORY = 6 * 2**20
 GPU_MODES = ("exclusive", "shared")
+
+# Upper bounds, so that a typo or .inf is refused instead of meaning "unlimited".
+MAX_CPUS = 1024
+MAX_SIZE = 64 * 2**40  # memory, shm, gpu_memory: 64 TiB
+MAX_PIDS = 4_194_304  # the kernel's PID_MAX_LIMIT
+MAX_GPUS = 64
+MAX_GPU_SHARE = 64
+MAX_DURATION = 365 * 24 * 3600  # idle_timeout, max_age: 365 days, in seconds
+
+_STR_TAG = "tag:yaml.org,2002:str"
 
 
 @dataclass(frozen=True)
@@ -134,17 +145,70 @@ class _Reader:
         self.loader = loader
         self.gpus = gpus
         self.problems: list[Problem] = []
+        self._unreadable: set[int] = set()  # ids of nodes YAML could not construct
 
     def problem(self, node: Node, message: str) -> None:
+        if id(node) in self._unreadable:
+            return  # already reported as unreadable; a second message would only confuse
         self.problems.append(Problem(self.path, node.start_mark.line + 1, message))
 
     def scalar(self, node: Node) -> Any:
-        return self.loader.construct_object(node, deep=True)
+        """The node's value, or _UNREADABLE (reported) when YAML cannot construct it.
+
+        Constructing can fail on valid YAML: a date like 2024-13-45, a tag with no
+        safe constructor (``=``, ``<<``, ``!!python/...``), an int too long to convert.
+        """
+        try:
+            return self.loader.construct_object(node, deep=True)
+        except Exception as e:
+            reason = e.problem if isinstance(e, yaml.MarkedYAMLError) and e.problem else str(e)
+            what = repr(_written(node)) if _written(node) else "this value"
+            self.problem(node, f"YAML cannot read {what}: {reason}; "
+                               "write it in quotes if it is text")
+            self._unreadable.add(id(node))
+            return _UNREADABLE
+
+    def not_text(self, node: Node, label: str) -> bool:
+        """Report a name that YAML resolves to something other than text.
+
+        Names are taken as written, so `0123` must not quietly become the user 83.
+        """
+        if not isinstance(node, ScalarNode) or node.tag == _STR_TAG:
+            return False
+        written = _written(node)
+        if not written:
+            self.problem(node, f"{label} is empty (YAML reads it as nothing)")
+            return True
+        tag = node.tag.rsplit(":", 1)[-1] if node.tag.startswith("tag:yaml.org,2002:") else ""
+        if tag in ("int", "float"):
+            value = self.scalar(node)
+            if value is _UNREADABLE:
+                return True
+            read_as = f"the number {value!r}"
+        elif tag == "bool":
+            read_as = "true" if self.scalar(node) else "false"
+            read_as += " (a true/false value)"
+        elif tag == "null":
+            read_as = "nothing (null)"
+        elif tag == "timestamp":
+            read_as = "a date"
+        else:
+            read_as = f"something other than text ({node.tag})"
+        quoted = "'" + written.replace("'", "''") + "'"
+        self.problem(node, f"{label} {written} is read by YAML as {read_as}; "
+                           f"write it in quotes: {quoted}")
+        return True
 
     def mapping(
-        self, node: Node, where: str, allowed: Iterable[str] | None = None
+        self, node: Node, where: str, allowed: Iterable[str] | None = None,
+        kind: str | None = None, refused: set[str] | None = None,
     ) -> dict[str, tuple[Node, Node]]:
-        """Key -> (key node, value node), reporting duplicates and unknown keys."""
+        """Key -> (key node, value node), reporting duplicates and unknown keys.
+
+        Keys are taken as written and must be YAML strings; ``kind`` says what
+        they are in messages ("user name"), else they are "the key ... in WHERE".
+        Keys refused for not being strings are added, as written, to ``refused``.
+        """
         if not isinstance(node, MappingNode):
             self.problem(node, f"{where} must be a mapping of keys to values")
             return {}
@@ -154,7 +218,12 @@ class _Reader:
             if not isinstance(key_node, ScalarNode):
                 self.problem(key_node, f"a key in {where} must be a plain name")
                 continue
-            key = str(self.scalar(key_node))
+            label = f"the {kind}" if kind else f"in {where}, the key"
+            if self.not_text(key_node, label):
+                if refused is not None:
+                    refused.add(key_node.value)
+                continue
+            key = key_node.value
             if key in result:
                 first = result[key][0].start_mark.line + 1
                 self.problem(key_node, f"duplicate key '{key}' in {where} (first at line {first})")
@@ -168,13 +237,15 @@ class _Reader:
             result[key] = (key_node, value_node)
         return result
 
-    def names(self, node: Node, where: str) -> list[tuple[Node, str]]:
-        """A list of names, as (node, name) pairs."""
+    def names(self, node: Node, where: str, kind: str) -> list[tuple[Node, str]]:
+        """A list of names (``kind``: "role name"), as (node, name) pairs."""
         if not isinstance(node, SequenceNode):
             self.problem(node, f"{where} must be a list, like [a, b]")
             return []
         items = []
         for item in node.value:
+            if self.not_text(item, f"{where}: the {kind}"):
+                continue
             value = self.scalar(item) if isinstance(item, ScalarNode) else None
             if not isinstance(value, str) or not value:
                 self.problem(item, f"each entry of {where} must be a name")
@@ -189,27 +260,39 @@ class _Reader:
             return None
         return value
 
-    def positive_number(self, node: Node, where: str) -> float | None:
+    def positive_number(self, node: Node, where: str, maximum: float) -> float | None:
         value = self.scalar(node) if isinstance(node, ScalarNode) else None
         if isinstance(value, bool) or not isinstance(value, int | float):
             self.problem(node, f"{where} must be a number, like 2 or 0.5, not {_show(value)}")
             return None
+        if isinstance(value, float) and not math.isfinite(value):  # nan passes all below
+            self.problem(node, f"{where} must be a finite number, not {_written(node)}")
+            return None
         if value <= 0:
             self.problem(node, f"{where} must be greater than 0, not {value}")
             return None
+        if value > maximum:
+            self.problem(node, f"{where} must be at most {maximum:g}, not {_written(node)}")
+            return None
         return float(value)
 
-    def positive_int(self, node: Node, where: str) -> int | None:
+    def positive_int(self, node: Node, where: str, maximum: int) -> int | None:
         value = self.scalar(node) if isinstance(node, ScalarNode) else None
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             self.problem(node, f"{where} must be a whole number of at least 1, not {_show(value)}")
             return None
+        if value > maximum:
+            self.problem(node, f"{where} must be at most {maximum}, not {_written(node)}")
+            return None
         return value
 
-    def whole_number(self, node: Node, where: str) -> int | None:
+    def whole_number(self, node: Node, where: str, maximum: int) -> int | None:
         value = self.scalar(node) if isinstance(node, ScalarNode) else None
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             self.problem(node, f"{where} must be a whole number, 0 or more, not {_show(value)}")
+            return None
+        if value > maximum:
+            self.problem(node, f"{where} must be at most {maximum}, not {_written(node)}")
             return None
         return value
 
@@ -222,6 +305,9 @@ class _Reader:
 
     def duration(self, node: Node, where: str) -> float | None:
         value = self.scalar(node) if isinstance(node, ScalarNode) else None
+        if isinstance(value, float) and not math.isfinite(value):
+            self.problem(node, f"{where} must be a finite duration, not {_written(node)}")
+            return None
         try:
             seconds = parse_duration(value)
         except ValueError as e:
@@ -230,10 +316,17 @@ class _Reader:
         if seconds < 1:
             self.problem(node, f"{where} must be at least 1 second, not {value}")
             return None
+        if seconds > MAX_DURATION:
+            self.problem(node, f"{where} must be at most {MAX_DURATION // 3600}h "
+                               f"({MAX_DURATION // 86400} days), not {_written(node)}")
+            return None
         return seconds
 
     def size(self, node: Node, where: str, minimum: int = 1) -> int | None:
         value = self.scalar(node) if isinstance(node, ScalarNode) else None
+        if isinstance(value, float) and not math.isfinite(value):
+            self.problem(node, f"{where} must be a finite size, not {_written(node)}")
+            return None
         try:
             size = parse_size(value)
         except ValueError as e:
@@ -242,6 +335,10 @@ class _Reader:
         if size < minimum:
             self.problem(node, f"{where} must be at least {minimum} bytes, not {value}")
             return None
+        if size > MAX_SIZE:
+            self.problem(node, f"{where} must be at most {format_size(MAX_SIZE)}, "
+                               f"not {_written(node)}")
+            return None
         return size
 
     def name_key(self, key_node: Node, key: str, what: str) -> bool:
@@ -249,6 +346,14 @@ class _Reader:
             return True
         self.problem(key_node, f"{what} name '{key}' is not allowed: names must {NAME_RULE}")
         return False
+
+
+_UNREADABLE = object()  # what _Reader.scalar returns for a value YAML cannot construct
+
+
+def _written(node: Node) -> str:
+    """The scalar as the admin wrote it (``.inf``, ``0123``), for messages."""
+    return node.value if isinstance(node, ScalarNode) else ""
 
 
 def _show(value: Any) -> str:
@@ -271,7 +376,8 @@ TOP_FIELDS = ("images", "roles", "assignments")
 def _read_images(r: _Reader, node: Node) -> tuple[dict[str, ImageSpec], set[str]]:
     """The valid images, and every key declared (valid or not)."""
     images: dict[str, ImageSpec] = {}
-    declared = r.mapping(node, "images")
+    refused: set[str] = set()
+    declared = r.mapping(node, "images", kind="image key", refused=refused)
     for key, (key_node, value) in declared.items():
         if not r.name_key(key_node, key, "image"):
             continue
@@ -291,19 +397,21 @@ def _read_images(r: _Reader, node: Node) -> tuple[dict[str, ImageSpec], set[str]
         ) else ""
         if image and display is not None and description is not None:
             images[key] = ImageSpec(key, image, display, description)
-    return images, set(declared)
+    # Refused keys count as declared, so that a quoted reference to one is not
+    # reported a second time as unknown.
+    return images, set(declared) | refused
 
 
 _ROLE_READERS: dict[str, Callable[[_Reader, Node, str], Any]] = {
     "description": lambda r, n, w: r.text(n, w),
     "display_name": lambda r, n, w: r.text(n, w),
-    "cpus": lambda r, n, w: r.positive_number(n, w),
+    "cpus": lambda r, n, w: r.positive_number(n, w, MAX_CPUS),
     "memory": lambda r, n, w: r.size(n, w, DOCKER_MIN_MEMORY),
     "shm": lambda r, n, w: r.size(n, w),
-    "pids": lambda r, n, w: r.positive_int(n, w),
-    "gpus": lambda r, n, w: r.whole_number(n, w),
+    "pids": lambda r, n, w: r.positive_int(n, w, MAX_PIDS),
+    "gpus": lambda r, n, w: r.whole_number(n, w, MAX_GPUS),
     "gpu_mode": lambda r, n, w: r.choice(n, w, GPU_MODES),
-    "gpu_share": lambda r, n, w: r.positive_int(n, w),
+    "gpu_share": lambda r, n, w: r.positive_int(n, w, MAX_GPU_SHARE),
     "gpu_memory": lambda r, n, w: r.size(n, w, DOCKER_MIN_MEMORY),
     "idle_timeout": lambda r, n, w: r.duration(n, w),
     "max_age": lambda r, n, w: r.duration(n, w),
@@ -350,7 +458,8 @@ def _read_roles(
 ) -> tuple[dict[str, Role], set[str]]:
     """The valid roles, and every name declared (valid or not)."""
     roles: dict[str, Role] = {}
-    declared = r.mapping(node, "roles")
+    refused: set[str] = set()
+    declared = r.mapping(node, "roles", kind="role name", refused=refused)
     for name, (key_node, value) in declared.items():
         if not r.name_key(key_node, name, "role"):
             continue
@@ -368,7 +477,7 @@ def _read_roles(
                 values[key] = _ROLE_READERS[key](r, value_node, f"{where}: {key}")
         role_images: list[str] = []
         if "images" in fields:
-            items = r.names(fields["images"][1], f"{where}: images")
+            items = r.names(fields["images"][1], f"{where}: images", "image key")
             if not items and isinstance(fields["images"][1], SequenceNode):
                 r.problem(fields["images"][1], f"{where}: images must name at least one image")
             for item, key in items:
@@ -389,7 +498,7 @@ def _read_roles(
         if values.get("gpu_mode") != "shared":
             values.pop("gpu_share", None)
         roles[name] = Role(name=name, images=tuple(role_images), **values)
-    return roles, set(declared)
+    return roles, set(declared) | refused
 
 
 def _read_assignments(r: _Reader, node: Node, role_names: set[str]):
@@ -397,7 +506,7 @@ def _read_assignments(r: _Reader, node: Node, role_names: set[str]):
 
     def role_list(value: Node, where: str) -> tuple[str, ...]:
         held = []
-        for item, name in r.names(value, where):
+        for item, name in r.names(value, where, "role name"):
             if name not in role_names:
                 known = ", ".join(sorted(role_names)) or "none are defined"
                 r.problem(item, f"{where} names role '{name}', which is not under roles "
@@ -415,9 +524,33 @@ def _read_assignments(r: _Reader, node: Node, role_names: set[str]):
     for section, what in (("groups", "group"), ("users", "user")):
         if section not in fields:
             continue
-        for name, (_, value) in r.mapping(fields[section][1], f"assignments: {section}").items():
+        names = r.mapping(fields[section][1], f"assignments: {section}", kind=f"{what} name")
+        for name, (_, value) in names.items():
             by_section[section][name] = role_list(value, f"assignments: {what} '{name}'")
     return default, by_section["groups"], by_section["users"]
+
+
+def _syntax_problem(e: Exception, text: str, path: str) -> Problem:
+    """The Problem for a file that YAML cannot even parse."""
+    if isinstance(e, yaml.MarkedYAMLError):
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else 1
+        reason = e.problem or str(e)
+        if e.context:
+            reason = f"{e.context}: {reason}" if "while" not in e.context else reason
+        return Problem(path, line, f"YAML syntax error: {reason}")
+    if isinstance(e, yaml.reader.ReaderError):  # a control character; it has no mark
+        line = text.count("\n", 0, max(e.position, 0)) + 1
+        found = f"U+{e.character:04X}" if isinstance(e.character, int) else repr(e.character)
+        return Problem(path, line, f"YAML syntax error: {e.reason} (found {found})")
+    if isinstance(e, yaml.YAMLError):
+        return Problem(path, 1, f"YAML error: {e}")
+    return _unexpected(e, path)
+
+
+def _unexpected(e: Exception, path: str) -> Problem:
+    # RecursionError on very deep nesting, or a bug: a problem to fix, never a traceback.
+    return Problem(path, 1, f"could not read the quota table: {type(e).__name__}: {e}")
 
 
 def parse_quota_table(
@@ -426,25 +559,33 @@ def parse_quota_table(
     """Parse and validate; raise QuotaTableError listing every problem.
 
     With ``gpus``, roles are also checked against the hub's GPU inventory.
+    Raises nothing else, whatever the text.
     """
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except Exception as e:
+        raise QuotaTableError([_syntax_problem(e, text, path)]) from None
     try:
         root = loader.get_single_node()
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line = mark.line + 1 if mark else 1
-        reason = e.problem or str(e)
-        if e.context:
-            reason = f"{e.context}: {reason}" if "while" not in e.context else reason
-        raise QuotaTableError([Problem(path, line, f"YAML syntax error: {reason}")]) from None
-    except yaml.YAMLError as e:
-        raise QuotaTableError([Problem(path, 1, f"YAML error: {e}")]) from None
+    except Exception as e:
+        raise QuotaTableError([_syntax_problem(e, text, path)]) from None
     finally:
         loader.dispose()
     if root is None:
         raise QuotaTableError([Problem(path, 1, "the file is empty; it needs images, roles "
                                                 "and assignments")])
     r = _Reader(path, loader, gpus)
+    try:
+        table = _read_table(r, root, path)
+    except Exception as e:
+        r.problems.append(_unexpected(e, path))
+        table = None
+    if r.problems or table is None:
+        raise QuotaTableError(sorted(r.problems, key=lambda p: p.line))
+    return table
+
+
+def _read_table(r: _Reader, root: Node, path: str) -> QuotaTable:
     top = r.mapping(root, "the quota table", TOP_FIELDS)
     for needed in TOP_FIELDS:
         if isinstance(root, MappingNode) and needed not in top and not r.problems:
@@ -457,8 +598,6 @@ def parse_quota_table(
         _read_assignments(r, top["assignments"][1], role_names)
         if "assignments" in top else ((), {}, {})
     )
-    if r.problems:
-        raise QuotaTableError(sorted(r.problems, key=lambda p: p.line))
     return QuotaTable(path, images, roles, default, groups, users)
 
 

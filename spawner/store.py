@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,9 +25,11 @@ class QuotaStore:
     def __init__(self, path: str):
         self.path = path
         self._lock = threading.Lock()
+        self._read = False  # whether the file was read at all, present or not
         self._raw: bytes | None = None
         self._gpus: GpuCapacity | None = None
         self._good: QuotaTable | None = None
+        self._good_at = ""  # when the good table was loaded, for the log
         self._problems: list[Problem] = []
 
     @classmethod
@@ -56,22 +59,41 @@ class QuotaStore:
                 raw: bytes | None = Path(self.path).read_bytes()
             except OSError:
                 raw = None
-            if raw is None or raw != self._raw or gpus != self._gpus:
-                self._raw, self._gpus = raw, gpus
-                try:
-                    table = load_quota_table(self.path, gpus)
-                except QuotaTableError as e:
-                    self._problems = e.problems
-                    kept = "keeping the last good table" if self._good else "no good table yet"
-                    log.error(
-                        "Quota table %s is invalid; %s:\n%s", self.path, kept,
-                        "\n".join(str(p) for p in e.problems),
-                    )
-                else:
-                    if self._good is not None:
-                        log.info("Quota table %s reloaded", self.path)
-                    self._good = table
-                    self._problems = []
+            if not self._read or raw != self._raw or gpus != self._gpus:
+                self._load(log, gpus)
+                self._read, self._raw, self._gpus = True, raw, gpus
+            elif self._problems:
+                # Logged in full once; after that one line per use, so a stale table
+                # never goes unnoticed and the log is not flooded.
+                kept = (f"using the last good table loaded at {self._good_at}"
+                        if self._good else "no good table yet")
+                log.warning("Quota table %s still has %d problem(s); %s",
+                            self.path, len(self._problems), kept)
             if self._good is None:
                 raise QuotaTableError(self._problems)
             return self._good
+
+    def _load(self, log: logging.Logger | logging.LoggerAdapter, gpus: GpuCapacity | None) -> None:
+        try:
+            table = load_quota_table(self.path, gpus)
+        except QuotaTableError as e:
+            self._refuse(log, e.problems)
+        except Exception as e:  # a loader bug must not escape to the spawn as a 500
+            problem = Problem(self.path, 1,
+                              f"could not read the quota table: {type(e).__name__}: {e}")
+            self._refuse(log, [problem], e)
+        else:
+            if self._good is not None:
+                log.info("Quota table %s reloaded", self.path)
+            self._good = table
+            self._good_at = time.strftime("%Y-%m-%d %H:%M:%S")
+            self._problems = []
+
+    def _refuse(
+        self, log: logging.Logger | logging.LoggerAdapter, problems: list[Problem],
+        error: Exception | None = None,
+    ) -> None:
+        self._problems = problems
+        kept = "keeping the last good table" if self._good else "no good table yet"
+        log.error("Quota table %s is invalid; %s:\n%s", self.path, kept,
+                  "\n".join(str(p) for p in problems), exc_info=error)

@@ -5,6 +5,7 @@ Sizes are binary, as in JupyterHub's ByteSpecification: ``4G`` is 4 * 2**30.
 
 from __future__ import annotations
 
+import math
 import re
 
 _SIZE_UNITS = {
@@ -22,11 +23,13 @@ _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
 _NUMBER_WITH_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
-def _parse(value: object, units: dict[str, int], what: str) -> float:
+def _parse(value: object, units: dict[str, int], what: str) -> int | float:
     if isinstance(value, bool):
         raise ValueError(f"expected a {what}, got a boolean")
-    if isinstance(value, int | float):
-        number, unit = float(value), ""
+    if isinstance(value, int):
+        return value  # exact; float() of a huge int would raise OverflowError
+    if isinstance(value, float):
+        number, unit = value, ""
     elif isinstance(value, str):
         match = _NUMBER_WITH_UNIT.match(value)
         if not match:
@@ -37,17 +40,29 @@ def _parse(value: object, units: dict[str, int], what: str) -> float:
     if unit not in units:
         allowed = ", ".join(u for u in units if u)
         raise ValueError(f"unknown unit {unit!r} in {value!r}; use one of {allowed}")
-    return number * units[unit]
+    result = number * units[unit]
+    # inf and nan would pass every comparison a caller makes, and int(inf) raises
+    # OverflowError; a long enough string of digits also comes out as inf.
+    if not math.isfinite(result):
+        raise ValueError(f"{value!r} is not a finite {what}")
+    return result
 
 
 def parse_size(value: object) -> int:
-    """Bytes from ``4G``, ``512MiB``, ``1.5T`` or a plain number of bytes."""
+    """Bytes from ``4G``, ``512MiB``, ``1.5T`` or a plain number of bytes.
+
+    Raises ValueError for anything else, inf and nan included; no upper bound.
+    """
     return int(_parse(value, _SIZE_UNITS, "size"))
 
 
 def parse_duration(value: object) -> float:
-    """Seconds from ``90``, ``45s``, ``30m`` or ``72h``."""
-    return _parse(value, _DURATION_UNITS, "duration")
+    """Seconds from ``90``, ``45s``, ``30m`` or ``72h``; ValueError for inf and nan."""
+    seconds = _parse(value, _DURATION_UNITS, "duration")
+    try:
+        return float(seconds)
+    except OverflowError:  # an int with hundreds of digits
+        raise ValueError(f"{value!r} is too large to be a duration") from None
 
 
 def format_size(num_bytes: int) -> str:

@@ -66,3 +66,43 @@ def test_validate_against_a_gpu_inventory():
     assert alone.returncode == 2 and "--gpu-memory needs --gpus" in alone.stderr
     default = json.loads(run("show", EXAMPLE, "--user", "someone", "--json").stdout)
     assert [r["name"] for r in default["roles"]] == ["junior-researcher"]
+
+
+def _edited(tmp_path, old, new):
+    bad = tmp_path / "bad.yaml"
+    text = Path(EXAMPLE).read_text()
+    assert old in text
+    bad.write_text(text.replace(old, new, 1))
+    last = new.strip().splitlines()[-1].strip()
+    line = next(i for i, t in enumerate(bad.read_text().splitlines(), 1) if last in t)
+    return bad, line
+
+
+def test_validate_refuses_non_finite_numbers_without_a_traceback(tmp_path):
+    for old, new, message in [
+        ("memory: 32G", "memory: .inf", "role 'senior-engineer': memory must be a finite size, "
+                                        "not .inf"),
+        ("cpus: 8", "cpus: .nan", "role 'senior-engineer': cpus must be a finite number, not .nan"),
+        ("idle_timeout: 20m", "idle_timeout: .inf",
+         "role 'student': idle_timeout must be a finite duration, not .inf"),
+    ]:
+        bad, line = _edited(tmp_path, old, new)
+        result = run("validate", str(bad))
+        assert result.returncode == 1
+        assert result.stdout.strip() == f"{bad}:{line}: {message}"
+        assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_show_refuses_a_user_name_yaml_reads_as_a_number(tmp_path):
+    bad, line = _edited(tmp_path, "  users:\n", "  users:\n    0123: [pipeline]\n")
+    result = run("show", str(bad), "--user", "83")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.strip() == (
+        f"{bad}:{line}: the user name 0123 is read by YAML as the number 83; "
+        "write it in quotes: '0123'"
+    )
+    quoted = tmp_path / "quoted.yaml"
+    quoted.write_text(bad.read_text().replace("0123:", "'0123':"))
+    data = json.loads(run("show", str(quoted), "--user", "0123", "--json").stdout)
+    assert [r["name"] for r in data["roles"]] == ["pipeline"]
