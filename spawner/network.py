@@ -1,12 +1,18 @@
-"""Host network mode for DockerSpawner, and waiting for a server's port.
+"""Networks for notebook containers, and waiting for a server's port.
 
-Stock DockerSpawner cannot run with ``network_name = "host"``: it always asks
-for port bindings. Here each spawn gets its own free port on 127.0.0.1.
+The safe default is a user-defined bridge with inter-container traffic off:
+notebooks reach the hub on the bridge's gateway, the proxy reaches them on
+their bridge addresses, and they cannot reach each other (``ensure_network``).
+
+Host mode is possible, with known risks (``warn_host_network``). Stock
+DockerSpawner cannot run with ``network_name = "host"``: it always asks for
+port bindings. Here each spawn gets its own free port on 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar
@@ -14,6 +20,52 @@ from typing import Any, ClassVar
 from jupyterhub.utils import random_port
 
 LOOPBACK = "127.0.0.1"
+ICC_OPTION = "com.docker.network.bridge.enable_icc"
+HOST_NETWORK_WARNING = (
+    "Notebook containers use the host's network (network_name = 'host'). Code in any "
+    "notebook can listen on the host's ports, reachable from outside without the proxy "
+    "or a login, can take the hub's or the proxy's port after a crash, and can reach "
+    "every service on the host's loopback. Use a bridge network unless you accept "
+    "this (docs/deployment.md#networking)."
+)
+_warned_host = False
+
+
+def warn_host_network(log: logging.Logger | logging.LoggerAdapter) -> None:
+    """Say once per process what host mode gives notebook code."""
+    global _warned_host
+    if not _warned_host:
+        _warned_host = True
+        log.warning("%s", HOST_NETWORK_WARNING)
+
+
+def ensure_network(client: Any, name: str, log: logging.Logger | logging.LoggerAdapter) -> str:
+    """The gateway address of the bridge network ``name``, created when missing.
+
+    Created with inter-container traffic off. An existing network is used as
+    it is; a warning says so if its containers can reach each other. Blocking:
+    call it from the hub's config or in a thread. ``client`` is a docker
+    APIClient.
+    """
+    found = client.networks(names=[name])
+    found = [n for n in found if n.get("Name") == name]
+    if found:
+        network = client.inspect_network(found[0]["Id"])
+    else:
+        client.create_network(name, driver="bridge", options={ICC_OPTION: "false"},
+                              labels={"quota-spawner.network": "notebooks"})
+        network = client.inspect_network(name)
+        log.info("Created the notebook network %s (inter-container traffic off)", name)
+    if network.get("Driver") != "bridge":
+        raise RuntimeError(f"network {name!r} is a {network.get('Driver')!r} network, "
+                           "not a bridge")
+    if (network.get("Options") or {}).get(ICC_OPTION, "true") != "false":
+        log.warning("Notebook network %s lets containers reach each other (%s is not "
+                    "false); recreate it, or let the hub create it", name, ICC_OPTION)
+    for config in (network.get("IPAM") or {}).get("Config") or []:
+        if config.get("Gateway"):
+            return str(config["Gateway"])
+    raise RuntimeError(f"network {name!r} has no gateway address")
 
 
 class HostNetworkMixin:

@@ -3,33 +3,44 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import inspect
 import json
-import os
 from collections.abc import AsyncIterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
+from docker.errors import APIError, DockerException
 from dockerspawner import DockerSpawner
+from dockerspawner.dockerspawner import _deep_merge
 from tornado import web
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
 
 from .allocator import GpuRequest, NoGpuFree
-from .engine import check_engine_info
+from .container import (
+    USER_MESSAGE,
+    ContainerSpec,
+    apply_quota,
+    check_admin_create_kwargs,
+    check_admin_environment,
+    check_admin_host_config,
+    check_admin_labels,
+    violations,
+)
+from .engine import check_engine_info, warn_oversized_roles
 from .form import options_from_form, render_form
-from .gpu_env import gpu_environment
-from .gpu_pool import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, LABEL_PREFIX, GpuPool, mode_label
+from .gpu_pool import HUB_LABEL, GpuPool, mode_label
 from .inventory import Inventory, declared_inventory, discover_nvml
-from .network import HostNetworkMixin, wait_for_port
+from .mounts import bind_sources, is_socket, named_volumes, probe_paths
+from .network import HostNetworkMixin, wait_for_port, warn_host_network
 from .options import OptionsError, resolve_choice
 from .quota import Choice, GpuCapacity, QuotaTable, QuotaTableError, Role
 from .store import QuotaStore
 
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-
-
-def literal(text: str) -> str:
-    """Protect user-named text from DockerSpawner's ``str.format`` templating."""
-    return text.replace("{", "{{").replace("}", "}}")
+TABLE_BROKEN = (
+    "The hub's quota table has a mistake, so no server can start until an admin fixes it. "
+    "The details are in the hub's log."
+)
 
 
 class QuotaSpawner(HostNetworkMixin, DockerSpawner):
@@ -57,7 +68,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
     )
     home_dir = Unicode("/home/jovyan", config=True, help="Where the home volume is mounted.")
     extra_labels = Dict(
-        config=True, help="More container labels. The quota-spawner.* labels cannot be overridden."
+        config=True, help="More container labels. The quota-spawner.* labels are refused."
     )
     gpu_inventory = List(
         Dict(),
@@ -74,7 +85,10 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         config=True,
         help="""Names this hub in the quota-spawner.hub label of its containers. Containers
         with this hub's label that no server of the hub claims are stopped after
-        zombie_grace_period. Defaults to the container name prefix.""",
+        zombie_grace_period; other hubs' containers are never touched. The default,
+        "<prefix>-<12 hex digits>", is derived from the hub's cookie secret: the same
+        across restarts, different for every hub. Set it when the cookie secret is
+        not kept (docs/deployment.md).""",
     )
     gpu_sync_interval = Float(
         30.0, config=True,
@@ -86,6 +100,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
     )
 
     _engine_checked: ClassVar[bool] = False
+    _engine_info: ClassVar[dict[str, Any] | None] = None
     _pools: ClassVar[dict[str, GpuPool]] = {}
     _pool_lock: ClassVar[asyncio.Lock | None] = None
     # Container names the servers of this hub process claim (state loaded or started).
@@ -97,11 +112,9 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         self.gpu_uuids: tuple[str, ...] = ()
         self._gpu_memory: int | None = None  # the smallest assigned GPU's memory
         self._events: list[dict[str, Any]] = []
-        # The admin's own extra config stays; the quota settings go on top of it.
-        self._admin_host_config = self.extra_host_config
-        self._admin_create_kwargs = self.extra_create_kwargs
-        self.extra_host_config = QuotaSpawner._quota_host_config
-        self.extra_create_kwargs = QuotaSpawner._quota_create_kwargs
+        self._started_options: dict[str, str] = {}  # the last options that started
+        if self.network_name == "host":
+            warn_host_network(self.log)
 
     # --- defaults ---------------------------------------------------------
 
@@ -109,13 +122,21 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
     def _remove_default(self) -> bool:
         return True  # a fresh container per spawn; the home volume keeps the work
 
+    @validate("remove")
+    def _always_remove(self, proposal: Any) -> bool:
+        # A kept container would come back with the last role's limits and GPUs.
+        if not proposal.value:
+            self.log.warning("QuotaSpawner.remove=False is ignored: every start gets a fresh "
+                             "container, sized from the quota table")
+        return True
+
     @default("prefix")
     def _prefix_default(self) -> str:
         return "quota"
 
     @default("volumes")
     def _volumes_default(self) -> dict[str, str]:
-        return {"quota-home-{username}": self.home_dir}
+        return {f"{self.prefix}-home-{{username}}": self.home_dir}
 
     @default("options_form")
     def _options_form_default(self) -> Any:
@@ -131,7 +152,18 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
 
     @default("hub_id")
     def _hub_id_default(self) -> str:
-        return self.prefix
+        # Stable across restarts, different per hub: two hubs on one engine never
+        # take each other's containers for zombies.
+        secret = (self.user.settings if self.user else {}).get("cookie_secret")
+        if not secret:
+            self.log.warning("No cookie secret to derive a hub id from; using the prefix %r. "
+                             "Set QuotaSpawner.hub_id if another hub shares this engine.",
+                             self.prefix)
+            return self.prefix
+        if isinstance(secret, str):
+            secret = secret.encode()
+        digest = hashlib.sha256(b"quota-spawner hub id\0" + secret).hexdigest()[:12]
+        return f"{self.prefix}-{digest}"
 
     # --- GPUs ---------------------------------------------------------------
 
@@ -214,13 +246,12 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
     async def load_table(self, pool: GpuPool | None = None) -> QuotaTable:
         pool = pool or await self.gpu_pool()
         try:
-            return await asyncio.to_thread(self.store.get, self.log, self.gpu_capacity(pool))
-        except QuotaTableError as e:
-            raise web.HTTPError(
-                500,
-                "The quota table has errors, so no server can start. "
-                "An admin must fix it: " + "; ".join(str(p) for p in e.problems[:3]),
-            ) from None
+            table = await asyncio.to_thread(self.store.get, self.log, self.gpu_capacity(pool))
+        except QuotaTableError:
+            # The store has logged every problem with its file and line.
+            raise web.HTTPError(500, TABLE_BROKEN) from None
+        warn_oversized_roles(table, QuotaSpawner._engine_info, self.log)
+        return table
 
     def group_names(self) -> list[str]:
         return [g.name for g in self.user.groups]
@@ -261,91 +292,128 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         role = choice.role
         self.choice = choice
         self.image = choice.image.image
+        # For JupyterHub's own use of them; the container is sized from the role.
         self.cpu_limit = role.cpus
         self.mem_limit = role.memory
+
+    def container_spec(self) -> ContainerSpec:
+        """What the quota decides about this start's container."""
+        assert self.choice is not None
+        role = self.choice.role
+        return ContainerSpec(
+            role=role,
+            image_key=self.choice.image.key,
+            image=self.choice.image.image,
+            user_name=self.user.name,
+            hub_id=self.hub_id,
+            notebook_user=self.notebook_user,
+            network_mode=self.network_name,
+            pids_default=self.pids_limit,
+            gpu_uuids=self.gpu_uuids,
+            gpu_mode=mode_label(self.gpu_request(role)) if self.gpu_uuids else "",
+            gpu_device_memory=self._gpu_memory,
+            extra_labels=dict(self.extra_labels),
+        )
 
     async def _admin_value(self, value: Any) -> dict[str, Any]:
         value = self._eval_if_callable(value)
         if inspect.isawaitable(value):
             value = await value
-        return dict(value or {})
+        return self._render_templates(dict(value or {}))
 
-    async def _quota_host_config(self) -> dict[str, Any]:
-        assert self.choice is not None
-        role = self.choice.role
-        config = await self._admin_value(self._admin_host_config)
-        self._check_no_docker_socket(config)
-        config.update(
-            memswap_limit=role.memory,  # equal to memory: no swap at all
-            pids_limit=role.pids or self.pids_limit,
-            privileged=False,
-            security_opt=["no-new-privileges"],
-            cap_drop=["ALL"],
+    def _refuse(self, problems: list[str]) -> NoReturn:
+        self.log.error("Refused to create a container for %s; each setting below is not "
+                       "allowed (docs/security.md):\n  %s", self._log_name, "\n  ".join(problems))
+        raise web.HTTPError(500, USER_MESSAGE)
+
+    async def _create_body(self, spec: ContainerSpec, admin_create: dict[str, Any],
+                           admin_host: dict[str, Any]) -> dict[str, Any]:
+        """DockerSpawner's create request with the admin's additions, then the quota on top."""
+        kwargs: dict[str, Any] = dict(
+            image=spec.image,
+            command=await self.get_command(),
+            environment=self.get_env(),
+            volumes=self.volume_mount_points,
+            ports={f"{self.port}/tcp": None},
         )
-        if role.shm:
-            config["shm_size"] = role.shm
-        # Exact UUIDs, never a Count (Docker would take GPUs 0..N-1 for everyone);
-        # always set, so an admin's extra config cannot add GPUs.
-        config["device_requests"] = [
-            {"driver": "nvidia", "device_ids": list(self.gpu_uuids), "capabilities": [["gpu"]]}
-        ] if self.gpu_uuids else []
-        return config
+        _deep_merge(kwargs, admin_create)
+        host: dict[str, Any] = dict(binds=self.volume_binds, links=self.links,
+                                    mounts=self.mount_binds, network_mode=self.network_name)
+        if not self.use_internal_ip:
+            host["port_bindings"] = {self.port: (self.host_ip,)}
+        _deep_merge(host, admin_host)
+        try:
+            body = self.client.create_container_config(
+                host_config=self.client.create_host_config(**host), **kwargs
+            )
+        except (DockerException, TypeError, ValueError) as e:
+            self._refuse([f"the container settings cannot be read: {e}"])
+        return apply_quota(dict(body), spec)
 
-    def labels(self) -> dict[str, str]:
-        assert self.choice is not None
-        return {
-            LABEL_PREFIX + "user": self.user.name,
-            LABEL_PREFIX + "role": self.choice.role.name,
-            LABEL_PREFIX + "image": self.choice.image.key,
-            GPUS_LABEL: ",".join(self.gpu_uuids),
-            GPU_MODE_LABEL: mode_label(self.gpu_request(self.choice.role))
-            if self.gpu_uuids else "",
-            HUB_LABEL: self.hub_id,
-        }
+    async def _volume_info(self, host: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        """The engine's view of the named volumes: a local volume may bind a host folder."""
+        info = {}
+        for name in named_volumes(host):
+            try:
+                info[name] = await self.docker("inspect_volume", name)
+            except APIError as e:
+                if e.status_code != 404:  # a missing volume is created empty
+                    raise
+        return info
 
-    async def _quota_create_kwargs(self) -> dict[str, Any]:
-        kwargs = await self._admin_value(self._admin_create_kwargs)
-        # Only our labels hold user-named text; the admin's may use {username}.
-        ours = {literal(k): literal(v) for k, v in self.labels().items()}
-        kwargs["labels"] = {**kwargs.get("labels", {}), **self.extra_labels, **ours}
-        kwargs["user"] = self.notebook_user
-        return kwargs
-
-    def get_env(self) -> dict[str, str]:
-        env = super().get_env()
-        if self.choice is not None:
-            role = self.choice.role
-            threads = str(max(1, int(role.cpus)))
-            env.update({name: threads for name in THREAD_ENV})
-            env["QUOTA_ROLE"] = role.name
-            env["CPU_LIMIT"] = f"{role.cpus:g}"
-            env["MEM_LIMIT"] = str(role.memory)
-        # CUDA images default to NVIDIA_VISIBLE_DEVICES=all: without GPUs, "void".
-        env.update(gpu_environment(self.gpu_uuids, self._gpu_cap(), self._gpu_memory))
-        return env
-
-    def _gpu_cap(self) -> int | None:
-        if self.choice is None or not self.gpu_uuids:
+    def _stat_in_container(self, container_id: str, path: str) -> dict[str, Any] | None:
+        """The engine's stat of a path inside a created container (HEAD .../archive)."""
+        client = self.client
+        response = client.head(client._url("/containers/{0}/archive", container_id),
+                               params={"path": path})
+        if response.status_code == 404:
             return None
-        role = self.choice.role
-        return role.gpu_memory if role.gpu_mode == "shared" else None
+        client._raise_for_status(response)
+        header = response.headers.get("X-Docker-Container-Path-Stat")
+        return json.loads(base64.b64decode(header)) if header else None
 
-    def _check_no_docker_socket(self, host_config: dict[str, Any] | None = None) -> None:
-        host_config = host_config or {}
-        binds = host_config.get("binds") or []  # a list of "src:dst[:mode]", or a dict
-        sources = [
-            *self.volumes,
-            *(m.get("source", "") for m in self.mounts),
-            *(str(b).split(":", 1)[0] for b in binds),
-            *(m.get("Source", "") for m in host_config.get("mounts") or [] if isinstance(m, dict)),
+    async def _probe_binds(self, container_id: str, binds: list[Any]) -> list[str]:
+        """Ask the engine what each bind really is: it sees through symlinks."""
+        problems = []
+        for bind in binds:
+            for path in probe_paths(bind.target):
+                stat = await asyncio.to_thread(self._stat_in_container, container_id, path)
+                if stat and is_socket(stat):
+                    problems.append(f"{bind.setting} mounts {bind.source!r} at {bind.target!r}, "
+                                    f"and the engine finds a socket at {path!r} in it; an "
+                                    "engine socket must never reach a notebook")
+                    break
+        return problems
+
+    async def create_object(self) -> dict[str, Any]:
+        """Create the container: the last step before the engine, whatever config did earlier."""
+        spec = self.container_spec()
+        admin_host = await self._admin_value(self.extra_host_config)
+        admin_create = await self._admin_value(self.extra_create_kwargs)
+        problems = [
+            *check_admin_host_config(admin_host, spec),
+            *check_admin_create_kwargs(admin_create),
+            *check_admin_environment(self.environment, "environment"),
+            *check_admin_labels(self.extra_labels, "extra_labels"),
         ]
-        for source in sources:
-            source = str(source).rstrip("/")
-            if source.endswith("docker.sock") or os.path.exists(f"{source}/docker.sock"):
-                raise web.HTTPError(
-                    500, "Refusing to start: the Docker socket must never be mounted into a "
-                         "notebook container (check DockerSpawner.volumes and mounts)."
-                )
+        if problems:
+            self._refuse(problems)
+        body = await self._create_body(spec, admin_create, admin_host)
+        host = body["HostConfig"]
+        binds = list(bind_sources(host, await self._volume_info(host)))
+        problems = violations(body, spec, binds)
+        if problems:
+            self._refuse(problems)
+        created = await self.docker("create_container_from_config", body, self.container_name)
+        try:
+            problems = await self._probe_binds(created["Id"], binds)
+        except BaseException:
+            await self.docker("remove_container", created["Id"], force=True)
+            raise
+        if problems:
+            await self.docker("remove_container", created["Id"], force=True)
+            self._refuse(problems)
+        return created
 
     async def check_allowed(self, image: str) -> str:
         # user_options["image"] is an image key, already checked in resolve()
@@ -358,9 +426,11 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             return
         QuotaSpawner._engine_checked = True
         try:
-            check_engine_info(await self.docker("info"), self.log)
+            QuotaSpawner._engine_info = await self.docker("info")
         except Exception as e:
             self.log.warning("Could not read docker info: %s", e)
+        else:
+            check_engine_info(QuotaSpawner._engine_info, self.log)
 
     def _progress(self, message: str, progress: int) -> None:
         self._events.append({"message": message, "progress": progress})
@@ -392,14 +462,55 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         self.log.info("%s: %s", self._log_name, text)
         self._progress(text, 30)
 
+    def _forget_refused_options(self, choices: list[Choice]) -> None:
+        # JupyterHub saved these options as the user's default before the start;
+        # a plain start after a refusal gets the last choice that started, if
+        # the user still holds it, else their first choice.
+        if self.orm_spawner is None:
+            return
+        kept = dict(self._started_options)
+        try:
+            resolve_choice(choices, kept)
+        except OptionsError:
+            kept = {}
+        self.orm_spawner.user_options = kept
+        if self.db is not None:
+            self.db.commit()
+
+    async def _our_container(self) -> dict[str, Any] | None:
+        """The container with this server's name, if this hub made it; others are left alone.
+
+        Containers made before hub ids were unique carry the prefix as their
+        hub id, and count as this hub's.
+        """
+        existing = await self.get_object()
+        if not existing:
+            return None
+        owner = (existing.get("Config", {}).get("Labels") or {}).get(HUB_LABEL)
+        if owner in (self.hub_id, self.prefix):
+            return existing
+        self.object_id = ""
+        self.log.error(
+            "Container %s belongs to hub %r, not to this hub (%r); it is left alone. Give "
+            "each hub on one engine its own QuotaSpawner.prefix.",
+            self.object_name, owner, self.hub_id)
+        raise web.HTTPError(500, "Your server cannot start: a container with its name "
+                                 "belongs to another hub on this machine. An admin has "
+                                 "to fix the hub's configuration.")
+
     async def start(self) -> tuple[str, int]:
         self._events = []
+        self.remove = True  # whatever a hook or override said (the validator warns)
         await self._check_engine_once()
         pool = await self.gpu_pool()
         choices = await self.choices(pool)
-        choice = await self.resolve(choices)
-        self._check_no_docker_socket()
+        try:
+            choice = await self.resolve(choices)
+        except web.HTTPError:
+            self._forget_refused_options(choices)
+            raise
         self._apply_choice(choice)
+        await self._our_container()
         # The resolved choice, for the REST API's server model (the culler reads
         # the role there); not saved as the user's default options.
         self.user_options = {**(self.user_options or {}),
@@ -426,6 +537,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             raise
         finally:
             pool.starting.discard(owner)
+        self._started_options = {"profile": choice.role.name, "image": choice.image.key}
         return ip, port
 
     def get_state(self) -> dict[str, Any]:
@@ -442,6 +554,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             QuotaSpawner._claimed.add(self.object_name)
             # and it runs as the role it was started with, whatever was saved
             self.user_options = {**(self.user_options or {}), **state.get("quota_choice", {})}
+            self._started_options = dict(state.get("quota_choice", {}))
 
     async def poll(self) -> int | str | None:
         # The hub polls every running server at startup: the pool (and its
@@ -454,12 +567,14 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
 
     async def stop(self, now: bool = False) -> None:
         pool = await self.gpu_pool()
-        if not self.object_id:
+        try:
+            ours = await self._our_container()
+        except web.HTTPError:
+            ours = None  # another hub's container with this name: never stopped here
+        if ours is None:
             # a start refused before any container was made, or one removed behind our back
-            await self.get_object()
-            if not self.object_id:
-                self.release_port()
-                pool.forget(self.object_name, "the server stopped")
-                return
+            self.release_port()
+            pool.forget(self.object_name, "the server stopped")
+            return
         await super().stop(now=now)
         pool.forget(self.object_name, "the server stopped")

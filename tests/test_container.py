@@ -1,0 +1,406 @@
+"""The container module: what an admin may add, the quota on top, and the invariants.
+
+Pure functions, checked case by case without an engine; the end-to-end tests
+(test_e2e_guarantees.py) check the same rules on a real hub and dockerd.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import docker
+import pytest
+
+from spawner.container import (
+    CONTRACT_ENV,
+    ContainerSpec,
+    apply_quota,
+    check_admin_create_kwargs,
+    check_admin_environment,
+    check_admin_host_config,
+    check_admin_labels,
+    device_requests,
+    environment,
+    labels,
+    violations,
+)
+from spawner.mounts import BindSource, bind_sources, normalise, refused
+from spawner.quota import Role
+
+GiB = 2**30
+ROLE = Role(name="small", cpus=2, memory=4 * GiB, images=("pytorch",), shm=GiB)
+GPU_ROLE = Role(name="gpu", cpus=1.5, memory=8 * GiB, images=("pytorch",), gpus=1,
+                gpu_mode="shared", gpu_share=4, gpu_memory=16 * GiB)
+API = docker.APIClient(base_url="unix:///nonexistent.sock", version="1.41")
+
+
+def spec(role: Role = ROLE, **kwargs) -> ContainerSpec:
+    values = dict(role=role, image_key="pytorch", image="quota-spawner/pytorch:latest",
+                  user_name="o'brien{0}<b>", hub_id="quota-abc", notebook_user="1000",
+                  network_mode="quota-spawner")
+    values.update(kwargs)
+    return ContainerSpec(**values)
+
+
+def body(host: dict | None = None, **create) -> dict:
+    """An engine create body built as DockerSpawner builds it, through docker-py."""
+    host_kwargs = {"binds": {"quota-home-x": {"bind": "/home/jovyan", "mode": "rw"}},
+                   "network_mode": "quota-spawner", **(host or {})}
+    kwargs = {"image": "quota-spawner/pytorch:latest", "command": ["jupyterhub-singleuser"],
+              "environment": {"JUPYTERHUB_API_TOKEN": "t", "MEM_LIMIT": "1"}, **create}
+    return dict(API.create_container_config(host_config=API.create_host_config(**host_kwargs),
+                                            **kwargs))
+
+
+def quota_body(s: ContainerSpec | None = None, **kwargs) -> dict:
+    s = s or spec()
+    return apply_quota(body(**kwargs), s)
+
+
+# --- the quota on top ---------------------------------------------------------------
+
+
+def test_apply_quota_sets_every_limit_and_the_hardening():
+    b = quota_body()
+    host = b["HostConfig"]
+    assert (host["Memory"], host["MemorySwap"]) == (4 * GiB, 4 * GiB)
+    assert (host["CpuQuota"], host["CpuPeriod"]) == (200_000, 100_000)
+    assert host["PidsLimit"] == 2048 and host["ShmSize"] == GiB
+    assert host["Privileged"] is False and host["CapDrop"] == ["ALL"]
+    assert host["SecurityOpt"] == ["no-new-privileges"]
+    assert host["DeviceRequests"] == [] and host["Devices"] == []
+    assert host["AutoRemove"] is True
+    assert b["User"] == "1000" and b["Image"] == "quota-spawner/pytorch:latest"
+    assert violations(b, spec()) == []
+
+
+def test_labels_are_exact_for_any_user_name():
+    b = quota_body()
+    assert b["Labels"]["quota-spawner.user"] == "o'brien{0}<b>"
+    assert b["Labels"] == {**labels(spec())}
+    assert labels(spec())["quota-spawner.gpus"] == ""
+
+
+def test_environment_contract_replaces_what_was_there():
+    env = dict(e.split("=", 1) for e in quota_body()["Env"])
+    assert env["MEM_LIMIT"] == str(4 * GiB) and env["CPU_LIMIT"] == "2"
+    assert env["QUOTA_ROLE"] == "small" and env["OMP_NUM_THREADS"] == "2"
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert env["JUPYTERHUB_API_TOKEN"] == "t"
+    names = [e.split("=", 1)[0] for e in quota_body()["Env"]]
+    assert len(names) == len(set(names))
+
+
+def test_gpus_are_exact_device_ids_never_a_count():
+    s = spec(GPU_ROLE, gpu_uuids=("GPU-b",), gpu_mode="shared:4", gpu_device_memory=64 * GiB)
+    b = quota_body(s)
+    (request,) = b["HostConfig"]["DeviceRequests"]
+    assert request == {"Driver": "nvidia", "Count": 0, "DeviceIDs": ["GPU-b"],
+                       "Capabilities": [["gpu"]], "Options": {}}
+    env = dict(e.split("=", 1) for e in b["Env"])
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-b"
+    assert env["GPU_MEMORY_LIMIT"] == str(16 * GiB)
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.250"
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert b["Labels"]["quota-spawner.gpus"] == "GPU-b"
+    assert b["Labels"]["quota-spawner.gpu-mode"] == "shared:4"
+    assert violations(b, s) == []
+    assert device_requests(spec()) == []
+
+
+def test_role_without_shm_gets_the_engine_default():
+    role = Role(name="plain", cpus=1, memory=GiB, images=("pytorch",))
+    b = apply_quota(body(host={"shm_size": "2g"}), spec(role))
+    assert "ShmSize" not in b["HostConfig"]
+    assert violations(b, spec(role)) == []
+
+
+def test_apply_quota_overwrites_a_weakened_body():
+    """Whatever came before (a hook, an override, a DockerSpawner change), the quota wins."""
+    weak = body(host={"privileged": True, "cap_add": ["SYS_ADMIN"], "mem_limit": "64g",
+                      "memswap_limit": -1, "nano_cpus": 16 * 10**9, "pids_limit": -1,
+                      "security_opt": ["no-new-privileges:false"], "auto_remove": False,
+                      "devices": ["/dev/fuse:/dev/fuse:rwm"]},
+                user="0", labels={"quota-spawner.gpus": ""},
+                environment={"NVIDIA_VISIBLE_DEVICES": "all"})
+    b = apply_quota(weak, spec())
+    host = b["HostConfig"]
+    assert host["Privileged"] is False and "CapAdd" not in host and "NanoCpus" not in host
+    assert (host["Memory"], host["MemorySwap"], host["PidsLimit"]) == (4 * GiB, 4 * GiB, 2048)
+    assert host["Devices"] == [] and host["AutoRemove"] is True
+    assert b["User"] == "1000"
+    assert "NVIDIA_VISIBLE_DEVICES=void" in b["Env"]
+    assert "NVIDIA_VISIBLE_DEVICES=all" not in b["Env"]
+    # the weakening security_opt is still there, and the invariants say so
+    assert violations(b, spec()) == [
+        "HostConfig.SecurityOpt has 'no-new-privileges:false', which undoes the hardening"]
+
+
+# --- the invariants ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("Privileged", True, "HostConfig.Privileged"),
+    ("CapAdd", ["SYS_ADMIN"], "HostConfig.CapAdd"),
+    ("CapDrop", [], "every capability dropped"),
+    ("SecurityOpt", [], "lacks no-new-privileges"),
+    ("SecurityOpt", ["no-new-privileges", "seccomp=unconfined"], "undoes the hardening"),
+    ("SecurityOpt", ["no-new-privileges", "apparmor:unconfined"], "undoes the hardening"),
+    ("SecurityOpt", ["no-new-privileges", "label=disable"], "undoes the hardening"),
+    ("SecurityOpt", ["no-new-privileges", "systempaths=unconfined"], "undoes the hardening"),
+    ("Memory", 8 * GiB, "the role's memory"),
+    ("MemorySwap", -1, "no swap"),
+    ("MemorySwap", 8 * GiB, "no swap"),
+    ("CpuQuota", 1_600_000, "the role's CPUs"),
+    ("CpuPeriod", 10_000, "period"),
+    ("NanoCpus", 16 * 10**9, "HostConfig.NanoCpus"),
+    ("CpuCount", 16, "HostConfig.CpuCount"),
+    ("PidsLimit", -1, "the pids limit"),
+    ("PidsLimit", 0, "the pids limit"),
+    ("ShmSize", 64 * GiB, "shared memory"),
+    ("DeviceRequests", [{"Driver": "nvidia", "Count": -1}], "exactly the assigned GPUs"),
+    ("Devices", [{"PathOnHost": "/dev/mem"}], "HostConfig.Devices"),
+    ("DeviceCgroupRules", ["c 1:1 rwm"], "HostConfig.DeviceCgroupRules"),
+    ("PidMode", "host", "PidMode"),
+    ("PidMode", "container:hub", "PidMode"),
+    ("IpcMode", "host", "IpcMode"),
+    ("IpcMode", "container:hub", "IpcMode"),
+    ("UsernsMode", "host", "UsernsMode"),
+    ("UTSMode", "host", "UTSMode"),
+    ("CgroupParent", "/", "CgroupParent"),
+    ("CgroupnsMode", "host", "CgroupnsMode"),
+    ("VolumesFrom", ["hub"], "VolumesFrom"),
+    ("Runtime", "runc-privileged", "Runtime"),
+    ("OomKillDisable", True, "OomKillDisable"),
+    ("OomScoreAdj", -1000, "OomScoreAdj"),
+    ("PublishAllPorts", True, "PublishAllPorts"),
+    ("AutoRemove", False, "a fresh container"),
+    ("NetworkMode", "container:hub", "NetworkMode"),
+    ("NetworkMode", "host", "NetworkMode"),
+    ("MaskedPaths", ["/proc/kcore"], "MaskedPaths"),
+    ("Binds", ["/var/run/docker.sock:/var/run/docker.sock"], "engine's socket"),
+])
+def test_each_invariant_is_checked(field, value, words):
+    b = quota_body()
+    b["HostConfig"][field] = value
+    found = violations(b, spec())
+    assert len(found) == 1 and words in found[0], found
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"User": "0"}, "non-root"),
+    ({"User": "root"}, "non-root"),
+    ({"User": "1000:0"}, "root group"),
+    ({"User": ""}, "non-root"),
+    ({"Image": "ubuntu"}, "the role's"),
+    ({"Runtime": "nvidia"}, "top-level Runtime"),
+    ({"Labels": {}}, "label quota-spawner.user"),
+    ({"Labels": None}, "label quota-spawner.user"),
+    ({"Env": ["NVIDIA_VISIBLE_DEVICES=all"]}, "environment"),
+])
+def test_create_body_invariants(change, words):
+    b = quota_body()
+    b.update(change)
+    found = violations(b, spec())
+    assert found and all(words in f or "environment" in f or "label" in f for f in found), found
+    assert any(words in f for f in found)
+
+
+def test_contract_variables_must_appear_once_with_our_value():
+    b = quota_body()
+    b["Env"] = b["Env"] + ["QUOTA_ROLE=admin"]
+    assert violations(b, spec()) == ["environment QUOTA_ROLE is ['small', 'admin'], not ['small']"]
+    b = quota_body()
+    b["Env"] = b["Env"] + ["NVIDIA_MIG_CONFIG_DEVICES=all"]
+    assert violations(b, spec()) == ["environment NVIDIA_MIG_CONFIG_DEVICES is ['all'], not []"]
+
+
+def test_a_stray_quota_label_is_refused():
+    b = quota_body()
+    b["Labels"]["quota-spawner.extra"] = "x"
+    assert violations(b, spec()) == ["label quota-spawner.extra is not one the spawner writes"]
+
+
+def test_a_configured_root_or_no_pids_limit_is_refused():
+    assert any("non-root" in v for v in violations(quota_body(spec(notebook_user="0")),
+                                                   spec(notebook_user="0")))
+    s = spec(pids_default=0)
+    assert any("must be 1 or more" in v for v in violations(quota_body(s), s))
+
+
+def test_host_mode_is_allowed_when_it_is_the_spawner_network():
+    s = spec(network_mode="host")
+    b = apply_quota(body(host={"network_mode": "host"}), s)
+    assert violations(b, s) == []
+
+
+# --- what an admin may add --------------------------------------------------------------
+
+SAFE_HOST = {
+    "binds": {"/srv/datasets": {"bind": "/data", "mode": "ro"}},
+    "dns": ["10.0.0.2"], "extra_hosts": {"db": "10.0.0.3"}, "tmpfs": {"/scratch": "size=1g"},
+    "ulimits": [{"Name": "nofile", "Soft": 4096, "Hard": 8192}], "read_only": False,
+    "init": True, "cpuset_cpus": "0-1", "cpu_shares": 512, "blkio_weight": 300,
+    "security_opt": ["apparmor=docker-default"], "log_config": {"Type": "json-file"},
+    "mem_reservation": "1g", "oom_score_adj": 500, "runtime": "nvidia", "ipc_mode": "private",
+    "group_add": ["100"], "cap_drop": ["NET_RAW"], "network_mode": "quota-spawner",
+}
+
+
+def test_safe_host_settings_pass_and_keep_their_effect():
+    assert check_admin_host_config(SAFE_HOST, spec()) == []
+    b = apply_quota(body(host=SAFE_HOST), spec())
+    assert violations(b, spec()) == []
+    host = b["HostConfig"]
+    assert host["Dns"] == ["10.0.0.2"] and host["CpusetCpus"] == "0-1"
+    assert "/srv/datasets:/data:ro" in host["Binds"]
+    assert host["Runtime"] == "nvidia" and host["Init"] is True
+    assert host["SecurityOpt"] == ["apparmor=docker-default", "no-new-privileges"]
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("privileged", True, "every device and capability"),
+    ("cap_add", ["SYS_ADMIN"], "capability"),
+    ("mem_limit", "8g", "the role"),
+    ("memswap_limit", -1, "the role"),
+    ("cpu_quota", 1_600_000, "the role"),
+    ("cpu_period", 1000, "the role"),
+    ("nano_cpus", 16 * 10**9, "the role"),
+    ("pids_limit", -1, "the role"),
+    ("shm_size", "64g", "the role"),
+    ("devices", ["/dev/fuse"], "GPU assignment"),
+    ("device_cgroup_rules", ["a *:* rwm"], "GPU assignment"),
+    ("device_requests", [{"Driver": "nvidia", "Count": -1}], "GPU assignment"),
+    ("runtime", "sysbox-runc", "runtimes"),
+    ("pid_mode", "host", "process namespace"),
+    ("ipc_mode", "host", "IPC"),
+    ("ipc_mode", "container:hub", "IPC"),
+    ("userns_mode", "host", "user namespace"),
+    ("uts_mode", "host", "hostname"),
+    ("cgroupns", "host", "cgroup namespace"),
+    ("cgroup_parent", "/", "cgroup"),
+    ("volumes_from", ["hub"], "another container's mounts"),
+    ("volume_driver", "local-persist", "volumes"),
+    ("oom_kill_disable", True, "OOM-killed"),
+    ("oom_score_adj", -1000, "OOM killer"),
+    ("mem_reservation", "64g", "more than the role"),
+    ("security_opt", ["no-new-privileges:false"], "undo the hardening"),
+    ("security_opt", ["seccomp=unconfined"], "undo the hardening"),
+    ("security_opt", ["apparmor=unconfined"], "undo the hardening"),
+    ("group_add", ["0"], "root group"),
+    ("port_bindings", {8888: ("0.0.0.0", 8888)}, "loopback"),
+    ("publish_all_ports", True, "loopback"),
+    ("restart_policy", {"Name": "always"}, "stay stopped"),
+    ("auto_remove", False, "fresh container"),
+    ("network_mode", "container:hub", "network_name"),
+    ("network_mode", "host", "network_name"),
+    ("cpu_rt_runtime", 950000, "real-time"),
+    ("something_new", 1, "not a setting an admin may add"),
+])
+def test_each_weakening_host_setting_is_refused_by_name(key, value, words):
+    problems = check_admin_host_config({key: value}, spec())
+    assert len(problems) == 1, problems
+    assert f"extra_host_config[{key!r}]" in problems[0] and words in problems[0], problems[0]
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"host_config": {"Privileged": True}}, "extra_create_kwargs['host_config']"),
+    ({"image": "ubuntu"}, "extra_create_kwargs['image']"),
+    ({"user": "0"}, "extra_create_kwargs['user']"),
+    ({"name": "hub"}, "extra_create_kwargs['name']"),
+    ({"runtime": "runc"}, "extra_create_kwargs['runtime']"),
+    ({"networking_config": {}}, "extra_create_kwargs['networking_config']"),
+    ({"environment": {"NVIDIA_VISIBLE_DEVICES": "all"}},
+     "extra_create_kwargs['environment']['NVIDIA_VISIBLE_DEVICES']"),
+    ({"environment": ["MEM_LIMIT=99"]}, "extra_create_kwargs['environment']['MEM_LIMIT']"),
+    ({"labels": {"quota-spawner.gpus": ""}}, "extra_create_kwargs['labels']['quota-spawner.gpus']"),
+    ({"privileged": True}, "not a setting an admin may add"),
+])
+def test_weakening_create_kwargs_are_refused_by_name(extra, words):
+    problems = check_admin_create_kwargs(extra)
+    assert len(problems) == 1 and words in problems[0], problems
+
+
+def test_safe_create_kwargs_pass():
+    extra = {"working_dir": "/home/jovyan", "environment": {"TZ": "UTC"},
+             "labels": {"lab.example/cost-centre": "42"}, "hostname": "notebook",
+             "stop_timeout": 30}
+    assert check_admin_create_kwargs(extra) == []
+
+
+def test_admin_environment_and_labels():
+    for name in CONTRACT_ENV:
+        assert check_admin_environment({name: "x"}, "environment"), name
+    assert check_admin_environment({"TZ": "UTC", "PYTHONPATH": "/opt"}, "environment") == []
+    assert check_admin_labels({"quota-spawner.role": "x"}, "extra_labels")
+    assert check_admin_labels({"team": "x"}, "extra_labels") == []
+
+
+def test_environment_is_the_contract():
+    env = environment(spec())
+    assert set(env) <= set(CONTRACT_ENV)
+
+
+# --- the socket rule ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("source", [
+    "/var/run/docker.sock", "/run/docker.sock", "/var/run/docker.sock/.", "/var/run/docker.sock/",
+    "//var//run//docker.sock", "/srv/../var/run/docker.sock", "/var/run/./docker.sock",
+    "/var/run", "/var/run/", "/run", "/var", "/", "//", "/.", "/srv/..",
+    "/run/containerd/containerd.sock", "/run/containerd", "/var/run/containerd",
+    "/run/docker/containerd/containerd.sock", "/run/docker",
+    "/run/podman/podman.sock", "/run/podman", "/run/user/1000/podman/podman.sock",
+    "/run/user/1000/docker.sock", "/run/user/1000", "/run/user",
+    "/srv/engine/docker.sock", "/home/ci/.docker/run/docker.sock",
+])
+def test_engine_sockets_their_folders_and_root_are_refused(source):
+    assert refused(source), source
+
+
+@pytest.mark.parametrize("source", [
+    "/srv/datasets", "/home", "/var/lib/quota/data", "/run/lock", "/tmp", "/mnt/nfs/run",
+    "/srv/docker.socket-notes", "/opt/fake-nvml",
+])
+def test_ordinary_folders_are_allowed(source):
+    assert refused(source) is None
+
+
+def test_normalise_is_lexical_and_knows_var_run():
+    assert normalise("/var/run/docker.sock/.") == "/run/docker.sock"
+    assert normalise("//srv//x/../y/") == "/srv/y"
+    assert normalise("/variable") == "/variable"
+
+
+def test_bind_sources_cover_binds_mounts_and_bind_volumes():
+    host = {
+        "Binds": ["/srv/a:/a:ro", "quota-home-x:/home/jovyan:rw", "evil:/evil:rw"],
+        "Mounts": [
+            {"Type": "bind", "Source": "/srv/b", "Target": "/b"},
+            {"Type": "volume", "Source": "inline", "Target": "/c",
+             "VolumeOptions": {"DriverConfig": {"Name": "local", "Options": {
+                 "type": "none", "o": "bind", "device": "/var/run"}}}},
+            {"Type": "tmpfs", "Target": "/tmp"},
+        ],
+    }
+    volumes = {"evil": {"Driver": "local", "Options": {"type": "none", "o": "bind",
+                                                       "device": "/run/containerd"}},
+               "quota-home-x": {"Driver": "local", "Options": None}}
+    found = list(bind_sources(host, volumes))
+    assert found == [
+        BindSource("Binds", "/srv/a", "/a"),
+        BindSource("volume evil", "/run/containerd", "/evil"),
+        BindSource("Mounts", "/srv/b", "/b"),
+        BindSource("volume inline", "/var/run", "/c"),
+    ]
+    b = quota_body()
+    b["HostConfig"].update(copy.deepcopy(host))
+    problems = violations(b, spec(), found)
+    assert len(problems) == 2
+    assert "volume evil mounts '/run/containerd'" in problems[0]
+    assert "volume inline mounts '/var/run'" in problems[1]
+
+
+def test_read_only_volumes_are_binds_too():
+    b = body(host={"binds": {"/var/run": {"bind": "/host-run", "mode": "ro"}}})
+    assert any("'/var/run'" in p for p in violations(apply_quota(b, spec()), spec()))
