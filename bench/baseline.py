@@ -1,10 +1,12 @@
 """The baseline for bench/, and the measurement both benchmarks share.
 
-Plain DockerSpawner gets only what host network mode needs: stock
-DockerSpawner cannot run with network_mode "host" at all, so the baseline
-has the same minimal host-network support as QuotaSpawner
-(spawner.network.HostNetworkMixin) and nothing else: no readiness wait, no
-quota table, no GPUs. Hubs load it as ``baseline.PlainDockerSpawner``.
+Plain DockerSpawner runs on the same network as QuotaSpawner: the shipped
+config's user-defined bridge (``quota-spawner``), which stock DockerSpawner
+supports as it is. It keeps the minimal host-network support of
+QuotaSpawner (spawner.network.HostNetworkMixin), for a run with
+QUOTA_SPAWNER_NETWORK=host, and nothing else: no readiness wait, no quota
+table, no GPUs, no checks before create. Hubs load it as
+``baseline.PlainDockerSpawner``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ c.DockerSpawner.image = "quota-spawner/pytorch:latest"
 c.DockerSpawner.cmd = ["jupyterhub-singleuser"]
 c.DockerSpawner.mem_limit = "1G"
 c.DockerSpawner.cpu_limit = 1.0
-c.DockerSpawner.network_name = "host"
+c.DockerSpawner.network_name = c.QuotaSpawner.network_name  # the shipped config's network
 c.DockerSpawner.http_timeout = 120  # as generous as QuotaSpawner's wait
 c.DockerSpawner.start_timeout = 300
 """

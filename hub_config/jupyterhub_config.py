@@ -1,16 +1,22 @@
 # JupyterHub configuration for Quota Spawner.
 #
-# Runs as is for the demo (`make demo`): host network, a shared demo password.
+# The demo (`make demo`) runs it with QUOTA_SPAWNER_DEMO=1: published demo
+# passwords. Anywhere else it refuses to start until real passwords are set
+# (or the authenticator is replaced). Notebooks run on a user-defined bridge
+# network with inter-container traffic off; the hub listens on its gateway.
 # For production set the QUOTA_SPAWNER_* variables below (the compose file in
 # this folder does) and replace the authenticator with your own.
 # Docs: docs/deployment.md.
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 from spawner.culling import culler_service
-from spawner.engine import check_engine
+from spawner.engine import check_engine, warn_oversized_roles
+from spawner.network import ensure_network, warn_host_network
+from spawner.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD, password_problems
 from spawner.quota import QuotaTableError
 from spawner.rbac import instructor_roles
 from spawner.store import QuotaStore
@@ -28,9 +34,12 @@ def env(name: str, default: str) -> str:
     return os.environ.get(f"QUOTA_SPAWNER_{name}", default)
 
 
+log = logging.getLogger("JupyterHub")
+DEMO = env("DEMO", "0") == "1"
+
 # --- the hub ---------------------------------------------------------------
+# Only the proxy faces people; put TLS in front of it (docs/deployment.md).
 c.JupyterHub.bind_url = env("BIND_URL", "http://127.0.0.1:8000")
-c.JupyterHub.hub_ip = env("HUB_IP", "127.0.0.1")
 c.JupyterHub.db_url = env("DB_URL", f"sqlite:///{STATE / 'jupyterhub.sqlite'}")
 c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
 c.ConfigurableHTTPProxy.pid_file = str(STATE / "jupyterhub-proxy.pid")
@@ -45,9 +54,25 @@ if env("HUB_CONNECT_IP", ""):
 # --- the spawner -----------------------------------------------------------
 c.JupyterHub.spawner_class = "quota"
 c.QuotaSpawner.quota_file = env("QUOTA_FILE", str(HERE / "quotas.yaml"))
-# "host" keeps all traffic on 127.0.0.1 (one machine); production uses a
-# user-defined bridge network shared with the hub (see compose.yaml).
-c.QuotaSpawner.network_name = env("NETWORK", "host")
+if env("HUB_ID", ""):
+    c.QuotaSpawner.hub_id = env("HUB_ID", "")
+# Notebooks join a user-defined bridge with inter-container traffic off; the
+# hub's API listens on that bridge's gateway only, where notebooks reach it.
+# "host" is possible, with the risks the warning names (docs/deployment.md).
+NETWORK = env("NETWORK", "quota-spawner")
+info = check_engine(log)  # warns when the engine cannot enforce the memory quotas
+c.QuotaSpawner.network_name = NETWORK
+if NETWORK == "host":
+    warn_host_network(log)
+    c.JupyterHub.hub_ip = env("HUB_IP", "127.0.0.1")
+else:
+    import docker
+
+    try:
+        gateway = ensure_network(docker.from_env().api, NETWORK, log)
+    except Exception as e:
+        sys.exit(f"Cannot set up the notebook network {NETWORK!r} on the Docker engine: {e}")
+    c.JupyterHub.hub_ip = env("HUB_IP", gateway)
 c.QuotaSpawner.pull_policy = env("PULL_POLICY", "ifnotpresent")
 c.QuotaSpawner.start_timeout = int(env("START_TIMEOUT", "300"))  # first pull of a CUDA image
 c.QuotaSpawner.http_timeout = 60
@@ -64,13 +89,18 @@ if env("GPU_INVENTORY", ""):
     )
 
 # --- people ----------------------------------------------------------------
-# Demo login: any user name with the shared password. Replace in production,
-# e.g. c.JupyterHub.authenticator_class = "github" (oauthenticator).
+# Login: any user name with the shared password. Replace it in production,
+# e.g. c.JupyterHub.authenticator_class = "github" (oauthenticator). Outside
+# the demo the hub refuses to start with the published or missing passwords.
 c.JupyterHub.authenticator_class = "shared-password"
-c.SharedPasswordAuthenticator.user_password = env("DEMO_PASSWORD", "quota-demo")
-c.SharedPasswordAuthenticator.admin_password = env(
-    "DEMO_ADMIN_PASSWORD", "quota-spawner-admin-demo-password"
-)
+user_password = env("DEMO_PASSWORD", DEMO_PASSWORD if DEMO else "")
+admin_password = env("DEMO_ADMIN_PASSWORD", DEMO_ADMIN_PASSWORD if DEMO else "")
+if not DEMO and (problems := password_problems(user_password, admin_password)):
+    sys.exit("Refusing to start with the shared-password login: " + "; ".join(problems) + ". "
+             "Set both passwords (the admin one at least 32 characters), or replace the "
+             "authenticator in jupyterhub_config.py; QUOTA_SPAWNER_DEMO=1 is for the demo only.")
+c.SharedPasswordAuthenticator.user_password = user_password
+c.SharedPasswordAuthenticator.admin_password = admin_password
 c.Authenticator.admin_users = {"admin"}
 c.Authenticator.allow_all = True
 
@@ -102,11 +132,9 @@ if IDLE_TIMEOUT > 0:
     c.JupyterHub.services = [culler]
     c.JupyterHub.load_roles.append(culler_role)
 
-# At hub start: warn if the engine cannot enforce the memory quotas, and
-# report a broken quota table now rather than at the first spawn.
-log = logging.getLogger("JupyterHub")
-check_engine(log)
+# At hub start: report a broken quota table now rather than at the first
+# spawn, and roles larger than this engine.
 try:
-    QuotaStore.for_path(c.QuotaSpawner.quota_file).get(log)
+    warn_oversized_roles(QuotaStore.for_path(c.QuotaSpawner.quota_file).get(log), info, log)
 except QuotaTableError:
     pass  # logged with file and line; spawns are refused until it is fixed

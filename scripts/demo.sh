@@ -14,6 +14,9 @@ Quota Spawner demo: http://127.0.0.1:8000
     prof-ada         -> group cs101-staff, instructor of cs101 (see /hub/admin)
   admin: user admin, password quota-spawner-admin-demo-password
   quota table: hub_config/quotas.yaml (edits apply at the next spawn)
+  notebooks run on the bridge network quota-spawner (containers cannot reach each other)
 TXT
+# The published demo passwords above; the shipped config refuses them otherwise.
+export QUOTA_SPAWNER_DEMO=1
 # A job started from a script ignores SIGINT; give the hub its default back.
 exec env --default-signal=INT,QUIT jupyterhub -f hub_config/jupyterhub_config.py "$@"

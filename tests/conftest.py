@@ -48,6 +48,7 @@ assignments:
     ml-platform: [senior-engineer, pipeline]
     oom: [tiny]
     lab1: [pipeline]
+    solo: [pipeline]
   users:
     research-lead: [senior-engineer]
     nobody-here: []

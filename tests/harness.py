@@ -67,11 +67,16 @@ class Hub:
 
     def __init__(self, workdir: Path, quota_text: str | None = None, prefix: str = "qstest",
                  extra_config: str = "", spawner_class: str = "quota",
-                 pythonpath: str = ""):
+                 pythonpath: str = "", network: str = "", env: dict[str, str] | None = None):
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.prefix = prefix
         self.pythonpath = pythonpath
+        # The shipped config's network (a bridge with inter-container traffic
+        # off) unless a test asks for another, such as "host".
+        self.env = {"QUOTA_SPAWNER_DEMO": "1", **(env or {})}
+        if network:
+            self.env["QUOTA_SPAWNER_NETWORK"] = network
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = secrets.token_hex(16)
@@ -85,7 +90,7 @@ class Hub:
 c = get_config()
 load_subconfig({str(ROOT / "hub_config" / "jupyterhub_config.py")!r})
 c.JupyterHub.bind_url = {self.url!r}
-c.JupyterHub.hub_bind_url = "http://127.0.0.1:{free_port()}"
+c.JupyterHub.hub_port = {free_port()}
 c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{free_port()}"
 c.JupyterHub.spawner_class = {spawner_class!r}
 c.JupyterHub.load_groups = {{}}
@@ -110,7 +115,7 @@ c.QuotaSpawner.quota_file = {str(self.quota_file)!r}
     # --- process ------------------------------------------------------
 
     def start(self, timeout: float = 60) -> Hub:
-        env = dict(os.environ, QUOTA_SPAWNER_STATE_DIR=str(self.workdir))
+        env = dict(os.environ, QUOTA_SPAWNER_STATE_DIR=str(self.workdir), **self.env)
         env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
         if self.pythonpath:
             env["PYTHONPATH"] = self.pythonpath

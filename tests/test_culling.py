@@ -116,13 +116,9 @@ def test_service_has_the_fewest_scopes():
 
 
 def test_hub_config_runs_the_culler_with_30_minutes(tmp_path, monkeypatch):
-    from traitlets.config import Config
+    from test_hub_config import load_hub_config
 
-    monkeypatch.setenv("QUOTA_SPAWNER_STATE_DIR", str(tmp_path))
-    c = Config()
-    namespace = {"get_config": lambda: c, "__file__": str(ROOT / "hub_config" / "x.py")}
-    exec(compile((ROOT / "hub_config" / "jupyterhub_config.py").read_text(),
-                 "jupyterhub_config.py", "exec"), namespace)
+    c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
     [culler] = c.JupyterHub.services
     assert "--timeout=1800" in culler["command"] and "--cull-every=60" in culler["command"]
     assert c.JupyterHub.last_activity_interval == 60

@@ -154,8 +154,8 @@ def gpus_of(container) -> list[str]:
 
 def held(docker_client, hub: Hub) -> list[str]:
     """Every GPU UUID on a running container of this hub (duplicates kept)."""
-    running = docker_client.containers.list(filters={"label": f"quota-spawner.hub={hub.prefix}"})
-    return [u for c in running for u in gpus_of(c)]
+    running = docker_client.containers.list(filters={"name": f"{hub.prefix}-"})
+    return [u for c in running for u in gpus_of(c) if c.name.startswith(f"{hub.prefix}-")]
 
 
 def refused(r: requests.Response) -> str:
@@ -192,7 +192,7 @@ def test_exclusive_gpu_reaches_the_container(hub4, docker_client):
         assert req["Capabilities"] == [["gpu"]]
         assert req["Count"] == 0  # never a count: that would mean GPUs 0..N-1
         assert c.labels["quota-spawner.gpu-mode"] == "exclusive"
-        assert c.labels["quota-spawner.hub"] == hub4.prefix
+        assert c.labels["quota-spawner.hub"].startswith(hub4.prefix + "-")  # this hub's own id
         env = environ(c)
         assert env["NVIDIA_VISIBLE_DEVICES"] == uuid
         assert not any(var in env for var in CAP_VARIABLES)  # exclusive: the whole GPU
@@ -370,6 +370,7 @@ def test_hub_restart_rebuilds_holdings_and_stops_zombies(hub2, docker_client):
         # No options: the role resolved at start is what the API (and the culler) see.
         assert hub2.start_server(d)["user_options"] == {"profile": "cpu", "image": "pytorch"}
         [gpu_a] = gpus_of(container_for(docker_client, a))
+        hub_id = container_for(docker_client, a).labels["quota-spawner.hub"]
         hub2.stop()
         # While the hub is down, a container with this hub's labels appears that
         # the hub never started (e.g. left over from a hub whose database was lost).
@@ -377,7 +378,7 @@ def test_hub_restart_rebuilds_holdings_and_stops_zombies(hub2, docker_client):
         zombie = docker_client.containers.run(
             "quota-spawner/pytorch:latest", ["sleep", "600"], detach=True,
             name=f"{hub2.prefix}-zombie", user="1000",
-            labels={"quota-spawner.user": "ghost", "quota-spawner.hub": hub2.prefix,
+            labels={"quota-spawner.user": "ghost", "quota-spawner.hub": hub_id,
                     "quota-spawner.gpus": gpu_z, "quota-spawner.gpu-mode": "exclusive"},
         )
         hub2.start()

@@ -56,7 +56,7 @@ def test_container_follows_the_role(hub, docker_client, fresh_user):
     assert host["Privileged"] is False
     assert "no-new-privileges" in host["SecurityOpt"]
     assert host["CapDrop"] == ["ALL"]
-    assert host["NetworkMode"] == "host"
+    assert host["NetworkMode"] == "quota-spawner"
     assert not any("docker.sock" in m["Source"] for m in c.attrs["Mounts"])
     assert c.attrs["Config"]["Image"] == "quota-spawner/paddle:latest"
     assert c.attrs["Config"]["User"] == "1000"
@@ -71,7 +71,7 @@ def test_container_follows_the_role(hub, docker_client, fresh_user):
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         assert env[var] == "2"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
-    assert env["JUPYTERHUB_SERVICE_URL"].startswith("http://127.0.0.1:")
+    assert env["JUPYTERHUB_SERVICE_URL"].startswith("http://0.0.0.0:")  # inside its own netns
 
     limits = cgroup_limits(c)
     assert limits["memory"] == str(4 * GiB)
@@ -83,7 +83,7 @@ def test_container_follows_the_role(hub, docker_client, fresh_user):
     assert out.split() == ["1000", "jovyan", "/home/jovyan"]
     code, out = exec_text(c, "grep NoNewPrivs /proc/1/status")
     assert out.split()[-1] == "1"
-    # the server listens on loopback only, reachable through the proxy
+    # reachable through the proxy
     r = requests.get(f"{hub.url}/user/{name}/api", timeout=10)
     assert r.status_code == 200 and "version" in r.json()
 
@@ -223,3 +223,17 @@ def test_oom_kill_is_enforced_and_reported(hub, docker_client, fresh_user):
     events.close()
     assert seen, "dockerd reported no OOM event"
     assert containers(docker_client, name) == []
+
+
+def test_refused_options_are_not_kept(hub, docker_client, fresh_user):
+    """A refused start must not leave its options behind as the user's default."""
+    name = fresh_user("onechoice", groups=["solo"])  # pipeline with pytorch, nothing else
+    r = hub.spawn(name, {"profile": "tiny", "image": "paddle"})
+    assert r.status_code == 400, r.text
+    assert containers(docker_client, name) == []
+    server = hub.start_server(name)  # no options: the user's one choice
+    assert server["user_options"] == {"profile": "pipeline", "image": "pytorch"}
+    hub.stop_server(name)
+    # after a good start and a refusal, a plain start is the good choice again
+    assert hub.spawn(name, {"profile": "pipeline", "image": "paddle"}).status_code == 400
+    assert hub.start_server(name)["user_options"]["profile"] == "pipeline"

@@ -1,0 +1,101 @@
+"""The shipped hub config, hub image and compose file: no default passwords, loopback first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from traitlets.config import Config
+
+from spawner.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD, password_problems
+
+ROOT = Path(__file__).resolve().parent.parent
+HUB_CONFIG = ROOT / "hub_config"
+GOOD_USER = "correct horse battery"
+GOOD_ADMIN = "a-long-admin-password-of-32-chars-or-more"
+
+
+def load_hub_config(tmp_path: Path, monkeypatch, **env: str) -> Config:
+    """Run hub_config/jupyterhub_config.py as JupyterHub would, with these variables.
+
+    Host network and an engine that does not answer, so nothing here needs
+    Docker; the e2e tests run the bridge network on a real engine.
+    """
+    for name in ("QUOTA_SPAWNER_DEMO", "QUOTA_SPAWNER_DEMO_PASSWORD",
+                 "QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("QUOTA_SPAWNER_STATE_DIR", str(tmp_path))
+    monkeypatch.setenv("QUOTA_SPAWNER_NETWORK", "host")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    c = Config()
+    namespace = {"get_config": lambda: c, "__file__": str(HUB_CONFIG / "jupyterhub_config.py")}
+    exec(compile((HUB_CONFIG / "jupyterhub_config.py").read_text(), "jupyterhub_config.py",
+                 "exec"), namespace)
+    return c
+
+
+@pytest.mark.parametrize("env, words", [
+    ({}, "QUOTA_SPAWNER_DEMO_PASSWORD is not set"),
+    ({"QUOTA_SPAWNER_DEMO_PASSWORD": GOOD_USER}, "QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD is not set"),
+    ({"QUOTA_SPAWNER_DEMO_PASSWORD": DEMO_PASSWORD,
+      "QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD": DEMO_ADMIN_PASSWORD}, "the published demo password"),
+    ({"QUOTA_SPAWNER_DEMO_PASSWORD": GOOD_USER,
+      "QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD": "short"}, "fewer than 32 characters"),
+    ({"QUOTA_SPAWNER_DEMO_PASSWORD": GOOD_ADMIN,
+      "QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD": GOOD_ADMIN}, "the same"),
+])
+def test_hub_refuses_to_start_without_real_passwords(tmp_path, monkeypatch, env, words):
+    with pytest.raises(SystemExit) as info:
+        load_hub_config(tmp_path, monkeypatch, **env)
+    assert "Refusing to start" in str(info.value) and words in str(info.value)
+
+
+def test_hub_starts_with_real_passwords(tmp_path, monkeypatch):
+    c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO_PASSWORD=GOOD_USER,
+                        QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD=GOOD_ADMIN)
+    assert c.SharedPasswordAuthenticator.user_password == GOOD_USER
+    assert c.SharedPasswordAuthenticator.admin_password == GOOD_ADMIN
+    assert c.JupyterHub.bind_url == "http://127.0.0.1:8000"
+
+
+def test_demo_mode_uses_the_published_passwords(tmp_path, monkeypatch):
+    c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
+    assert c.SharedPasswordAuthenticator.user_password == DEMO_PASSWORD
+    assert c.QuotaSpawner.network_name == "host" and c.JupyterHub.hub_ip == "127.0.0.1"
+
+
+def test_hub_id_can_be_set_for_compose(tmp_path, monkeypatch):
+    c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1",
+                        QUOTA_SPAWNER_HUB_ID="lab-hub")
+    assert c.QuotaSpawner.hub_id == "lab-hub"
+
+
+def test_password_rules():
+    assert password_problems(GOOD_USER, GOOD_ADMIN) == []
+    assert password_problems("", "") == ["QUOTA_SPAWNER_DEMO_PASSWORD is not set",
+                                         "QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD is not set"]
+    assert "fewer than 8" in password_problems("short", GOOD_ADMIN)[0]
+
+
+def test_hub_image_has_no_default_passwords():
+    dockerfile = (HUB_CONFIG / "Dockerfile.hub").read_text()
+    assert "PASSWORD" not in dockerfile and "QUOTA_SPAWNER_DEMO" not in dockerfile
+    assert DEMO_PASSWORD not in dockerfile and DEMO_ADMIN_PASSWORD not in dockerfile
+
+
+def test_compose_faces_only_loopback_and_needs_passwords():
+    compose = yaml.safe_load((HUB_CONFIG / "compose.yaml").read_text())
+    hub = compose["services"]["hub"]
+    # the hub shares the host's network: the proxy binds where BIND_URL says
+    # (loopback unless told), the hub's API binds on the notebook bridge's gateway
+    assert hub["network_mode"] == "host" and "ports" not in hub
+    env = hub["environment"]
+    assert env["QUOTA_SPAWNER_BIND_URL"].startswith("${QUOTA_SPAWNER_BIND_URL:-http://127.0.0.1:")
+    assert env["QUOTA_SPAWNER_NETWORK"] == "quota-spawner"
+    assert ":?" in env["QUOTA_SPAWNER_DEMO_PASSWORD"]
+    assert ":?" in env["QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD"]
+    assert "QUOTA_SPAWNER_HUB_ID" in env
+    assert not any("HUB_IP" in key for key in env)  # the config binds the gateway
