@@ -19,6 +19,7 @@ engine.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from typing import Any
 from .gpu_env import CAP_VARIABLES, gpu_environment
 from .gpu_pool import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, LABEL_PREFIX, USER_LABEL
 from .mounts import BindSource, bind_sources, socket_problems
-from .quota import Role
+from .quota import MAX_PIDS, Role
 
 CPU_PERIOD = 100_000  # microseconds; Docker's default CFS period
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -323,6 +324,13 @@ def check_admin_labels(extra: Mapping[str, Any] | Iterable[str], setting: str) -
 # --- the invariants, on the body the engine receives --------------------------------
 
 
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
 def _uid_gid(user: str) -> tuple[int, int | None] | None:
     match = re.fullmatch(r"(\d+)(?::(\d+))?", user or "")
     if not match:
@@ -351,9 +359,9 @@ def violations(
     expect("CpuPeriod", CPU_PERIOD, "the CPU quota's period")
     expect("CpuQuota", int(role.cpus * CPU_PERIOD), "the role's CPUs")
     expect("PidsLimit", spec.pids_limit, "the pids limit")
-    if not spec.pids_limit or spec.pids_limit < 1:
-        problems.append(f"the pids limit is {spec.pids_limit!r}: it must be 1 or more "
-                        "(QuotaSpawner.pids_limit or the role's pids)")
+    if not spec.pids_limit or not 1 <= spec.pids_limit <= MAX_PIDS:
+        problems.append(f"the pids limit is {spec.pids_limit!r}: it must be from 1 to "
+                        f"{MAX_PIDS} (QuotaSpawner.pids_limit or the role's pids)")
     expect("Privileged", False, "never privileged")
     expect("CapDrop", ["ALL"], "every capability dropped")
     expect("DeviceRequests", device_requests(spec), "exactly the assigned GPUs")
@@ -388,6 +396,13 @@ def violations(
     if (host.get("OomScoreAdj") or 0) < 0:
         problems.append("HostConfig.OomScoreAdj is negative: a notebook is never protected "
                         "from the OOM killer ahead of the host")
+    for port, bindings in (host.get("PortBindings") or {}).items():
+        for binding in bindings or []:
+            address = str((binding or {}).get("HostIp") or "")
+            if not _is_loopback(address):
+                problems.append(f"HostConfig.PortBindings publishes {port} on "
+                                f"{address or 'every address'}: the notebook port is published "
+                                "on loopback only (DockerSpawner.host_ip)")
     problems += socket_problems(bind_sources(host) if binds is None else binds)
 
     ids = _uid_gid(str(body.get("User") or ""))

@@ -41,6 +41,8 @@ PROBE_NAMES = (
     "docker/containerd/containerd.sock",
     "containerd/containerd.sock",
     "podman/podman.sock",
+    "crio.sock",
+    "crio/crio.sock",
 )
 # Go's os.ModeSocket, in the mode the engine reports for a path in a container.
 GO_MODE_SOCKET = 1 << 24

@@ -113,6 +113,8 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         self._gpu_memory: int | None = None  # the smallest assigned GPU's memory
         self._events: list[dict[str, Any]] = []
         self._started_options: dict[str, str] = {}  # the last options that started
+        # The hub's network, as its config set it; an override or hook may not move one server.
+        self._hub_network = self.network_name
         if self.network_name == "host":
             warn_host_network(self.log)
 
@@ -307,7 +309,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             user_name=self.user.name,
             hub_id=self.hub_id,
             notebook_user=self.notebook_user,
-            network_mode=self.network_name,
+            network_mode=self._hub_network,
             pids_default=self.pids_limit,
             gpu_uuids=self.gpu_uuids,
             gpu_mode=mode_label(self.gpu_request(role)) if self.gpu_uuids else "",
@@ -396,6 +398,10 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             *check_admin_environment(self.environment, "environment"),
             *check_admin_labels(self.extra_labels, "extra_labels"),
         ]
+        if self.network_name != self._hub_network:
+            problems.append(f"network_name = {self.network_name!r} is refused: the hub's config "
+                            f"sets {self._hub_network!r} for every server, and an override or "
+                            "hook may not move one server to another network")
         if problems:
             self._refuse(problems)
         body = await self._create_body(spec, admin_create, admin_host)
@@ -464,8 +470,8 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
 
     def _forget_refused_options(self, choices: list[Choice]) -> None:
         # JupyterHub saved these options as the user's default before the start;
-        # a plain start after a refusal gets the last choice that started, if
-        # the user still holds it, else their first choice.
+        # a plain start after a refused or failed one gets the last choice that
+        # started, if the user still holds it, else their first choice.
         if self.orm_spawner is None:
             return
         kept = dict(self._started_options)
@@ -506,11 +512,18 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         choices = await self.choices(pool)
         try:
             choice = await self.resolve(choices)
-        except web.HTTPError:
+            self._apply_choice(choice)
+            await self._our_container()
+            ip, port = await self._start_choice(pool, choice, choices)
+        except BaseException:
             self._forget_refused_options(choices)
             raise
-        self._apply_choice(choice)
-        await self._our_container()
+        self._started_options = {"profile": choice.role.name, "image": choice.image.key}
+        return ip, port
+
+    async def _start_choice(
+        self, pool: GpuPool, choice: Choice, choices: list[Choice]
+    ) -> tuple[str, int]:
         # The resolved choice, for the REST API's server model (the culler reads
         # the role there); not saved as the user's default options.
         self.user_options = {**(self.user_options or {}),
@@ -537,7 +550,6 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             raise
         finally:
             pool.starting.discard(owner)
-        self._started_options = {"profile": choice.role.name, "image": choice.image.key}
         return ip, port
 
     def get_state(self) -> dict[str, Any]:

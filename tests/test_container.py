@@ -179,6 +179,8 @@ def test_apply_quota_overwrites_a_weakened_body():
     ("NetworkMode", "host", "NetworkMode"),
     ("MaskedPaths", ["/proc/kcore"], "MaskedPaths"),
     ("Binds", ["/var/run/docker.sock:/var/run/docker.sock"], "engine's socket"),
+    ("PortBindings", {"8888/tcp": [{"HostIp": "0.0.0.0", "HostPort": ""}]}, "loopback only"),
+    ("PortBindings", {"8888/tcp": [{"HostIp": "", "HostPort": "8888"}]}, "every address"),
 ])
 def test_each_invariant_is_checked(field, value, words):
     b = quota_body()
@@ -225,7 +227,18 @@ def test_a_configured_root_or_no_pids_limit_is_refused():
     assert any("non-root" in v for v in violations(quota_body(spec(notebook_user="0")),
                                                    spec(notebook_user="0")))
     s = spec(pids_default=0)
-    assert any("must be 1 or more" in v for v in violations(quota_body(s), s))
+    assert any("from 1 to" in v for v in violations(quota_body(s), s))
+
+
+def test_loopback_port_bindings_are_allowed():
+    for address in ("127.0.0.1", "::1", "127.0.0.2"):
+        b = quota_body(host={"port_bindings": {8888: (address,)}})
+        assert violations(b, spec()) == [], address
+
+
+def test_a_pids_default_above_the_kernel_limit_is_refused():
+    s = spec(pids_default=10**9)
+    assert any("from 1 to 4194304" in v for v in violations(quota_body(s), s))
 
 
 def test_host_mode_is_allowed_when_it_is_the_spawner_network():

@@ -53,6 +53,8 @@ def hostile_config(links: Path) -> str:
         "ov-no-pids": {"pids_limit": -1},
         "ov-label": {"extra_labels": {"quota-spawner.gpus": ""}},
         "ov-traits": {"mem_limit": "64G", "cpu_limit": 16.0, "image": "busybox:latest"},
+        "ov-network": {"network_name": "host"},
+        "ov-publish": {"use_internal_ip": False, "host_ip": "0.0.0.0"},
         # the Docker socket, every way round
         "sock-dot": {"volumes": {"/var/run/docker.sock/.": "/x"}},
         "sock-ro": {"read_only_volumes": {"/var/run": "/host-run"}},
@@ -147,6 +149,8 @@ def refused(hub: Hub, docker_client, name: str, groups: list[str] = ()) -> str:
     ("ov-root", "the container user is '0'"),
     ("ov-no-pids", "the pids limit is -1"),
     ("ov-label", "extra_labels['quota-spawner.gpus']"),
+    ("ov-network", "network_name = 'host' is refused"),
+    ("ov-publish", "publishes 8888/tcp on 0.0.0.0"),
 ])
 def test_weakening_overrides_are_refused_by_name(hostile, docker_client, group, setting):
     log = refused(hostile, docker_client, f"{group}-{len(setting)}", [group])

@@ -94,15 +94,16 @@ async def test_user_defined_network_uses_internal_ip(docker_client, user_network
         c.remove(force=True)
 
 
-@pytest.mark.parametrize("volumes, extra", [
-    ({"/var/run/docker.sock": "/var/run/docker.sock"}, {}),
-    ({}, {"binds": ["/var/run:/host-run:ro"]}),
-    ({}, {"privileged": True}),
-    ({}, {"memswap_limit": -1}),
+@pytest.mark.parametrize("traits", [
+    {"volumes": {"/var/run/docker.sock": "/var/run/docker.sock"}},
+    {"extra_host_config": {"binds": ["/var/run:/host-run:ro"]}},
+    {"extra_host_config": {"privileged": True}},
+    {"extra_host_config": {"memswap_limit": -1}},
+    {"network_name": "bridge", "host_ip": "0.0.0.0"},  # the notebook port on every address
 ])
-async def test_refused_settings_create_nothing(docker_client, volumes, extra):
+async def test_refused_settings_create_nothing(docker_client, traits):
     """Decided from the settings alone: the same whether or not a socket exists here."""
-    spawner = make_spawner(volumes=volumes, extra_host_config=extra)
+    spawner = make_spawner(**traits)
     spawner._apply_choice(await spawner.resolve(await spawner.choices()))
     with pytest.raises(HTTPError) as info:
         await spawner.create_object()

@@ -146,6 +146,8 @@ def test_saved_options_are_checked_again(hub, docker_client, fresh_user, quotas)
     assert r.status_code == 400, r.text
     assert "senior-engineer" in r.json()["message"]
     assert containers(docker_client, name) == []
+    # the refusal cleared the stale saving: the next plain start is the default
+    assert hub.start_server(name)["user_options"]["profile"] == "pipeline"
 
 
 def test_hot_reload_and_bad_edit(hub, docker_client, fresh_user, quotas):
