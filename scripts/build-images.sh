@@ -6,7 +6,7 @@
 #      when up to date),
 #   2. wheels on the host (images/.build/wheels): project/ holds this package,
 #      deps/ everything in images/common/requirements.txt with all their
-#      dependencies, resolved with Debian's Python 3.11.2 (DESIGN.md),
+#      dependencies, resolved with Debian's Python 3.11.2 (images/README.md),
 #   3. each image with `docker build --network none` on the local base.
 #
 # Each image carries the label quota-spawner.inputs: a hash of its Dockerfile,
@@ -181,7 +181,7 @@ print("\n".join(d.get("dependencies", []) + d.get("optional-dependencies", {}).g
 ' >"$WHEELS/deps/project-requirements.txt"
 
 # -------------------------------------------------------------- images ---
-export DOCKER_BUILDKIT=0   # legacy builder: no buildx here (DESIGN.md)
+export DOCKER_BUILDKIT=0   # the legacy builder: Debian's engine may have no buildx (images/README.md)
 for name in "${STALE[@]}"; do
     tag=quota-spawner/$name:latest
     want=$(image_hash "$name")

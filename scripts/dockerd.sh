@@ -8,7 +8,8 @@
 #
 # Log: /var/log/quota-spawner-dockerd.log (override with DOCKERD_LOG).
 # This script never installs anything named nvidia-*: GPU stubs belong only to
-# a dockerd that the tests start themselves (see DESIGN.md).
+# a dockerd that the tests start themselves
+# (docs/deployment.md#tests-and-the-private-test-engine).
 set -euo pipefail
 
 LOG=${DOCKERD_LOG:-/var/log/quota-spawner-dockerd.log}

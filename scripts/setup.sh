@@ -48,7 +48,8 @@ if [ -x node_modules/.bin/configurable-http-proxy ] &&
     say "configurable-http-proxy present"
 else
     say "npm ci (configurable-http-proxy)"
-    # EBADENGINE warnings on node 20 are harmless (DESIGN.md).
+    # configurable-http-proxy 5 runs on node 20; npm's EBADENGINE warning is harmless
+    # (docs/deployment.md#prerequisites).
     npm ci --no-audit --no-fund --loglevel=error
 fi
 

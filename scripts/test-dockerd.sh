@@ -4,8 +4,9 @@
 # engine (scripts/dockerd.sh), because it carries the FAKE NVIDIA hook
 # (scripts/fake-nvidia/): dockerd enables its `nvidia` device driver when
 # that hook is on its PATH, so containers with GPU DeviceRequests really
-# start on a machine without a GPU (DESIGN.md). Users' containers never run
-# on this engine.
+# start on a machine without a GPU
+# (docs/deployment.md#tests-and-the-private-test-engine). Users' containers
+# never run on this engine.
 #
 # Everything it owns lives under its own paths, so it runs beside a system
 # dockerd:

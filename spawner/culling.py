@@ -20,7 +20,7 @@ from urllib.parse import unquote
 from .store import QuotaStore
 
 DEFAULT_IDLE_TIMEOUT = 30 * 60
-# What the culler needs and nothing more (DESIGN.md).
+# What the culler needs and nothing more (docs/culling.md).
 CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]
 
 

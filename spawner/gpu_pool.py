@@ -1,8 +1,9 @@
 """The hub's GPU pool: the allocator kept in step with the running containers.
 
 The labels on running containers are the record of which GPUs are held
-(DESIGN.md). The pool rebuilds its holdings from them before it serves the
-first spawn after a hub start, and then on a timer:
+(docs/gpus.md#hub-restarts-and-unclaimed-containers). The pool rebuilds its
+holdings from them before it serves the first spawn after a hub start, and
+then on a timer:
 
 - a holding whose container is gone (``docker rm``, OOM, a crash) is released;
 - a running container holding GPUs that the allocator does not know about
