@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from docker.utils import parse_bytes
+
 from .gpu_env import CAP_VARIABLES, gpu_environment
 from .gpu_pool import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, LABEL_PREFIX, USER_LABEL
 from .mounts import BindSource, bind_sources, socket_problems
@@ -275,9 +277,7 @@ def check_admin_host_config(extra: Mapping[str, Any], spec: ContainerSpec) -> li
 
 
 def _at_most(value: Any, limit: int) -> bool:
-    from docker.utils import parse_bytes  # the engine's own reading of "512m"
-
-    try:
+    try:  # read as docker-py reads "512m" for the engine
         return 0 <= parse_bytes(value) <= limit
     except Exception:
         return False

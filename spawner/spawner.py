@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import inspect
 import json
@@ -11,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any, ClassVar, NoReturn
 
 from docker.errors import APIError, DockerException
+from docker.utils import decode_json_header
 from dockerspawner import DockerSpawner
 from dockerspawner.dockerspawner import _deep_merge
 from tornado import web
@@ -372,7 +372,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             return None
         client._raise_for_status(response)
         header = response.headers.get("X-Docker-Container-Path-Stat")
-        return json.loads(base64.b64decode(header)) if header else None
+        return decode_json_header(header) if header else None
 
     async def _probe_binds(self, container_id: str, binds: list[Any]) -> list[str]:
         """Ask the engine what each bind really is: it sees through symlinks."""
@@ -580,6 +580,8 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
     async def stop(self, now: bool = False) -> None:
         pool = await self.gpu_pool()
         try:
+            # by name, always: DockerSpawner's poll() sets object_id from any
+            # container with this name, another hub's too
             ours = await self._our_container()
         except web.HTTPError:
             ours = None  # another hub's container with this name: never stopped here
