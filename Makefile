@@ -2,7 +2,7 @@
 # containers goes through `setup` first; it is idempotent and skips what is
 # already done (a no-op run takes a second or two).
 
-.PHONY: setup images demo test lint bench
+.PHONY: setup images demo test lint bench labextension
 
 setup:
 	scripts/setup.sh
@@ -27,3 +27,14 @@ bench:
 	.venv/bin/python bench/spawn_bench.py
 	.venv/bin/python bench/gpu_bench.py
 	.venv/bin/python bench/monitor_bench.py
+
+# The JupyterLab status-bar item: builds labextension/ into spawner/labextension/
+# (committed, installed with the package) and stamps it with its sources
+# (docs/jupyterlab-status-bar.md). Needs node >= 20.19 and npm. Builds against
+# the JupyterLab in .venv (its staging/package.json), not a download.
+labextension:
+	cd labextension && npm ci --no-audit --no-fund
+	cd labextension && rm -rf lib tsconfig.tsbuildinfo && npm run build:lib
+	.venv/bin/jupyter-builder build labextension --core-package-file="$$(.venv/bin/python -c \
+	  'import jupyterlab, pathlib; print(pathlib.Path(jupyterlab.__file__).parent / "staging" / "package.json")')"
+	.venv/bin/python labextension/stamp.py

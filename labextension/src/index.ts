@@ -1,0 +1,242 @@
+/**
+ * @quota-spawner/gpu-status: this server's GPU usage in JupyterLab's status bar.
+ *
+ * Reads GET {base_url}api/gpu/metrics of the server extension spawner.monitor
+ * (docs/gpu-monitor.md). That handler does not count as user activity, so the
+ * polling here does not either; it pauses while the browser tab is hidden.
+ * Docs: docs/jupyterlab-status-bar.md.
+ */
+
+import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import { PageConfig, URLExt } from '@jupyterlab/coreutils';
+import { ServerConnection } from '@jupyterlab/services';
+import { IStatusBar } from '@jupyterlab/statusbar';
+import { ISignal, Signal } from '@lumino/signaling';
+import { Widget } from '@lumino/widgets';
+
+import { errorView, HIDDEN, IGpuMetrics, IView, viewOf } from './format';
+
+/** The status item's id in the status bar. */
+export const STATUS_ITEM_ID = 'quota-spawner:gpu-status';
+/** The item's DOM id and class. */
+export const ITEM_CLASS = 'qs-gpu-status';
+/** On the item while some GPU's memory is at or above the warning threshold. */
+export const WARNING_CLASS = 'qs-gpu-status-warning';
+/** On the item while it shows `GPU ?`. */
+export const ERROR_CLASS = 'qs-gpu-status-error';
+/** The span holding the text. */
+export const TEXT_CLASS = 'qs-gpu-status-text';
+
+/** Seconds between requests: max(the monitor's interval, this). */
+const MIN_INTERVAL_S = 2;
+/** Seconds between checks while hidden (no GPU, or no monitor: HTTP 404). */
+const HIDDEN_INTERVAL_S = 60;
+/** The longest wait after failed requests (the wait doubles per failure). */
+const MAX_BACKOFF_S = 30;
+
+function reason(error: unknown): string {
+  if (error instanceof Error && error.message) {
+    return error.message;
+  }
+  return String(error);
+}
+
+/** The status-bar widget: a text span, polling the monitor while the tab is visible. */
+export class GpuStatus extends Widget {
+  constructor(settings: ServerConnection.ISettings) {
+    super();
+    this._settings = settings;
+    this.id = ITEM_CLASS;
+    this.addClass(ITEM_CLASS);
+    this.addClass('jp-StatusBar-GroupItem');
+    this.addClass('jp-mod-highlighted');
+    this.node.setAttribute('role', 'button');
+    this.node.tabIndex = 0;
+    this._text = document.createElement('span');
+    this._text.className = `jp-StatusBar-TextItem ${TEXT_CLASS}`;
+    this.node.appendChild(this._text);
+    this.node.addEventListener('click', this);
+    this.node.addEventListener('keydown', this);
+    document.addEventListener('visibilitychange', this);
+    this._schedule(0);
+  }
+
+  /** Whether the status bar should show the item. */
+  get isActive(): boolean {
+    return this._view.visible;
+  }
+
+  /** Emitted when isActive changes. */
+  get activeStateChanged(): ISignal<this, void> {
+    return this._activeStateChanged;
+  }
+
+  /** What the item shows now. */
+  get view(): IView {
+    return this._view;
+  }
+
+  /** The URL of the GPU usage page. */
+  static pageUrl(): string {
+    return URLExt.join(PageConfig.getBaseUrl(), 'gpu');
+  }
+
+  handleEvent(event: Event): void {
+    switch (event.type) {
+      case 'click':
+        this._open();
+        break;
+      case 'keydown': {
+        const key = (event as KeyboardEvent).key;
+        if (key === 'Enter' || key === ' ') {
+          event.preventDefault();
+          this._open();
+        }
+        break;
+      }
+      case 'visibilitychange':
+        if (document.hidden) {
+          this._clearTimer();
+        } else {
+          this._schedule(0);
+        }
+        break;
+    }
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this._clearTimer();
+    document.removeEventListener('visibilitychange', this);
+    this.node.removeEventListener('click', this);
+    this.node.removeEventListener('keydown', this);
+    Signal.clearData(this);
+    super.dispose();
+  }
+
+  private _open(): void {
+    window.open(GpuStatus.pageUrl(), '_blank');
+  }
+
+  private _clearTimer(): void {
+    if (this._timer !== null) {
+      window.clearTimeout(this._timer);
+      this._timer = null;
+    }
+  }
+
+  /** The next request in `seconds`; none while the tab is hidden. */
+  private _schedule(seconds: number): void {
+    this._clearTimer();
+    if (this.isDisposed || document.hidden) {
+      return;
+    }
+    this._timer = window.setTimeout(() => {
+      this._timer = null;
+      void this._tick();
+    }, seconds * 1000);
+  }
+
+  private async _tick(): Promise<void> {
+    if (this._inFlight) {
+      return; // the request under way schedules the next one
+    }
+    this._inFlight = true;
+    let next: number;
+    try {
+      next = await this._fetch();
+    } finally {
+      this._inFlight = false;
+    }
+    this._schedule(next);
+  }
+
+  /** One request; returns the seconds until the next. */
+  private async _fetch(): Promise<number> {
+    const url = URLExt.join(this._settings.baseUrl, 'api/gpu/metrics');
+    let response: Response;
+    let body: IGpuMetrics;
+    try {
+      response = await ServerConnection.makeRequest(
+        url,
+        { method: 'GET', cache: 'no-store' },
+        this._settings
+      );
+      if (response.status === 404) {
+        // the monitor is not loaded on this server: no item
+        this._failures = 0;
+        this._show(HIDDEN);
+        return HIDDEN_INTERVAL_S;
+      }
+      if (!response.ok) {
+        return this._fail(`HTTP ${response.status}`);
+      }
+      body = (await response.json()) as IGpuMetrics;
+    } catch (error) {
+      return this._fail(reason(error));
+    }
+    if (body === null || typeof body !== 'object') {
+      return this._fail('not a GPU monitor answer');
+    }
+    this._failures = 0;
+    this._show(viewOf(body));
+    if (body.status === 'no_gpu') {
+      return HIDDEN_INTERVAL_S;
+    }
+    const interval = Number(body.interval);
+    return Number.isFinite(interval) ? Math.max(interval, MIN_INTERVAL_S) : MIN_INTERVAL_S;
+  }
+
+  private _fail(why: string): number {
+    this._failures += 1;
+    this._show(errorView(`Could not read the GPU usage: ${why}`));
+    return Math.min(MIN_INTERVAL_S * 2 ** (this._failures - 1), MAX_BACKOFF_S);
+  }
+
+  private _show(view: IView): void {
+    if (this.isDisposed) {
+      return;
+    }
+    const wasActive = this._view.visible;
+    this._view = view;
+    this._text.textContent = view.text; // text only: it holds server data
+    this.node.title = view.title;
+    this.toggleClass(WARNING_CLASS, view.warning);
+    this.toggleClass(ERROR_CLASS, view.error);
+    if (wasActive !== view.visible) {
+      this._activeStateChanged.emit(); // the status bar shows or hides the item
+    }
+  }
+
+  private _settings: ServerConnection.ISettings;
+  private _text: HTMLSpanElement;
+  private _view: IView = HIDDEN;
+  private _timer: number | null = null;
+  private _inFlight = false;
+  private _failures = 0;
+  private _activeStateChanged = new Signal<this, void>(this);
+}
+
+const plugin: JupyterFrontEndPlugin<void> = {
+  id: '@quota-spawner/gpu-status:plugin',
+  description: "Shows this server's GPU usage in the status bar.",
+  autoStart: true,
+  optional: [IStatusBar],
+  activate: (app: JupyterFrontEnd, statusBar: IStatusBar | null): void => {
+    if (!statusBar) {
+      return; // e.g. Notebook 7, which has no status bar
+    }
+    const item = new GpuStatus(app.serviceManager.serverSettings);
+    statusBar.registerStatusItem(STATUS_ITEM_ID, {
+      item,
+      align: 'left',
+      rank: 1000, // after the other items on the left
+      isActive: () => item.isActive,
+      activeStateChanged: item.activeStateChanged
+    });
+  }
+};
+
+export default plugin;
