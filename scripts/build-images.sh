@@ -68,13 +68,59 @@ fi
 if [ "${UPSTREAM:-0}" = 1 ]; then
     BUILD_ARGS=()
     PIP_ARGS=""
-    BASE_ID=upstream
 else
     BASE_IMAGE=$LOCAL_BASE images/base/build.sh
-    BUILD_ARGS=(--network none --build-arg "BASE_IMAGE=$LOCAL_BASE")
+    BUILD_ARGS=(--network none)
     PIP_ARGS=--no-index
-    BASE_ID=$(docker image inspect -f '{{.Id}}' "$LOCAL_BASE")
 fi
+export DOCKER_BUILDKIT=0   # the legacy builder: Debian's engine may have no buildx (images/README.md)
+
+# The base each notebook image is built FROM: upstream, the image's own
+# Dockerfile default (the vendor's CUDA image); locally, a framework base
+# (images/framework/Dockerfile): the local base plus the pinned wheels of
+# images/NAME/framework.txt from the package index, built once and kept
+# until that list or the local base changes.
+framework_base() {   # NAME -> prints the tag to build FROM ("" = the Dockerfile's default)
+    local name=$1
+    [ "${UPSTREAM:-0}" != 1 ] || { echo ""; return; }
+    local tag=quota-spawner/$name-framework:local
+    local list=images/$name/framework.txt
+    [ -f "$list" ] || die "no $list: the pinned framework of $name"
+    local want have ctx t log
+    want=$( { sha256sum <"$list"; sha256sum <images/framework/Dockerfile;
+              docker image inspect -f '{{.Id}}' "$LOCAL_BASE"; } | sha256sum | cut -c1-16)
+    have=$(docker image inspect -f '{{index .Config.Labels "quota-spawner.inputs"}}' "$tag" 2>/dev/null || true)
+    if [ "${FORCE_FRAMEWORK:-0}" != 1 ] && [ "$have" = "$want" ]; then
+        echo "$tag"; return
+    fi
+    t=$(now)
+    ctx=$BUILD/frameworks/$name
+    log=$LOGS/$name-framework.log
+    say "$tag: ${have:-missing} -> $want; downloading the wheels of $list (log: $log)" >&2
+    mkdir -p "$ctx"
+    # Only the listed files stay: an old pin's wheel must not linger in the context.
+    "${PIP[@]}" download -q --no-deps --only-binary :all: -d "$ctx.tmp" -r "$list" >"$log" 2>&1 ||
+        { tail -n 30 "$log" >&2; die "downloading the wheels of $list failed"; }
+    rm -rf "$ctx" && mv "$ctx.tmp" "$ctx" && cp "$list" "$ctx/framework.txt"
+    say "$name framework: $(ls "$ctx"/*.whl | wc -l) wheels, $(du -sh "$ctx" | cut -f1); docker build $tag" >&2
+    docker build --force-rm --network none --build-arg "BASE_IMAGE=$LOCAL_BASE" \
+        --label "quota-spawner.inputs=$want" -f images/framework/Dockerfile -t "$tag" "$ctx" >>"$log" 2>&1 ||
+        { tail -n 40 "$log" >&2; die "building $tag failed (full log: $log)"; }
+    size=$(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}')
+    say "built $tag, $size ($(( $(now) - t ))s)" >&2
+    echo "$tag"
+}
+
+# What the base's Python holds, for the label the spawn form shows.
+frameworks_label() {   # BASE_TAG ("" = upstream: the Dockerfile's default) NAME
+    local base=$1
+    [ -n "$base" ] || base=$(sed -n 's/^ARG BASE_IMAGE=//p' "images/$2/Dockerfile" | head -n 1)
+    local out
+    out=$(docker run --rm --network none --entrypoint sh -i "$base" \
+        -c 'exec "$(command -v python3 || command -v python)" -' \
+        <images/common/frameworks.py 2>"$LOGS/$2.log") || return 1
+    printf '%s\n' "$out" | tail -n 1
+}
 
 # -------------------------------------------------------------- inputs ---
 # What goes into the project wheel: pyproject.toml, the package, and the
@@ -106,25 +152,15 @@ hash_files() {   # file names and contents
 
 mapfile -t SOURCES < <(package_sources)
 mapfile -t COMMON < <(find images/common images/.dockerignore -type f | LC_ALL=C sort)
-SHARED_HASH=$( { hash_files "${SOURCES[@]}" "${COMMON[@]}"; echo "$BASE_ID $PIP_ARGS"; } | sha256sum | cut -c1-16)
+SHARED_HASH=$( { hash_files "${SOURCES[@]}" "${COMMON[@]}"; echo "$PIP_ARGS"; } | sha256sum | cut -c1-16)
 
-image_hash() { { echo "$SHARED_HASH"; hash_files "images/$1/Dockerfile"; } | sha256sum | cut -c1-16; }
+declare -A BASE_OF
+image_hash() {   # NAME: sources, Dockerfile and the base it is built FROM
+    local base_id=upstream
+    [ -z "${BASE_OF[$1]}" ] || base_id=$(docker image inspect -f '{{.Id}}' "${BASE_OF[$1]}")
+    { echo "$SHARED_HASH $base_id"; hash_files "images/$1/Dockerfile"; } | sha256sum | cut -c1-16
+}
 
-STALE=()
-for name in "${IMAGES[@]}"; do
-    tag=quota-spawner/$name:latest
-    want=$(image_hash "$name")
-    have=$(docker image inspect -f '{{index .Config.Labels "quota-spawner.inputs"}}' "$tag" 2>/dev/null || true)
-    if [ "${FORCE:-0}" != 1 ] && [ "$have" = "$want" ]; then
-        say "$tag is up to date ($want)"
-    else
-        say "$tag: ${have:-missing} -> $want, will build"
-        STALE+=("$name")
-    fi
-done
-[ ${#STALE[@]} -gt 0 ] || exit 0
-
-# -------------------------------------------------------------- wheels ---
 PY=${WHEEL_PYTHON:-.venv/bin/python}
 if [ ! -x "$PY" ]; then
     # No project venv yet (setup.sh makes one): a small one just for pip.
@@ -141,6 +177,26 @@ if [ "${UPSTREAM:-0}" != 1 ]; then
         "or set WHEEL_PYTHON."
 fi
 PIP=("$PY" -m pip --disable-pip-version-check)
+
+for name in "${IMAGES[@]}"; do
+    BASE_OF[$name]=$(framework_base "$name") || exit 1
+done
+
+STALE=()
+for name in "${IMAGES[@]}"; do
+    tag=quota-spawner/$name:latest
+    want=$(image_hash "$name")
+    have=$(docker image inspect -f '{{index .Config.Labels "quota-spawner.inputs"}}' "$tag" 2>/dev/null || true)
+    if [ "${FORCE:-0}" != 1 ] && [ "$have" = "$want" ]; then
+        say "$tag is up to date ($want)"
+    else
+        say "$tag: ${have:-missing} -> $want, will build"
+        STALE+=("$name")
+    fi
+done
+[ ${#STALE[@]} -gt 0 ] || exit 0
+
+# -------------------------------------------------------------- wheels ---
 
 t=$(now)
 # Build from a clean copy: setuptools' build/ in the tree can keep modules
@@ -181,7 +237,6 @@ print("\n".join(d.get("dependencies", []) + d.get("optional-dependencies", {}).g
 ' >"$WHEELS/deps/project-requirements.txt"
 
 # -------------------------------------------------------------- images ---
-export DOCKER_BUILDKIT=0   # the legacy builder: Debian's engine may have no buildx (images/README.md)
 for name in "${STALE[@]}"; do
     tag=quota-spawner/$name:latest
     want=$(image_hash "$name")
@@ -189,8 +244,15 @@ for name in "${STALE[@]}"; do
     log=$LOGS/$name.log
     t=$(now)
     say "docker build $tag (log: $log)"
-    cmd=(docker build --force-rm "${BUILD_ARGS[@]}" --build-arg "PIP_INSTALL_ARGS=$PIP_ARGS"
-         --label "quota-spawner.inputs=$want" -f "images/$name/Dockerfile" -t "$tag" images)
+    args=("${BUILD_ARGS[@]}" --build-arg "PIP_INSTALL_ARGS=$PIP_ARGS")
+    [ -z "${BASE_OF[$name]}" ] || args+=(--build-arg "BASE_IMAGE=${BASE_OF[$name]}")
+    # The framework must import in its base: an image whose torch or paddle
+    # fails at import is never built.
+    holds=$(frameworks_label "${BASE_OF[$name]}" "$name") ||
+        { tail -n 20 "$LOGS/$name.log" >&2; die "the framework does not import in ${BASE_OF[$name]:-the upstream base}"; }
+    say "$tag holds: ${holds:-?}"
+    cmd=(docker build --force-rm "${args[@]}" --label "quota-spawner.inputs=$want"
+         --label "quota-spawner.frameworks=$holds" -f "images/$name/Dockerfile" -t "$tag" images)
     if [ "${VERBOSE:-0}" = 1 ]; then
         set +e
         "${cmd[@]}" 2>&1 | tee "$log"
@@ -208,7 +270,7 @@ for name in "${STALE[@]}"; do
     # Tag the builder stage (all cache hits now): it keeps the layer cache
     # that makes the next rebuild short, and lets the cleanup below tell
     # current cache from garbage.
-    docker build --force-rm "${BUILD_ARGS[@]}" --build-arg "PIP_INSTALL_ARGS=$PIP_ARGS" --target builder \
+    docker build --force-rm "${args[@]}" --target builder \
         -t "quota-spawner/build-cache:$name" -f "images/$name/Dockerfile" images >>"$log" 2>&1 ||
         say "WARNING: could not tag the build cache of $tag (see $log)"
     new=$(docker image inspect -f '{{.Id}}' "$tag")

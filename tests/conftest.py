@@ -14,10 +14,10 @@ from harness import ARTIFACTS, Hub, cleanup, ensure_engine
 TEST_QUOTAS = """\
 images:
   pytorch:
-    display_name: PyTorch 2.7 · CUDA 12.6
+    display_name: PyTorch
     image: quota-spawner/pytorch:latest
   paddle:
-    display_name: PaddlePaddle 3.0 · CUDA 12.6
+    display_name: PaddlePaddle
     image: quota-spawner/paddle:latest
 roles:
   junior-researcher:

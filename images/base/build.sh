@@ -16,8 +16,9 @@ BUILD_DIR=$(cd "$HERE/.." && pwd)/.build/base
 TAG=${BASE_IMAGE:-quota-spawner/base:local}
 SUITE=${SUITE:-bookworm}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-# Keep this list in step with what images/common/notebook-setup.sh expects.
-PACKAGES=python3,python3-venv,ca-certificates,tini,passwd,bash
+# Keep this list in step with what images/common/notebook-setup.sh expects;
+# libgomp1 is the OpenMP runtime PaddlePaddle's CPU build links against.
+PACKAGES=python3,python3-venv,ca-certificates,tini,passwd,bash,libgomp1
 
 say() { echo "[base] $*"; }
 

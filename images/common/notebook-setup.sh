@@ -73,6 +73,11 @@ make_venv() {
         cat /wheels/deps/project-requirements.txt >>/tmp/requirements-deps.txt
     pip_install -r /tmp/requirements-deps.txt
     rm -f /tmp/requirements-deps.txt
+    # jupyter_events asks for jsonschema's format extras; one of them,
+    # rfc3987-syntax, builds a parser grammar with lark at every import: 1.6 s
+    # of a 3 s notebook server start. jsonschema skips the two formats it checks
+    # ("iri", "iri-reference"; no Jupyter event schema uses them) without it.
+    "$VENV/bin/pip" uninstall -y -q rfc3987-syntax lark
 
     say "smoke test"
     printf 'jupyterhub-singleuser %s\n' "$("$VENV/bin/jupyterhub-singleuser" --version)"
@@ -125,6 +130,15 @@ PY
     mkdir -p "$DELTA$site"
     echo 'import os; os.environ.get("GPU_MEMORY_LIMIT") and __import__("spawner.torch_memory_cap").torch_memory_cap.install()' \
         >"$DELTA$site/quota_spawner_gpu_cap.pth"
+
+    # The images' Jupyter settings (not the package's: they apply to these
+    # images only): jupyter-resource-usage against the container's limits,
+    # JupyterLab without news, update checks, PyPI extension manager or
+    # language-server scan (docs/images.md). config.d files carry only
+    # jpserver_extensions, so the rest needs the plain config file.
+    mkdir -p "$DELTA$VENV/etc/jupyter" "$DELTA$VENV/share/jupyter/lab/settings"
+    cp "$HERE/jupyter_server_config.json" "$DELTA$VENV/etc/jupyter/jupyter_server_config.json"
+    cp "$HERE/lab-overrides.json" "$DELTA$VENV/share/jupyter/lab/settings/overrides.json"
 
     # Checked, not required: a broken package import shows up here as a
     # warning (and in the tests) without blocking the image.
