@@ -27,7 +27,14 @@ from typing import Any
 
 from docker.utils import parse_bytes
 
-from .gpu_env import CAP_VARIABLES, gpu_environment
+from .gpu_env import (
+    CAP_VARIABLES,
+    TORCH_ALLOC_CONF,
+    TORCH_FRACTION_KEY,
+    gpu_environment,
+    memory_fraction,
+    torch_alloc_conf,
+)
 from .gpu_pool import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, LABEL_PREFIX, USER_LABEL
 from .mounts import BindSource, bind_sources, socket_problems
 from .quota import MAX_PIDS, Role
@@ -36,6 +43,9 @@ CPU_PERIOD = 100_000  # microseconds; Docker's default CFS period
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 ROLE_LABEL = LABEL_PREFIX + "role"
 IMAGE_LABEL = LABEL_PREFIX + "image"
+# Set on the notebook images by scripts/build-images.sh: what framework the
+# image holds ("PyTorch 2.14.1 · CUDA 13.0"); the spawn form shows it.
+FRAMEWORKS_LABEL = LABEL_PREFIX + "frameworks"
 # Variables that select devices for the NVIDIA container hook: only the GPU
 # assignment sets them.
 NVIDIA_DEVICE_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_MIG_CONFIG_DEVICES",
@@ -83,10 +93,33 @@ class ContainerSpec:
     gpu_mode: str = ""  # the gpu-mode label: "exclusive", "shared:N" or ""
     gpu_device_memory: int | None = None  # the smallest assigned GPU's memory
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    # CPUs while the server starts (QuotaSpawner.cpu_boost); the spawner sets
+    # the role's quota with the engine's update call once the server answers.
+    start_cpus: float | None = None
 
     @property
     def pids_limit(self) -> int:
         return self.role.pids or self.pids_default
+
+    @property
+    def start_cpu_quota(self) -> int:
+        """The CFS quota the container is created with: the boost, or the role's."""
+        cpus = self.start_cpus if self.start_cpus and self.start_cpus > self.role.cpus \
+            else self.role.cpus
+        return int(cpus * CPU_PERIOD)
+
+    @property
+    def cpu_quota(self) -> int:
+        """The role's CFS quota: what the container runs with once it is handed over."""
+        return int(self.role.cpus * CPU_PERIOD)
+
+    @property
+    def torch_fraction(self) -> float | None:
+        """The GPU memory cap as torch's per_process_memory_fraction, when one applies."""
+        cap = self.gpu_memory_cap
+        if not cap or not self.gpu_device_memory:
+            return None
+        return memory_fraction(cap, self.gpu_device_memory)
 
     @property
     def gpu_memory_cap(self) -> int | None:
@@ -135,7 +168,7 @@ def _quota_host_config(spec: ContainerSpec) -> dict[str, Any]:
         "Memory": role.memory,
         "MemorySwap": role.memory,  # equal to Memory: no swap at all
         "CpuPeriod": CPU_PERIOD,
-        "CpuQuota": int(role.cpus * CPU_PERIOD),
+        "CpuQuota": spec.start_cpu_quota,
         "PidsLimit": spec.pids_limit,
         "Privileged": False,
         "CapDrop": ["ALL"],
@@ -170,6 +203,11 @@ def apply_quota(body: dict[str, Any], spec: ContainerSpec) -> dict[str, Any]:
     host["SecurityOpt"] = [*security, "no-new-privileges"]
 
     env = [e for e in body.get("Env") or [] if e.partition("=")[0] not in CONTRACT_ENV]
+    if spec.torch_fraction is not None:
+        admin = [e.partition("=")[2] for e in env if e.partition("=")[0] == TORCH_ALLOC_CONF]
+        env = [e for e in env if e.partition("=")[0] != TORCH_ALLOC_CONF]
+        env.append(f"{TORCH_ALLOC_CONF}="
+                   f"{torch_alloc_conf(','.join(admin), spec.torch_fraction)}")
     body["Env"] = env + [f"{k}={v}" for k, v in environment(spec).items()]
     body["Labels"] = {**(body.get("Labels") or {}), **spec.extra_labels, **labels(spec)}
     body["User"] = spec.notebook_user
@@ -357,7 +395,7 @@ def violations(
     expect("Memory", role.memory, "the role's memory")
     expect("MemorySwap", role.memory, "equal to Memory, so there is no swap")
     expect("CpuPeriod", CPU_PERIOD, "the CPU quota's period")
-    expect("CpuQuota", int(role.cpus * CPU_PERIOD), "the role's CPUs")
+    expect("CpuQuota", spec.start_cpu_quota, "the role's CPUs (or the start boost)")
     expect("PidsLimit", spec.pids_limit, "the pids limit")
     if not spec.pids_limit or not 1 <= spec.pids_limit <= MAX_PIDS:
         problems.append(f"the pids limit is {spec.pids_limit!r}: it must be from 1 to "
@@ -429,4 +467,10 @@ def violations(
         expected = [wanted[name]] if name in wanted else []
         if values != expected:
             problems.append(f"environment {name} is {values!r}, not {expected!r}")
+    if spec.torch_fraction is not None:
+        values = env.get(TORCH_ALLOC_CONF, [])
+        wanted_option = f"{TORCH_FRACTION_KEY}:{spec.torch_fraction:.3f}"
+        if len(values) != 1 or values[0].split(",")[-1] != wanted_option:
+            problems.append(f"environment {TORCH_ALLOC_CONF} is {values!r}: it must be set "
+                            f"once and end with {wanted_option}")
     return problems

@@ -52,10 +52,12 @@ def render_form(
     selected: str | None = None,
     always: bool = False,
     gpus: tuple[Mapping[str, int], int] | None = None,
+    contents: Mapping[str, str] | None = None,
 ) -> str:
     """The form's HTML; empty when there is nothing to choose (unless ``always``).
 
     ``gpus`` is (GPUs available per GPU role's name, GPUs in the inventory).
+    ``contents`` is what each image (by reference) holds, from its own label.
     """
     if not choices or (len(choices) == 1 and not always):
         return ""
@@ -69,6 +71,10 @@ def render_form(
             f'<div class="text-muted small">{escape(role.description)}</div>'
             if role.description else ""
         )
+        holds = ""
+        if contents and contents.get(image.image):
+            holds = (f' <span class="quota-image-contents small text-muted">'
+                     f"{escape(contents[image.image])}</span>")
         gpu_state = ""
         if role.gpus and gpus is not None:
             available, total = gpus[0].get(role.name, 0), gpus[1]
@@ -84,6 +90,7 @@ def render_form(
             f' value="{escape(choice.key)}"{checked}>'
             f'<span><strong>{escape(role.title)}</strong>'
             f' <span class="badge text-bg-secondary">{escape(image.display_name)}</span>'
+            f"{holds}"
             f'<div class="quota-limits">{escape(describe_limits(role))}</div>'
             f"{gpu_state}{description}</span></label>"
         )

@@ -23,6 +23,21 @@ CAP_VARIABLES = (
 )
 
 
+# PyTorch's allocator settings. Torch 2.10 and newer take the cap as
+# per_process_memory_fraction here; the image's startup hook covers older
+# torch (spawner/torch_memory_cap.py). Admins may set other options in it,
+# which are kept.
+TORCH_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+TORCH_FRACTION_KEY = "per_process_memory_fraction"
+
+
+def torch_alloc_conf(existing: str, fraction: float) -> str:
+    """``existing`` allocator options with the cap's fraction in place of any other."""
+    kept = [o.strip() for o in existing.split(",")
+            if o.strip() and o.partition(":")[0].strip() != TORCH_FRACTION_KEY]
+    return ",".join([*kept, f"{TORCH_FRACTION_KEY}:{fraction:.3f}"])
+
+
 def memory_fraction(cap: int, device_memory: int) -> float:
     """The cap as a fraction of the card, rounded down to 3 places (never above it)."""
     return max(0.001, min(1.0, math.floor(cap / device_memory * 1000) / 1000))
@@ -40,8 +55,8 @@ def gpu_environment(
     if not uuids or not memory_cap:
         return env
     env.update({
-        # Read by the image's torch startup hook (spawner/torch_memory_cap.py):
-        # torch 2.7 has no allocator setting for a fraction.
+        # Read by the monitor, and by the image's torch startup hook
+        # (spawner/torch_memory_cap.py) where torch predates the allocator setting.
         "GPU_MEMORY_LIMIT": str(memory_cap),
         # PaddlePaddle
         "FLAGS_gpu_memory_limit_mb": str(memory_cap // 2**20),

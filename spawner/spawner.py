@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import inspect
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, NoReturn
 
@@ -18,6 +19,8 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, valida
 
 from .allocator import GpuRequest, NoGpuFree
 from .container import (
+    CPU_PERIOD,
+    FRAMEWORKS_LABEL,
     USER_MESSAGE,
     ContainerSpec,
     apply_quota,
@@ -37,6 +40,10 @@ from .options import OptionsError, resolve_choice
 from .quota import Choice, GpuCapacity, QuotaTable, QuotaTableError, Role
 from .store import QuotaStore
 
+CPU_LIMIT_FAILED = (
+    "Your server started but could not be given its CPU limit, so it was stopped. "
+    "Please try again; if this happens again, tell an admin."
+)
 TABLE_BROKEN = (
     "The hub's quota table has a mistake, so no server can start until an admin fixes it. "
     "The details are in the hub's log."
@@ -99,12 +106,29 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         help="Seconds an unclaimed container of this hub may run before it is stopped.",
     )
 
+    cpu_boost = Bool(
+        True,
+        config=True,
+        help="""Start each server with more CPUs than its role (cpu_boost_cpus), and set
+        the role's CPU quota with the engine's update call as soon as the server answers,
+        before the user is handed the server. Python's imports are single-threaded, so a
+        role below one CPU otherwise starts about twice as slowly. If the update fails,
+        the server is stopped, never left unlimited.""",
+    )
+    cpu_boost_cpus = Float(
+        0.0,
+        config=True,
+        help="CPUs a server gets while it starts (cpu_boost); 0 means all of the engine's CPUs.",
+    )
+
     _engine_checked: ClassVar[bool] = False
     _engine_info: ClassVar[dict[str, Any] | None] = None
     _pools: ClassVar[dict[str, GpuPool]] = {}
     _pool_lock: ClassVar[asyncio.Lock | None] = None
     # Container names the servers of this hub process claim (state loaded or started).
     _claimed: ClassVar[set[str]] = set()
+    # image reference -> (when read, what its frameworks label says)
+    _contents: ClassVar[dict[str, tuple[float, str]]] = {}
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -113,6 +137,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         self._gpu_memory: int | None = None  # the smallest assigned GPU's memory
         self._events: list[dict[str, Any]] = []
         self._started_options: dict[str, str] = {}  # the last options that started
+        self._spec: ContainerSpec | None = None  # this start's, until the boost ends
         # The hub's network, as its config set it; an override or hook may not move one server.
         self._hub_network = self.network_name
         if self.network_name == "host":
@@ -270,16 +295,35 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             for c in choices if (request := self.gpu_request(c.role))
         }
         gpus = (free, len(pool.inventory.devices))
+        contents = await self._image_contents({c.image.image for c in choices})
         saved = self.orm_spawner.user_options if self.orm_spawner else None
         if not saved:
-            return render_form(choices, gpus=gpus)
+            return render_form(choices, gpus=gpus, contents=contents)
         try:
             selected = resolve_choice(choices, saved).key
         except OptionsError:
             # The saved choice is gone: show the form even for one choice,
             # or every Start would reuse it and fail.
-            return render_form(choices, always=True, gpus=gpus)
-        return render_form(choices, selected, gpus=gpus)
+            return render_form(choices, always=True, gpus=gpus, contents=contents)
+        return render_form(choices, selected, gpus=gpus, contents=contents)
+
+    async def _image_contents(self, images: set[str]) -> dict[str, str]:
+        """What each image holds, from its quota-spawner.frameworks label (cached a minute)."""
+        now = time.monotonic()
+        found = {}
+        for image in sorted(images):
+            cached = QuotaSpawner._contents.get(image)
+            if cached is None or now - cached[0] > 60:
+                try:
+                    info = await self.docker("inspect_image", image)
+                    text = ((info.get("Config") or {}).get("Labels") or {}).get(FRAMEWORKS_LABEL)
+                except Exception as e:  # a missing image is reported when it is started
+                    self.log.debug("No contents label for %s: %s", image, e)
+                    text = None
+                cached = QuotaSpawner._contents[image] = (now, text or "")
+            if cached[1]:
+                found[image] = cached[1]
+        return found
 
     async def resolve(self, choices: list[Choice]) -> Choice:
         """The user's choice for this start, checked against the table."""
@@ -315,7 +359,15 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             gpu_mode=mode_label(self.gpu_request(role)) if self.gpu_uuids else "",
             gpu_device_memory=self._gpu_memory,
             extra_labels=dict(self.extra_labels),
+            start_cpus=self._start_cpus(),
         )
+
+    def _start_cpus(self) -> float | None:
+        if not self.cpu_boost:
+            return None
+        engine_cpus = float((QuotaSpawner._engine_info or {}).get("NCPU") or 0)
+        cpus = self.cpu_boost_cpus or engine_cpus
+        return min(cpus, engine_cpus) if engine_cpus else cpus or None
 
     async def _admin_value(self, value: Any) -> dict[str, Any]:
         value = self._eval_if_callable(value)
@@ -389,7 +441,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
 
     async def create_object(self) -> dict[str, Any]:
         """Create the container: the last step before the engine, whatever config did earlier."""
-        spec = self.container_spec()
+        spec = self._spec = self.container_spec()
         admin_host = await self._admin_value(self.extra_host_config)
         admin_create = await self._admin_value(self.extra_create_kwargs)
         problems = [
@@ -506,6 +558,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
 
     async def start(self) -> tuple[str, int]:
         self._events = []
+        self._spec = None
         self.remove = True  # whatever a hook or override said (the validator warns)
         await self._check_engine_once()
         pool = await self.gpu_pool()
@@ -544,6 +597,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             self._progress("Container started; waiting for the notebook server", 60)
             # The hub's own readiness check backs off to seconds; polling here is faster.
             await wait_for_port(ip, port, self.poll)
+            await self._end_cpu_boost()
         except BaseException:
             self.release_port()
             pool.release(owner, "the start failed")
@@ -551,6 +605,31 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         finally:
             pool.starting.discard(owner)
         return ip, port
+
+    async def _end_cpu_boost(self) -> None:
+        """Set the role's CPU quota once the server answers, or stop the server."""
+        spec, self._spec = self._spec, None
+        if spec is None or spec.start_cpu_quota == spec.cpu_quota:
+            return
+        cpus = spec.cpu_quota / CPU_PERIOD
+        try:
+            await self.docker("update_container", self.container_id,
+                              cpu_period=CPU_PERIOD, cpu_quota=spec.cpu_quota)
+            info = await self.docker("inspect_container", self.container_id)
+            got = (info.get("HostConfig") or {}).get("CpuQuota")
+            if got != spec.cpu_quota:
+                raise RuntimeError(f"the engine reports CpuQuota {got!r} after the update")
+        except Exception as e:
+            self.log.error("Could not set %s to its role's %g CPUs after the start boost (%s); "
+                           "stopping it", self._log_name, cpus, e)
+            try:
+                await self.docker("remove_container", self.container_id, force=True)
+            except Exception as remove_error:
+                self.log.error("Could not remove %s: %s", self.object_name, remove_error)
+            raise web.HTTPError(500, CPU_LIMIT_FAILED) from None
+        self.log.info("%s answered; CPU quota set from the start boost (%g CPUs) to the "
+                      "role's %g", self._log_name, spec.start_cpu_quota / CPU_PERIOD, cpus)
+        self._progress(f"CPU limit set to the role's {cpus:g} CPUs", 80)
 
     def get_state(self) -> dict[str, Any]:
         state = super().get_state()

@@ -1,11 +1,16 @@
 """Apply GPU_MEMORY_LIMIT to PyTorch in every Python process of the image.
 
-The notebook images install a .pth file that imports this module at Python
-startup when GPU_MEMORY_LIMIT is set (images/common/notebook-setup.sh). The
-pinned torch (2.7) has no PYTORCH_CUDA_ALLOC_CONF setting for a memory
-fraction, so this waits for ``import torch`` and queues
+The spawner puts the cap in PYTORCH_CUDA_ALLOC_CONF as
+``per_process_memory_fraction``, which torch 2.10 and newer read themselves
+(the local pytorch image pins 2.14.1): then this module does nothing.
+
+Older torch (the upstream 2.7 image) rejects that option when CUDA starts.
+For it, the notebook images install a .pth file that imports this module at
+Python startup when GPU_MEMORY_LIMIT is set (images/common/notebook-setup.sh).
+It waits for ``import torch``; then, for a torch that does not read the
+option, it drops the option from the environment and queues
 ``torch.cuda.set_per_process_memory_fraction`` for CUDA's lazy
-initialisation: importing torch stays cheap and CPU-only work never
+initialisation, so importing torch stays cheap and CPU-only work never
 touches CUDA. A soft, per-process cap: see docs/gpus.md.
 """
 
@@ -19,6 +24,11 @@ from types import ModuleType
 from typing import Any
 
 VARIABLE = "GPU_MEMORY_LIMIT"
+ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+FRACTION_KEY = "per_process_memory_fraction"
+# The first release known to read FRACTION_KEY from ALLOC_CONF. Erring late is
+# safe: an older one gets the option dropped and the same cap from the hook.
+ALLOC_CONF_SINCE = (2, 10)
 
 
 def limit_from_env() -> int | None:
@@ -37,6 +47,12 @@ def apply_cap(torch: Any, limit: int) -> None:
 
 
 def on_torch_imported(torch: ModuleType, limit: int) -> None:
+    # Decided here, not at startup: the .pth line runs before the image's
+    # framework folder is on sys.path. CUDA has not started yet either way.
+    if FRACTION_KEY in os.environ.get(ALLOC_CONF, "") and reads_alloc_conf(
+            release(str(getattr(torch, "__version__", "")))):
+        return  # torch applies the cap itself
+    drop_fraction_option()
     try:
         torch.cuda._lazy_call(lambda: apply_cap(torch, limit))
     except Exception as e:  # never break `import torch`
@@ -65,6 +81,28 @@ class _TorchImportHook(importlib.abc.MetaPathFinder):
 
         loader.exec_module = exec_then_cap  # type: ignore[method-assign]
         return spec
+
+
+def release(version: str) -> tuple[int, ...] | None:
+    """(major, minor) of a torch version string such as "2.14.1+cu130"."""
+    try:
+        return tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+    except ValueError:
+        return None
+
+
+def reads_alloc_conf(torch_release: tuple[int, ...] | None) -> bool:
+    return torch_release is not None and torch_release >= ALLOC_CONF_SINCE
+
+
+def drop_fraction_option() -> None:
+    """Remove FRACTION_KEY from ALLOC_CONF: an older torch refuses to start CUDA with it."""
+    options = [o for o in os.environ.get(ALLOC_CONF, "").split(",")
+               if o.strip() and o.partition(":")[0].strip() != FRACTION_KEY]
+    if options:
+        os.environ[ALLOC_CONF] = ",".join(options)
+    else:
+        os.environ.pop(ALLOC_CONF, None)
 
 
 def install() -> None:

@@ -417,3 +417,42 @@ def test_bind_sources_cover_binds_mounts_and_bind_volumes():
 def test_read_only_volumes_are_binds_too():
     b = body(host={"binds": {"/var/run": {"bind": "/host-run", "mode": "ro"}}})
     assert any("'/var/run'" in p for p in violations(apply_quota(b, spec()), spec()))
+
+
+# --- the start boost and torch's allocator setting ------------------------------------
+
+
+def test_boost_creates_with_more_cpus_and_violations_expect_it():
+    s = spec(start_cpus=8)
+    b = quota_body(s)
+    assert b["HostConfig"]["CpuQuota"] == 800_000
+    assert s.cpu_quota == 200_000  # what the update sets once the server answers
+    assert violations(b, s) == []
+    # a body with the role's quota where the boost was decided is not what was checked
+    b["HostConfig"]["CpuQuota"] = 1_600_000
+    assert any("CpuQuota" in p for p in violations(b, s))
+
+
+@pytest.mark.parametrize("start_cpus", [None, 0, 1, 2])
+def test_no_boost_below_or_at_the_role(start_cpus):
+    s = spec(start_cpus=start_cpus)
+    assert s.start_cpu_quota == s.cpu_quota == 200_000
+    assert quota_body(s)["HostConfig"]["CpuQuota"] == 200_000
+
+
+def test_torch_gets_the_cap_as_an_allocator_fraction_and_admin_options_stay():
+    s = spec(GPU_ROLE, gpu_uuids=("GPU-a",), gpu_mode="shared:4", gpu_device_memory=80 * GiB)
+    b = quota_body(s, environment={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,"
+                                   "per_process_memory_fraction:0.9"})
+    values = [e for e in b["Env"] if e.startswith("PYTORCH_CUDA_ALLOC_CONF=")]
+    assert values == ["PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,"
+                      "per_process_memory_fraction:0.200"]
+    assert violations(b, s) == []
+    b["Env"].append("PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:1.0")
+    assert any("PYTORCH_CUDA_ALLOC_CONF" in p for p in violations(b, s))
+
+
+def test_no_allocator_fraction_without_a_cap():
+    b = quota_body(spec(), environment={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in b["Env"]
+    assert violations(b, spec()) == []

@@ -1187,3 +1187,18 @@ def test_cli_show_example_gpu_role(capsys):
     code, out = cli(capsys, "show", str(EXAMPLE), "--user", "research-lead")
     assert code == 0
     assert re.search(r"gpu-training: .* · \d+ GPUs?, exclusive", out)
+
+
+def test_torch_hook_stands_aside_for_a_torch_that_reads_the_allocator_setting(monkeypatch):
+    from spawner import torch_memory_cap as cap
+
+    assert cap.reads_alloc_conf(cap.release("2.14.1+cu130")) and cap.reads_alloc_conf((3, 0))
+    assert not cap.reads_alloc_conf(cap.release("2.7.1")) and not cap.reads_alloc_conf(None)
+    assert cap.release("nightly") is None
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF",
+                       "expandable_segments:True,per_process_memory_fraction:0.250")
+    cap.drop_fraction_option()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "per_process_memory_fraction:0.250")
+    cap.drop_fraction_option()
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ

@@ -97,3 +97,12 @@ def test_options_from_form_and_query():
     assert options_from_form({"profile": "big", "image": "paddle"}) == {
         "profile": "big", "image": "paddle"}
     assert options_from_form({}) == {}
+
+
+def test_form_says_what_each_image_holds_from_its_label():
+    cs = choices("lead")
+    ref = cs[0].image.image
+    html = render_form(cs, contents={ref: "PyTorch 2.14.1 · CUDA 13.0 <b>"})
+    assert html.count("quota-image-contents") == sum(c.image.image == ref for c in cs)
+    assert "PyTorch 2.14.1 · CUDA 13.0 &lt;b&gt;" in html
+    assert "quota-image-contents" not in render_form(cs)  # no label read: nothing claimed

@@ -51,6 +51,8 @@ class GpuPageHandler(JupyterHandler):
         monitor: GpuMonitor = self.settings["gpu_monitor"]
         page = page.replace("__METRICS_URL__", js_string(f"{self.base_url}api/gpu/metrics"))
         page = page.replace("__REFRESH_MS__", str(int(min(2.0, max(0.5, monitor.interval)) * 1000)))
+        # Reading the token also sets the _xsrf cookie it is checked against.
+        page = page.replace("__XSRF_TOKEN__", js_string(self.xsrf_token.decode("ascii")))
         self.set_header("Cache-Control", "no-store")
         self.set_header("Content-Security-Policy",
                         "default-src 'none'; script-src 'unsafe-inline'; "
