@@ -3,8 +3,17 @@
     .venv/bin/python bench/device_check.py        # prints one block per claim
 
 1. NVML discovery on the real card (spawner.inventory): UUID, name, memory.
-2. A torch process under a shared-mode soft cap (GPU_MEMORY_LIMIT and the
-   image's import hook, spawner.torch_memory_cap) fails to allocate past it.
+2. A torch process under a shared-mode soft cap fails to allocate past it,
+   with the environment the spawner gives it: GPU_MEMORY_LIMIT and
+   PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:F, which torch 2.10+
+   reads itself (the image's hook, spawner.torch_memory_cap, stands aside);
+   an older torch gets the cap from the hook. Also: torch sees the GPU.
+5. PaddlePaddle sees the GPU (a GPU build; the local paddle image is the CPU
+   build and says so).
+
+Run it inside the pytorch image for the pinned torch, e.g.
+    docker run --rm --gpus all -v $PWD:/src -w /src --entrypoint python \
+        quota-spawner/pytorch:latest bench/device_check.py
 3. The monitor's collector on the real card while torch allocates and
    multiplies matrices: its readings against nvidia-smi's, and the busy rule.
 4. The cost of one NVML sample against one `nvidia-smi` call (target: at most
@@ -27,13 +36,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from spawner.gpu_env import memory_fraction, torch_alloc_conf  # noqa: E402
 from spawner.inventory import discover_nvml  # noqa: E402
 from spawner.monitor.collector import GpuMonitor  # noqa: E402
 
 CAP = 2 * 2**30
 TORCH_CAP = textwrap.dedent(f"""
+    import sys
     import spawner.torch_memory_cap as hook; hook.install()
-    import torch
+    import torch, os
+    print("torch", torch.__version__, "cuda", torch.version.cuda,
+          "available", torch.cuda.is_available(), torch.cuda.get_device_name(0))
+    print("PYTORCH_CUDA_ALLOC_CONF =", os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+          "| hook armed:", any(type(f).__name__ == "_TorchImportHook" for f in sys.meta_path))
     torch.cuda.init()
     a = torch.empty({CAP // 2}, dtype=torch.uint8, device="cuda")
     print("allocated 1 GiB under a 2 GiB cap: ok")
@@ -42,6 +57,18 @@ TORCH_CAP = textwrap.dedent(f"""
         print("allocated 4 GiB under a 2 GiB cap: THE CAP DID NOT HOLD")
     except torch.cuda.OutOfMemoryError as e:
         print("4 GiB under a 2 GiB cap refused:", str(e).splitlines()[0][:160])
+""")
+PADDLE = textwrap.dedent("""
+    try:
+        import paddle
+    except ImportError:
+        print("SKIP: paddle is not installed (run this in the paddle image)")
+    else:
+        gpu = paddle.is_compiled_with_cuda()
+        print("paddle", paddle.__version__, "GPU build" if gpu else "CPU build",
+              "GPUs:", paddle.device.cuda.device_count() if gpu else 0)
+        if gpu:
+            paddle.utils.run_check()
 """)
 LOAD = textwrap.dedent("""
     import time, torch
@@ -77,8 +104,9 @@ def main() -> int:
     if has_smi:
         print("nvidia-smi:", smi("index,uuid,name,memory.total"))
 
+    fraction = memory_fraction(CAP, inventory.devices[0].memory)
     env = dict(os.environ, PYTHONPATH=str(ROOT), GPU_MEMORY_LIMIT=str(CAP),
-               CUDA_VISIBLE_DEVICES="0")
+               CUDA_VISIBLE_DEVICES="0", PYTORCH_CUDA_ALLOC_CONF=torch_alloc_conf("", fraction))
     try:
         import torch  # noqa: F401
         has_torch = True
@@ -131,6 +159,11 @@ def main() -> int:
         call = (time.perf_counter() - t) / 10
         print(f"nvidia-smi call: {call * 1e3:.1f} ms; ratio sample/call {per / call:.4f}")
     monitor.close()
+
+    part("5. PaddlePaddle sees the GPU")
+    r = subprocess.run([sys.executable, "-c", PADDLE], env=env, capture_output=True,
+                       text=True, timeout=300)
+    print(r.stdout.strip() or r.stderr.strip()[-1000:])
     return 0
 
 

@@ -106,6 +106,7 @@ framework_base() {   # NAME -> prints the tag to build FROM ("" = the Dockerfile
     docker build --force-rm --network none --build-arg "BASE_IMAGE=$LOCAL_BASE" \
         --label "quota-spawner.inputs=$want" -f images/framework/Dockerfile -t "$tag" "$ctx" >>"$log" 2>&1 ||
         { tail -n 40 "$log" >&2; die "building $tag failed (full log: $log)"; }
+    rm -rf "$ctx"  # gigabytes of wheels, now inside the image
     size=$(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}')
     say "built $tag, $size ($(( $(now) - t ))s)" >&2
     echo "$tag"

@@ -96,6 +96,8 @@ class ContainerSpec:
     # CPUs while the server starts (QuotaSpawner.cpu_boost); the spawner sets
     # the role's quota with the engine's update call once the server answers.
     start_cpus: float | None = None
+    # The image's torch reads per_process_memory_fraction (from its label).
+    torch_reads_fraction: bool = False
 
     @property
     def pids_limit(self) -> int:
@@ -117,7 +119,7 @@ class ContainerSpec:
     def torch_fraction(self) -> float | None:
         """The GPU memory cap as torch's per_process_memory_fraction, when one applies."""
         cap = self.gpu_memory_cap
-        if not cap or not self.gpu_device_memory:
+        if not cap or not self.gpu_device_memory or not self.torch_reads_fraction:
             return None
         return memory_fraction(cap, self.gpu_device_memory)
 

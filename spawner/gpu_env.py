@@ -7,7 +7,10 @@ allocator. They are not hardware isolation; MIG is (docs/gpus.md).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
+
+from .torch_memory_cap import reads_alloc_conf, release
 
 # What every GPU-related variable is when the container has no GPU, so that
 # nothing from an earlier spawn's environment can survive a role change.
@@ -29,6 +32,16 @@ CAP_VARIABLES = (
 # which are kept.
 TORCH_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 TORCH_FRACTION_KEY = "per_process_memory_fraction"
+_TORCH_IN_LABEL = re.compile(r"\bPyTorch (\d+\.\d+)")
+
+
+def torch_reads_fraction(frameworks: str) -> bool:
+    """Whether an image's quota-spawner.frameworks label names a torch that reads
+    TORCH_FRACTION_KEY. An older torch refuses the option when CUDA starts, in
+    any Python of the image (the startup hook covers only the notebook venv),
+    so it is set only where the image says so."""
+    found = _TORCH_IN_LABEL.search(frameworks or "")
+    return bool(found) and reads_alloc_conf(release(found.group(1)))
 
 
 def torch_alloc_conf(existing: str, fraction: float) -> str:

@@ -32,6 +32,7 @@ from .container import (
 )
 from .engine import check_engine_info, warn_oversized_roles
 from .form import options_from_form, render_form
+from .gpu_env import torch_reads_fraction
 from .gpu_pool import HUB_LABEL, GpuPool, mode_label
 from .inventory import Inventory, declared_inventory, discover_nvml
 from .mounts import bind_sources, is_socket, named_volumes, probe_paths
@@ -342,8 +343,11 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
         self.cpu_limit = role.cpus
         self.mem_limit = role.memory
 
-    def container_spec(self) -> ContainerSpec:
-        """What the quota decides about this start's container."""
+    def container_spec(self, frameworks: str = "") -> ContainerSpec:
+        """What the quota decides about this start's container.
+
+        ``frameworks`` is the image's quota-spawner.frameworks label.
+        """
         assert self.choice is not None
         role = self.choice.role
         return ContainerSpec(
@@ -360,6 +364,7 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
             gpu_device_memory=self._gpu_memory,
             extra_labels=dict(self.extra_labels),
             start_cpus=self._start_cpus(),
+            torch_reads_fraction=torch_reads_fraction(frameworks),
         )
 
     def _start_cpus(self) -> float | None:
@@ -441,7 +446,8 @@ class QuotaSpawner(HostNetworkMixin, DockerSpawner):
 
     async def create_object(self) -> dict[str, Any]:
         """Create the container: the last step before the engine, whatever config did earlier."""
-        spec = self._spec = self.container_spec()
+        frameworks = (await self._image_contents({self.image})).get(self.image, "")
+        spec = self._spec = self.container_spec(frameworks)
         admin_host = await self._admin_value(self.extra_host_config)
         admin_create = await self._admin_value(self.extra_create_kwargs)
         problems = [

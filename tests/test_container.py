@@ -441,7 +441,8 @@ def test_no_boost_below_or_at_the_role(start_cpus):
 
 
 def test_torch_gets_the_cap_as_an_allocator_fraction_and_admin_options_stay():
-    s = spec(GPU_ROLE, gpu_uuids=("GPU-a",), gpu_mode="shared:4", gpu_device_memory=80 * GiB)
+    s = spec(GPU_ROLE, gpu_uuids=("GPU-a",), gpu_mode="shared:4", gpu_device_memory=80 * GiB,
+             torch_reads_fraction=True)
     b = quota_body(s, environment={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,"
                                    "per_process_memory_fraction:0.9"})
     values = [e for e in b["Env"] if e.startswith("PYTORCH_CUDA_ALLOC_CONF=")]
@@ -450,6 +451,22 @@ def test_torch_gets_the_cap_as_an_allocator_fraction_and_admin_options_stay():
     assert violations(b, s) == []
     b["Env"].append("PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:1.0")
     assert any("PYTORCH_CUDA_ALLOC_CONF" in p for p in violations(b, s))
+
+
+@pytest.mark.parametrize("label,reads", [
+    ("PyTorch 2.14.1 · CUDA 13.0", True), ("PyTorch 2.10.0 · CPU build", True),
+    ("PyTorch 2.7.1 · CUDA 12.6", False), ("PaddlePaddle 3.0.0 · CPU build", False),
+    ("", False), ("PyTorch 3.0.0 + PaddlePaddle 3.0.0 · CPU build", True)])
+def test_the_fraction_only_for_an_image_whose_torch_reads_it(label, reads):
+    from spawner.gpu_env import torch_reads_fraction
+
+    assert torch_reads_fraction(label) is reads
+    s = spec(GPU_ROLE, gpu_uuids=("GPU-a",), gpu_mode="shared:4", gpu_device_memory=80 * GiB,
+             torch_reads_fraction=torch_reads_fraction(label))
+    env = quota_body(s)["Env"]
+    assert any(e.startswith("PYTORCH_CUDA_ALLOC_CONF=") for e in env) is reads
+    assert "GPU_MEMORY_LIMIT=17179869184" in env  # the hook's cap for an older torch
+    assert violations(quota_body(s), s) == []
 
 
 def test_no_allocator_fraction_without_a_cap():
