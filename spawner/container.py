@@ -27,17 +27,12 @@ from typing import Any
 
 from docker.utils import parse_bytes
 
-from .gpu_env import (
-    CAP_VARIABLES,
-    TORCH_ALLOC_CONF,
-    TORCH_FRACTION_KEY,
-    gpu_environment,
-    memory_fraction,
-    torch_alloc_conf,
-)
+from .gpu_env import CAP_VARIABLES, gpu_environment, memory_fraction, torch_alloc_conf
 from .gpu_pool import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, LABEL_PREFIX, USER_LABEL
 from .mounts import BindSource, bind_sources, socket_problems
 from .quota import MAX_PIDS, Role
+from .torch_memory_cap import ALLOC_CONF as TORCH_ALLOC_CONF
+from .torch_memory_cap import FRACTION_KEY as TORCH_FRACTION_KEY
 
 CPU_PERIOD = 100_000  # microseconds; Docker's default CFS period
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -106,9 +101,7 @@ class ContainerSpec:
     @property
     def start_cpu_quota(self) -> int:
         """The CFS quota the container is created with: the boost, or the role's."""
-        cpus = self.start_cpus if self.start_cpus and self.start_cpus > self.role.cpus \
-            else self.role.cpus
-        return int(cpus * CPU_PERIOD)
+        return int(max(self.start_cpus or 0, self.role.cpus) * CPU_PERIOD)
 
     @property
     def cpu_quota(self) -> int:

@@ -10,7 +10,8 @@ import math
 import re
 from collections.abc import Sequence
 
-from .torch_memory_cap import reads_alloc_conf, release
+from .torch_memory_cap import FRACTION_KEY as TORCH_FRACTION_KEY
+from .torch_memory_cap import reads_alloc_conf, release, without_fraction
 
 # What every GPU-related variable is when the container has no GPU, so that
 # nothing from an earlier spawn's environment can survive a role change.
@@ -26,12 +27,10 @@ CAP_VARIABLES = (
 )
 
 
-# PyTorch's allocator settings. Torch 2.10 and newer take the cap as
-# per_process_memory_fraction here; the image's startup hook covers older
+# PyTorch's allocator settings (TORCH_ALLOC_CONF). Torch 2.10 and newer take
+# the cap there as TORCH_FRACTION_KEY; the image's startup hook covers older
 # torch (spawner/torch_memory_cap.py). Admins may set other options in it,
 # which are kept.
-TORCH_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-TORCH_FRACTION_KEY = "per_process_memory_fraction"
 _TORCH_IN_LABEL = re.compile(r"\bPyTorch (\d+\.\d+)")
 
 
@@ -46,9 +45,7 @@ def torch_reads_fraction(frameworks: str) -> bool:
 
 def torch_alloc_conf(existing: str, fraction: float) -> str:
     """``existing`` allocator options with the cap's fraction in place of any other."""
-    kept = [o.strip() for o in existing.split(",")
-            if o.strip() and o.partition(":")[0].strip() != TORCH_FRACTION_KEY]
-    return ",".join([*kept, f"{TORCH_FRACTION_KEY}:{fraction:.3f}"])
+    return ",".join([*without_fraction(existing), f"{TORCH_FRACTION_KEY}:{fraction:.3f}"])
 
 
 def memory_fraction(cap: int, device_memory: int) -> float:

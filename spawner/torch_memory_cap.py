@@ -95,10 +95,15 @@ def reads_alloc_conf(torch_release: tuple[int, ...] | None) -> bool:
     return torch_release is not None and torch_release >= ALLOC_CONF_SINCE
 
 
+def without_fraction(alloc_conf: str) -> list[str]:
+    """The options of an ALLOC_CONF value, less any FRACTION_KEY."""
+    return [o.strip() for o in alloc_conf.split(",")
+            if o.strip() and o.partition(":")[0].strip() != FRACTION_KEY]
+
+
 def drop_fraction_option() -> None:
     """Remove FRACTION_KEY from ALLOC_CONF: an older torch refuses to start CUDA with it."""
-    options = [o for o in os.environ.get(ALLOC_CONF, "").split(",")
-               if o.strip() and o.partition(":")[0].strip() != FRACTION_KEY]
+    options = without_fraction(os.environ.get(ALLOC_CONF, ""))
     if options:
         os.environ[ALLOC_CONF] = ",".join(options)
     else:
