@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from harness import ARTIFACTS, Hub, cleanup, ensure_engine
+from harness import Hub, ensure_engine, teardown
 
 # Test roles: small enough for a 2-core CI machine, distinct enough to tell apart.
 TEST_QUOTAS = """\
@@ -77,10 +76,7 @@ def hub(docker_client, tmp_path_factory):
     )
     hub.start()
     yield hub
-    hub.stop()
-    ARTIFACTS.mkdir(exist_ok=True)
-    shutil.copy(hub.log_path, ARTIFACTS / "hub-e2e.log")
-    cleanup(docker_client, prefix)
+    teardown(hub, docker_client, "e2e")
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -250,6 +251,14 @@ def cleanup(client: docker.DockerClient, prefix: str) -> None:
             pass
 
 
+def teardown(hub: Hub, client: docker.DockerClient, name: str) -> None:
+    """Stop a test hub, keep its log as test-artifacts/hub-NAME.log, remove its containers."""
+    hub.stop()
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy(hub.log_path, ARTIFACTS / f"hub-{name}.log")
+    cleanup(client, hub.prefix)
+
+
 def install_fake_nvml(folder: Path) -> Path:
     """A folder to mount at /opt/fake-nvml with the FAKE pynvml (tests/fake_nvml_container).
 
@@ -286,9 +295,11 @@ def write_fake_nvml_state(folder: Path, state: dict[str, Any]) -> None:
 
 
 def fake_nvml_config(folder: Path, prefix: str, activity_interval: int = 2,
-                     monitor_args: tuple[str, ...] = ()) -> str:
-    """Hub config lines that mount the fake NVML into every notebook container."""
-    return f"""
+                     monitor_args: tuple[str, ...] = (), gpus: tuple[str, ...] = ()) -> str:
+    """Hub config lines that mount the fake NVML into every notebook container,
+    and declare ``gpus`` (UUIDs of 16 GiB fake GPUs) as the hub's inventory."""
+    inventory = [{"uuid": u, "name": "Fake GPU", "memory": "16G"} for u in gpus]
+    return (f"c.QuotaSpawner.gpu_inventory = {inventory!r}\n" if gpus else "") + f"""
 c.QuotaSpawner.volumes = {{
     "{prefix}-home-{{username}}": "/home/jovyan",
     {str(folder)!r}: {{"bind": "/opt/fake-nvml", "mode": "ro"}},

@@ -25,15 +25,20 @@ def page():
         browser.close()
 
 
-def test_login_pick_role_and_image_reach_lab(hub, docker_client, page):
-    name = "browser-bob"
-    hub.create_user(name, ["ml-platform"])
-    ARTIFACTS.mkdir(exist_ok=True)
+def log_in(page, hub, name: str) -> None:
+    """Through the hub's login form, as a person does (demo password)."""
     page.goto(f"{hub.url}/hub/login?next=/hub/home")
     page.fill("input[name=username]", name)
     page.fill("input[name=password]", "quota-demo")
     page.click("input[type=submit], button[type=submit]")
     page.wait_for_url("**/hub/home")
+
+
+def test_login_pick_role_and_image_reach_lab(hub, docker_client, page):
+    name = "browser-bob"
+    hub.create_user(name, ["ml-platform"])
+    ARTIFACTS.mkdir(exist_ok=True)
+    log_in(page, hub, name)
     page.click("#start")
     page.wait_for_url("**/hub/spawn**")
 

@@ -9,7 +9,6 @@ folder (tests/fake_nvml_container/), which the test makes busy or idle.
 
 from __future__ import annotations
 
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,13 +16,12 @@ import pytest
 import requests
 
 from harness import (
-    ARTIFACTS,
     Hub,
-    cleanup,
     container_for,
     containers,
     fake_nvml_config,
     install_fake_nvml,
+    teardown,
     write_fake_gpus,
 )
 
@@ -63,10 +61,7 @@ c.QuotaSpawner.gpu_inventory = [{{"uuid": {GPU!r}, "memory": "16G"}}]
 """).start()
     hub.fake_nvml = fake
     yield hub
-    hub.stop()
-    ARTIFACTS.mkdir(exist_ok=True)
-    shutil.copy(hub.log_path, ARTIFACTS / "hub-culling.log")
-    cleanup(docker_client, PREFIX)
+    teardown(hub, docker_client, "culling")
 
 
 def assigned_gpus(client, user: str) -> list[str]:

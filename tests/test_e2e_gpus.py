@@ -11,7 +11,6 @@ nvidia driver writes from the DeviceRequests.
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from harness import ARTIFACTS, Hub, cleanup, container_for, containers, exec_text
+from harness import Hub, container_for, containers, exec_text, teardown
 from spawner.gpu_env import CAP_VARIABLES
 
 pytestmark = pytest.mark.e2e
@@ -99,12 +98,6 @@ def gpu_hub(tmp_path_factory, docker_client, prefix: str, n_gpus: int):
     hub.gpus = [g["uuid"] for g in fake_gpus(prefix, n_gpus)]
     return hub
 
-
-def teardown(hub: Hub, docker_client, name: str) -> None:
-    hub.stop()
-    ARTIFACTS.mkdir(exist_ok=True)
-    shutil.copy(hub.log_path, ARTIFACTS / f"hub-{name}.log")
-    cleanup(docker_client, hub.prefix)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ the image's extension, jupyterhub-singleuser, the proxy and the hub.
 
 from __future__ import annotations
 
-import shutil
 import time
 from datetime import datetime
 
@@ -16,13 +15,12 @@ import pytest
 import requests
 
 from harness import (
-    ARTIFACTS,
     Hub,
-    cleanup,
     container_for,
     exec_text,
     fake_nvml_config,
     install_fake_nvml,
+    teardown,
     write_fake_gpus,
 )
 
@@ -65,16 +63,13 @@ def fake_nvml(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def mon_hub(docker_client, tmp_path_factory, fake_nvml):
-    inventory = [{"uuid": u, "name": "Fake GPU", "memory": "16G"} for u in GPUS]
-    config = f"c.QuotaSpawner.gpu_inventory = {inventory!r}\n" + fake_nvml_config(
-        fake_nvml, PREFIX, monitor_args=("--GpuMonitor.interval=0.25", "--GpuMonitor.busy_window=3"))
+    config = fake_nvml_config(
+        fake_nvml, PREFIX, gpus=tuple(GPUS),
+        monitor_args=("--GpuMonitor.interval=0.25", "--GpuMonitor.busy_window=3"))
     hub = Hub(tmp_path_factory.mktemp("monhub"), quota_text=QUOTAS, prefix=PREFIX,
               extra_config=config).start()
     yield hub
-    hub.stop()
-    ARTIFACTS.mkdir(exist_ok=True)
-    shutil.copy(hub.log_path, ARTIFACTS / "hub-monitor.log")
-    cleanup(docker_client, PREFIX)
+    teardown(hub, docker_client, "monitor")
 
 
 @pytest.fixture(scope="module")

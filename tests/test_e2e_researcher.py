@@ -19,21 +19,21 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 
 import pytest
+import requests
 from playwright.sync_api import expect, sync_playwright
-from test_browser import CHROMIUM, CHROMIUM_ARGS
+from test_browser import CHROMIUM, CHROMIUM_ARGS, log_in
 
 from harness import (
     ARTIFACTS,
     Hub,
-    cleanup,
     container_for,
     exec_text,
     fake_nvml_config,
     install_fake_nvml,
+    teardown,
     write_fake_gpus,
 )
 
@@ -102,16 +102,12 @@ def fake_nvml(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def res_hub(docker_client, tmp_path_factory, fake_nvml):
-    inventory = [{"uuid": u, "name": "Fake GPU", "memory": "16G"} for u in GPUS]
-    config = f"c.QuotaSpawner.gpu_inventory = {inventory!r}\n" + fake_nvml_config(
-        fake_nvml, PREFIX, monitor_args=("--GpuMonitor.interval=0.5",))
+    config = fake_nvml_config(fake_nvml, PREFIX, gpus=tuple(GPUS),
+                              monitor_args=("--GpuMonitor.interval=0.5",))
     hub = Hub(tmp_path_factory.mktemp("reshub"), quota_text=QUOTAS, prefix=PREFIX,
               extra_config=config).start()
     yield hub
-    hub.stop()
-    ARTIFACTS.mkdir(exist_ok=True)
-    shutil.copy(hub.log_path, ARTIFACTS / "hub-researcher.log")
-    cleanup(docker_client, PREFIX)
+    teardown(hub, docker_client, "researcher")
 
 
 def probe(container, framework: str) -> dict:
@@ -137,32 +133,27 @@ def threads_of(result: dict, api: str) -> set[int]:
 # --- frameworks ---------------------------------------------------------------------
 
 
-def test_torch_runs_and_its_threads_follow_a_one_cpu_role(res_hub, docker_client):
-    """This machine has 2 cores: in a 1-CPU role every pool must say 1, not 2."""
-    name = "torch-one"
-    res_hub.create_user(name)
-    res_hub.start_server(name, {"profile": "one", "image": "pytorch"})
-    c = container_for(docker_client, name)
+def start(hub: Hub, client, name: str, role: str, image: str):
+    """Start NAME's server with ROLE and IMAGE; its container."""
+    hub.create_user(name)
+    hub.start_server(name, {"profile": role, "image": image})
+    return container_for(client, name)
+
+
+@pytest.mark.parametrize("role,threads", [("one", 1), ("two", 2)])
+def test_torch_runs_on_the_cpu_and_its_threads_follow_the_role(res_hub, docker_client,
+                                                              role, threads):
+    """This machine has 2 cores: in the 1-CPU role every pool must say 1, not 2."""
+    name = f"torch-{role}"
+    c = start(res_hub, docker_client, name, role, "pytorch")
     assert c.labels["quota-spawner.frameworks"].startswith("PyTorch 2.14.1 · CUDA 13.0")
     result = probe(c, "torch")
     assert result["version"].startswith("2.14.1") and result["cuda_build"] == "13.0"
     assert result["cuda"] is False and result["sum"] == 64.0  # CPU here, no error
-    assert result["threads"] == 1
-    assert threads_of(result, "openblas") == {1}, result["pools"]  # NumPy's BLAS
-    assert threads_of(result, "openmp") <= {1}, result["pools"]  # torch's OpenMP
-    assert cpu_max(c) == "100000 100000"
-    res_hub.stop_server(name)
-
-
-def test_torch_threads_in_a_two_cpu_role(res_hub, docker_client):
-    name = "torch-two"
-    res_hub.create_user(name)
-    res_hub.start_server(name, {"profile": "two", "image": "pytorch"})
-    c = container_for(docker_client, name)
-    result = probe(c, "torch")
-    assert result["threads"] == 2
-    assert threads_of(result, "openblas") == {2}, result["pools"]
-    assert cpu_max(c) == "200000 100000"
+    assert result["threads"] == threads
+    assert threads_of(result, "openblas") == {threads}, result["pools"]  # NumPy's BLAS
+    assert threads_of(result, "openmp") <= {threads}, result["pools"]  # torch's OpenMP
+    assert cpu_max(c) == f"{threads * 100_000} 100000"
     res_hub.stop_server(name)
 
 
@@ -170,9 +161,7 @@ def test_torch_threads_in_a_two_cpu_role(res_hub, docker_client):
 def test_paddle_runs_on_the_cpu_and_its_threads_follow_the_role(res_hub, docker_client,
                                                                role, threads):
     name = f"paddle-{role}"
-    res_hub.create_user(name)
-    res_hub.start_server(name, {"profile": role, "image": "paddle"})
-    c = container_for(docker_client, name)
+    c = start(res_hub, docker_client, name, role, "paddle")
     assert c.labels["quota-spawner.frameworks"] == "PaddlePaddle 3.0.0 · CPU build"
     result = probe(c, "paddle")
     assert result["version"] == "3.0.0" and result["cuda"] is False
@@ -187,9 +176,7 @@ def test_paddle_runs_on_the_cpu_and_its_threads_follow_the_role(res_hub, docker_
 def test_torch_with_a_shared_gpus_memory_cap(res_hub, docker_client):
     """The cap travels as torch's own allocator setting; the startup hook stays out."""
     name = "torch-capped"
-    res_hub.create_user(name)
-    res_hub.start_server(name, {"profile": "gpu", "image": "pytorch"})
-    c = container_for(docker_client, name)
+    c = start(res_hub, docker_client, name, "gpu", "pytorch")
     env = dict(e.split("=", 1) for e in c.attrs["Config"]["Env"])
     assert env["GPU_MEMORY_LIMIT"] == str(8 * GiB)
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "per_process_memory_fraction:0.500"
@@ -248,10 +235,7 @@ def test_a_refused_update_stops_the_server(docker_client, tmp_path_factory):
         assert "could not be given its CPU limit, so it was stopped" in hub.log()
         assert "fault injected" in hub.log()
     finally:
-        hub.stop()
-        ARTIFACTS.mkdir(exist_ok=True)
-        shutil.copy(hub.log_path, ARTIFACTS / "hub-boost-refused.log")
-        cleanup(docker_client, prefix)
+        teardown(hub, docker_client, "boost-refused")
 
 
 # --- in Chromium, through the hub's login ---------------------------------------------
@@ -264,14 +248,6 @@ def browser_page():
         context = browser.new_context(viewport={"width": 1400, "height": 900})
         yield context.new_page()
         browser.close()
-
-
-def log_in(page, hub: Hub, name: str) -> None:
-    page.goto(f"{hub.url}/hub/login?next=/hub/home")
-    page.fill("input[name=username]", name)
-    page.fill("input[name=password]", "quota-demo")
-    page.click("input[type=submit], button[type=submit]")
-    page.wait_for_url("**/hub/home")
 
 
 def spawn_from_form(page, role: str, image: str) -> None:
@@ -300,9 +276,14 @@ def test_gpu_page_from_the_home_link_and_the_lab_status_bar(res_hub, docker_clie
     page.wait_for_selector(".jp-Launcher", timeout=120_000)
     # handed over from the form: the role's quota, not the boost
     assert cpu_max(container_for(docker_client, name)) == "100000 100000"
-    # No news popup: JupyterLab asks nothing about news on a first start.
+    # No news popup: JupyterLab asks nothing about news on a first start, because
+    # the image's overrides set fetchNews to "false" (the default asks).
     page.wait_for_timeout(1500)
     assert page.locator("text=official Jupyter news").count() == 0
+    settings = requests.get(
+        f"{res_hub.url}/user/{name}/lab/api/settings/@jupyterlab/apputils-extension:notification",
+        headers={"Authorization": f"token {res_hub.user_token(name)}"}, timeout=30).json()
+    assert settings["schema"]["properties"]["fetchNews"]["default"] == "false"
 
     # jupyter-resource-usage: memory in the status bar against MEM_LIMIT (2 GiB),
     # CPU and memory in the top bar against CPU_LIMIT and MEM_LIMIT.
