@@ -2,11 +2,11 @@
 
     .venv/bin/python bench/device_check.py        # prints one block per claim
 
-1. NVML discovery on the real card (spawner.inventory): UUID, name, memory.
+1. NVML discovery on the real card (spawner.gpu.inventory): UUID, name, memory.
 2. A torch process under a shared-mode soft cap fails to allocate past it,
    with the environment the spawner gives it: GPU_MEMORY_LIMIT and
    PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:F, which torch 2.10+
-   reads itself (the image's hook, spawner.torch_memory_cap, stands aside);
+   reads itself (the image's hook, spawner.gpu.torch_cap, stands aside);
    an older torch gets the cap from the hook. Also: torch sees the GPU.
 5. PaddlePaddle sees the GPU (a GPU build; the local paddle image is the CPU
    build and says so).
@@ -36,14 +36,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from spawner.gpu_env import memory_fraction, torch_alloc_conf  # noqa: E402
-from spawner.inventory import discover_nvml  # noqa: E402
+from spawner.gpu.env import memory_fraction, torch_alloc_conf  # noqa: E402
+from spawner.gpu.inventory import discover_nvml  # noqa: E402
 from spawner.monitor.collector import GpuMonitor  # noqa: E402
 
 CAP = 2 * 2**30
 TORCH_CAP = textwrap.dedent(f"""
     import sys
-    import spawner.torch_memory_cap as hook; hook.install()
+    import spawner.gpu.torch_cap as hook; hook.install()
     import torch, os
     print("torch", torch.__version__, "cuda", torch.version.cuda,
           "available", torch.cuda.is_available(), torch.cuda.get_device_name(0))
@@ -92,7 +92,7 @@ def part(title: str) -> None:
 
 
 def main() -> int:
-    part("1. NVML discovery (spawner.inventory.discover_nvml)")
+    part("1. NVML discovery (spawner.gpu.inventory.discover_nvml)")
     inventory = discover_nvml()
     print(inventory.describe())
     for d in inventory.devices:

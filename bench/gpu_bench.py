@@ -56,8 +56,8 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 from baseline import PLAIN_CONFIG, pct, spawn_and_wait  # noqa: E402
 
-from spawner.allocator import GpuAllocator, GpuRequest, NoGpuFree  # noqa: E402
-from spawner.inventory import GpuDevice  # noqa: E402
+from spawner.gpu.allocator import GpuAllocator, GpuRequest, NoGpuFree  # noqa: E402
+from spawner.gpu.inventory import GpuDevice  # noqa: E402
 
 GiB = 1 << 30
 TARGET_NS = 1_000_000  # 1 ms per allocator decision, at p99

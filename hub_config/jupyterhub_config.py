@@ -17,10 +17,10 @@ from spawner.culling import culler_service
 from spawner.engine import check_engine, warn_oversized_roles
 from spawner.network import ensure_network, warn_host_network
 from spawner.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD, password_problems
-from spawner.quota import QuotaTableError
+from spawner.quota.model import QuotaTableError
+from spawner.quota.store import QuotaStore
+from spawner.quota.units import parse_duration
 from spawner.rbac import instructor_roles
-from spawner.store import QuotaStore
-from spawner.units import parse_duration
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 

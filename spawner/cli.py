@@ -7,9 +7,10 @@ import json
 import sys
 from typing import Any
 
-from .form import describe_limits
-from .quota import GpuCapacity, QuotaTable, QuotaTableError, Role, load_quota_table
-from .units import format_size, parse_size
+from .quota.form import describe_limits
+from .quota.loader import load_quota_table
+from .quota.model import GpuCapacity, QuotaTable, QuotaTableError, Role
+from .quota.units import format_size, parse_size
 
 
 def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:

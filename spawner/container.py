@@ -27,12 +27,12 @@ from typing import Any
 
 from docker.utils import parse_bytes
 
-from .gpu_env import CAP_VARIABLES, gpu_environment, memory_fraction, torch_alloc_conf
-from .gpu_pool import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, LABEL_PREFIX, USER_LABEL
+from .gpu.env import CAP_VARIABLES, gpu_environment, memory_fraction, torch_alloc_conf
+from .gpu.pool import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, LABEL_PREFIX, USER_LABEL
+from .gpu.torch_cap import ALLOC_CONF as TORCH_ALLOC_CONF
+from .gpu.torch_cap import FRACTION_KEY as TORCH_FRACTION_KEY
 from .mounts import BindSource, bind_sources, socket_problems
-from .quota import MAX_PIDS, Role
-from .torch_memory_cap import ALLOC_CONF as TORCH_ALLOC_CONF
-from .torch_memory_cap import FRACTION_KEY as TORCH_FRACTION_KEY
+from .quota.model import MAX_PIDS, Role
 
 CPU_PERIOD = 100_000  # microseconds; Docker's default CFS period
 THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from .store import QuotaStore
+from .quota.store import QuotaStore
 
 DEFAULT_IDLE_TIMEOUT = 30 * 60
 # What the culler needs and nothing more (docs/culling.md).

@@ -6,8 +6,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from .quota import QuotaTable
-from .units import format_human
+from .quota.model import QuotaTable
+from .quota.units import format_human
 
 SWAP_WARNING = (
     "The Docker engine cannot limit swap (docker info: SwapLimit false). "

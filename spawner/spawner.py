@@ -17,7 +17,6 @@ from dockerspawner.dockerspawner import _deep_merge
 from tornado import web
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
 
-from .allocator import GpuRequest, NoGpuFree
 from .container import (
     CPU_PERIOD,
     FRAMEWORKS_LABEL,
@@ -31,15 +30,16 @@ from .container import (
     violations,
 )
 from .engine import check_engine_info, warn_oversized_roles
-from .form import options_from_form, render_form
-from .gpu_env import torch_reads_fraction
-from .gpu_pool import HUB_LABEL, GpuPool, mode_label
-from .inventory import Inventory, declared_inventory, discover_nvml
+from .gpu.allocator import GpuRequest, NoGpuFree
+from .gpu.env import torch_reads_fraction
+from .gpu.inventory import Inventory, declared_inventory, discover_nvml
+from .gpu.pool import HUB_LABEL, GpuPool, mode_label
 from .mounts import bind_sources, is_socket, named_volumes, probe_paths
 from .network import HostNetworkMixin, wait_for_port, warn_host_network
-from .options import OptionsError, resolve_choice
-from .quota import Choice, GpuCapacity, QuotaTable, QuotaTableError, Role
-from .store import QuotaStore
+from .quota.form import options_from_form, render_form
+from .quota.model import Choice, GpuCapacity, QuotaTable, QuotaTableError, Role
+from .quota.options import OptionsError, resolve_choice
+from .quota.store import QuotaStore
 
 CPU_LIMIT_FAILED = (
     "Your server started but could not be given its CPU limit, so it was stopped. "

@@ -1,6 +1,6 @@
 """A FAKE of the ``pynvml`` module (nvidia-ml-py), for tests on machines without a GPU.
 
-Code that reads GPUs through NVML (spawner/inventory.py, the GPU monitor)
+Code that reads GPUs through NVML (spawner/gpu/inventory.py, the GPU monitor)
 takes the NVML module as an argument. Tests pass a ``FakeNvml`` instead: it
 has the pynvml names that code uses, answers from a list of ``FakeGpu``, and
 fails the way real NVML does: no library, no driver, a field that is not

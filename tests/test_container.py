@@ -25,7 +25,7 @@ from spawner.container import (
     violations,
 )
 from spawner.mounts import BindSource, bind_sources, normalise, refused
-from spawner.quota import Role
+from spawner.quota.model import Role
 
 GiB = 2**30
 ROLE = Role(name="small", cpus=2, memory=4 * GiB, images=("pytorch",), shm=GiB)
@@ -458,7 +458,7 @@ def test_torch_gets_the_cap_as_an_allocator_fraction_and_admin_options_stay():
     ("PyTorch 2.7.1 · CUDA 12.6", False), ("PaddlePaddle 3.0.0 · CPU build", False),
     ("", False), ("PyTorch 3.0.0 + PaddlePaddle 3.0.0 · CPU build", True)])
 def test_the_fraction_only_for_an_image_whose_torch_reads_it(label, reads):
-    from spawner.gpu_env import torch_reads_fraction
+    from spawner.gpu.env import torch_reads_fraction
 
     assert torch_reads_fraction(label) is reads
     s = spec(GPU_ROLE, gpu_uuids=("GPU-a",), gpu_mode="shared:4", gpu_device_memory=80 * GiB,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from spawner.culling import CULLER_SCOPES, culler_service, make_arbiter, owner
-from spawner.quota import QuotaTableError, parse_quota_table
+from spawner.quota.loader import parse_quota_table
+from spawner.quota.model import QuotaTableError
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = """\

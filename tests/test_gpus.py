@@ -27,12 +27,19 @@ from fake_pynvml import (
     NVMLError_NoPermission,
     NVMLError_NotSupported,
 )
-from spawner import gpu_pool, inventory
-from spawner.allocator import GpuAllocator, GpuRequest, NoGpuFree, Usage
 from spawner.cli import main as cli_main
-from spawner.form import describe_free, describe_gpus, describe_limits, render_form
-from spawner.gpu_env import CAP_VARIABLES, gpu_environment, memory_fraction
-from spawner.gpu_pool import (
+from spawner.gpu import inventory
+from spawner.gpu import pool as gpu_pool
+from spawner.gpu.allocator import GpuAllocator, GpuRequest, NoGpuFree, Usage
+from spawner.gpu.env import CAP_VARIABLES, gpu_environment, memory_fraction
+from spawner.gpu.inventory import (
+    GpuDevice,
+    Inventory,
+    declared_inventory,
+    discover_nvml,
+    free_memory,
+)
+from spawner.gpu.pool import (
     GPU_MODE_LABEL,
     GPUS_LABEL,
     HUB_LABEL,
@@ -41,22 +48,10 @@ from spawner.gpu_pool import (
     mode_label,
     request_from_labels,
 )
-from spawner.inventory import (
-    GpuDevice,
-    Inventory,
-    declared_inventory,
-    discover_nvml,
-    free_memory,
-)
-from spawner.quota import (
-    Choice,
-    GpuCapacity,
-    ImageSpec,
-    QuotaTableError,
-    Role,
-    parse_quota_table,
-)
-from spawner.store import QuotaStore
+from spawner.quota.form import describe_free, describe_gpus, describe_limits, render_form
+from spawner.quota.loader import parse_quota_table
+from spawner.quota.model import Choice, GpuCapacity, ImageSpec, QuotaTableError, Role
+from spawner.quota.store import QuotaStore
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "hub_config" / "quotas.yaml"
@@ -758,7 +753,7 @@ def cap_child(torch_first: bool = False, installs: int = 1) -> str:
     return (
         "import json, sys\n"
         + ("import torch\n" if torch_first else "")
-        + "import spawner.torch_memory_cap as m\n"
+        + "import spawner.gpu.torch_cap as m\n"
         + "m.install()\n" * installs
         + f"hooked = {HOOKS}\n"
         + REPORT
@@ -801,12 +796,13 @@ def test_torch_untouched_without_a_valid_limit(fake_torch, limit):
         "hooked": 0, "queued": 0, "fractions": []}
 
 
+PTH = ROOT / "images" / "common" / "quota_spawner_gpu_cap.pth"
+
+
 def pth_line() -> str:
     script = (ROOT / "images" / "common" / "notebook-setup.sh").read_text()
-    match = re.search(r"echo '([^']*torch_memory_cap[^']*)'", script)
-    assert match, "notebook-setup.sh no longer writes the torch cap .pth line"
-    assert "quota_spawner_gpu_cap.pth" in script[match.end():match.end() + 200]
-    return match.group(1)
+    assert f'"$HERE/{PTH.name}"' in script, "notebook-setup.sh no longer installs the .pth file"
+    return PTH.read_text().strip()
 
 
 @pytest.mark.parametrize("limit, hooked, fractions", [
@@ -821,7 +817,7 @@ def test_pth_line_from_notebook_setup(fake_torch, tmp_path, limit, hooked, fract
     code = (
         "import json, site, sys\n"
         "site.addsitedir(sys.argv[1])\n"
-        "hooked = 'spawner.torch_memory_cap' in sys.modules\n"
+        "hooked = 'spawner.gpu.torch_cap' in sys.modules\n"
         + REPORT
     )
     out = run_child(code, fake_torch, limit, str(site_dir))
@@ -1190,7 +1186,7 @@ def test_cli_show_example_gpu_role(capsys):
 
 
 def test_torch_hook_stands_aside_for_a_torch_that_reads_the_allocator_setting(monkeypatch):
-    from spawner import torch_memory_cap as cap
+    from spawner.gpu import torch_cap as cap
 
     assert cap.reads_alloc_conf(cap.release("2.14.1+cu130")) and cap.reads_alloc_conf((3, 0))
     assert not cap.reads_alloc_conf(cap.release("2.7.1")) and not cap.reads_alloc_conf(None)

@@ -2,9 +2,9 @@
 
 import pytest
 
-from spawner.form import options_from_form, render_form
-from spawner.options import OptionsError, resolve_choice
-from spawner.quota import parse_quota_table
+from spawner.quota.form import options_from_form, render_form
+from spawner.quota.loader import parse_quota_table
+from spawner.quota.options import OptionsError, resolve_choice
 
 TABLE = parse_quota_table(
     """\

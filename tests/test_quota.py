@@ -9,8 +9,9 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spawner.quota import QuotaTableError, load_quota_table, parse_quota_table
-from spawner.units import format_size, parse_duration, parse_size
+from spawner.quota.loader import load_quota_table, parse_quota_table
+from spawner.quota.model import QuotaTableError
+from spawner.quota.units import format_size, parse_duration, parse_size
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "hub_config" / "quotas.yaml"
@@ -289,7 +290,7 @@ def test_the_bounds_themselves_are_allowed(field, value):
 
 
 def test_bounds_are_named_constants():
-    from spawner import quota
+    from spawner.quota import model as quota
 
     assert (quota.MAX_CPUS, quota.MAX_SIZE, quota.MAX_PIDS) == (1024, 64 * 2**40, 4194304)
     assert (quota.MAX_GPUS, quota.MAX_GPU_SHARE, quota.MAX_DURATION) == (64, 64, 365 * 86400)
@@ -422,12 +423,12 @@ def test_odd_yaml_is_a_problem_not_a_crash(text, expected):
 
 
 def test_a_bug_in_the_walk_is_a_problem(monkeypatch):
-    import spawner.quota
+    from spawner.quota import loader
 
     def broken(*args):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(spawner.quota, "_read_roles", broken)
+    monkeypatch.setattr(loader, "_read_roles", broken)
     assert problems(GOOD) == ["q.yaml:1: could not read the quota table: RuntimeError: boom"]
 
 

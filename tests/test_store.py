@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-import spawner.store
-from spawner.quota import Problem, QuotaTableError
-from spawner.store import QuotaStore
+from spawner.quota import store as store_module
+from spawner.quota.model import Problem, QuotaTableError
+from spawner.quota.store import QuotaStore
 
 GOOD = Path(__file__).resolve().parent.parent / "hub_config" / "quotas.yaml"
 
@@ -88,7 +88,7 @@ def test_a_loader_exception_is_a_logged_problem(tmp_path, caplog, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(spawner.store, "load_quota_table", broken)
+    monkeypatch.setattr(store_module, "load_quota_table", broken)
     path.write_text(GOOD.read_text().replace("cpus: 8", "cpus: 7", 1))
     with caplog.at_level(logging.INFO):
         assert store.get(log) is good
@@ -114,7 +114,7 @@ def test_a_loader_exception_is_a_logged_problem(tmp_path, caplog, monkeypatch):
 def test_a_loader_exception_with_no_good_table_is_a_quota_table_error(tmp_path, monkeypatch):
     path = tmp_path / "quotas.yaml"
     path.write_text(GOOD.read_text())
-    monkeypatch.setattr(spawner.store, "load_quota_table",
+    monkeypatch.setattr(store_module, "load_quota_table",
                         lambda *a, **k: 1 / 0)
     with pytest.raises(QuotaTableError) as info:
         QuotaStore(str(path)).get(logging.getLogger("test"))

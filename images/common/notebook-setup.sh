@@ -123,13 +123,12 @@ for f in dist.files or []:
 print(f"[notebook-setup] staged {n} files of quota-spawner {dist.version} in {delta}")
 PY
 
-    # PyTorch's soft GPU memory cap (spawner/torch_memory_cap.py): a .pth
+    # PyTorch's soft GPU memory cap (spawner/gpu/torch_cap.py): the .pth
     # line runs at every Python start, and imports the hook only when the
     # spawner set GPU_MEMORY_LIMIT.
     site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     mkdir -p "$DELTA$site"
-    echo 'import os; os.environ.get("GPU_MEMORY_LIMIT") and __import__("spawner.torch_memory_cap").torch_memory_cap.install()' \
-        >"$DELTA$site/quota_spawner_gpu_cap.pth"
+    cp "$HERE/quota_spawner_gpu_cap.pth" "$DELTA$site/quota_spawner_gpu_cap.pth"
 
     # The images' Jupyter settings (not the package's: they apply to these
     # images only): jupyter-resource-usage against the container's limits,

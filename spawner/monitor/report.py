@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..units import format_human
+from ..quota.units import format_human
 from .collector import GpuMonitor
 
 SCHEMA_VERSION = 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .quota import Choice
+from .model import Choice
 
 ALLOWED_KEYS = ("profile", "image")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from .units import parse_size
+from ..quota.units import parse_size
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The quota table: its model, and a loader that validates every field.
+"""The quota table's loader: reads YAML and validates every field.
 
 Every problem is reported with the file and line it comes from, so that an
 admin can go straight to it. The loader never stops at the first problem.
@@ -7,134 +7,34 @@ admin can go straight to it. The loader never stops at the first problem.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from .model import (
+    DOCKER_MIN_MEMORY,
+    GPU_MODES,
+    MAX_CPUS,
+    MAX_DURATION,
+    MAX_GPU_SHARE,
+    MAX_GPUS,
+    MAX_PIDS,
+    MAX_SIZE,
+    NAME_PATTERN,
+    NAME_RULE,
+    GpuCapacity,
+    ImageSpec,
+    Problem,
+    QuotaTable,
+    QuotaTableError,
+    Role,
+)
 from .units import format_human, format_size, parse_duration, parse_size
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-NAME_RULE = "start with a letter or digit and use only letters, digits, '.', '_' and '-'"
-DOCKER_MIN_MEMORY = 6 * 2**20
-GPU_MODES = ("exclusive", "shared")
-
-# Upper bounds, so that a typo or .inf is refused instead of meaning "unlimited".
-MAX_CPUS = 1024
-MAX_SIZE = 64 * 2**40  # memory, shm, gpu_memory: 64 TiB
-MAX_PIDS = 4_194_304  # the kernel's PID_MAX_LIMIT
-MAX_GPUS = 64
-MAX_GPU_SHARE = 64
-MAX_DURATION = 365 * 24 * 3600  # idle_timeout, max_age: 365 days, in seconds
-
 _STR_TAG = "tag:yaml.org,2002:str"
-
-
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.message}"
-
-
-class QuotaTableError(Exception):
-    """A quota table that cannot be used; ``problems`` lists every reason."""
-
-    def __init__(self, problems: list[Problem]):
-        self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
-
-
-@dataclass(frozen=True)
-class ImageSpec:
-    key: str
-    image: str
-    display_name: str
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class Role:
-    name: str
-    cpus: float
-    memory: int
-    images: tuple[str, ...]
-    description: str = ""
-    display_name: str = ""
-    shm: int | None = None
-    pids: int | None = None
-    gpus: int = 0
-    gpu_mode: str = "exclusive"
-    gpu_share: int = 1  # most users on one GPU; 1 unless shared
-    gpu_memory: int | None = None  # soft cap per user, shared mode only
-    idle_timeout: float | None = None  # seconds; None: the culler's default (30m)
-    max_age: float | None = None  # seconds; None: no limit
-
-    @property
-    def title(self) -> str:
-        return self.display_name or self.name
-
-
-@dataclass(frozen=True)
-class GpuCapacity:
-    """What the hub's GPU inventory holds, for checking a table against it."""
-
-    count: int
-    smallest_memory: int | None = None
-
-
-@dataclass(frozen=True)
-class Choice:
-    """One thing a user may start: a role with one of its images."""
-
-    role: Role
-    image: ImageSpec
-
-    @property
-    def key(self) -> str:
-        return f"{self.role.name}/{self.image.key}"
-
-
-@dataclass(frozen=True)
-class QuotaTable:
-    path: str
-    images: dict[str, ImageSpec]
-    roles: dict[str, Role]
-    default: tuple[str, ...] = ()
-    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    users: dict[str, tuple[str, ...]] = field(default_factory=dict)
-
-    def role_names_for(self, username: str, groups: Iterable[str] = ()) -> list[str]:
-        """Users first, then the union of their groups, then ``default``."""
-        if username in self.users:
-            held = set(self.users[username])
-        else:
-            held = set()
-            for group in groups:
-                held.update(self.groups.get(group, ()))
-            if not held:
-                held = set(self.default)
-        return [name for name in self.roles if name in held]
-
-    def roles_for(self, username: str, groups: Iterable[str] = ()) -> list[Role]:
-        return [self.roles[name] for name in self.role_names_for(username, groups)]
-
-    def choices_for(self, username: str, groups: Iterable[str] = ()) -> list[Choice]:
-        return [
-            Choice(role, self.images[key])
-            for role in self.roles_for(username, groups)
-            for key in role.images
-        ]
-
-
-# --- loading ---------------------------------------------------------------
 
 
 class _Reader:

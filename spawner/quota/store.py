@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from .quota import GpuCapacity, Problem, QuotaTable, QuotaTableError, load_quota_table
+from .loader import load_quota_table
+from .model import GpuCapacity, Problem, QuotaTable, QuotaTableError
 
 
 class QuotaStore:

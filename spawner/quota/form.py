@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from html import escape
 
-from .quota import Choice, Role
+from .model import Choice, Role
 from .units import format_human
 
 FIELD = "choice"

@@ -10,8 +10,8 @@ import math
 import re
 from collections.abc import Sequence
 
-from .torch_memory_cap import FRACTION_KEY as TORCH_FRACTION_KEY
-from .torch_memory_cap import reads_alloc_conf, release, without_fraction
+from .torch_cap import FRACTION_KEY as TORCH_FRACTION_KEY
+from .torch_cap import reads_alloc_conf, release, without_fraction
 
 # What every GPU-related variable is when the container has no GPU, so that
 # nothing from an earlier spawn's environment can survive a role change.
@@ -29,7 +29,7 @@ CAP_VARIABLES = (
 
 # PyTorch's allocator settings (TORCH_ALLOC_CONF). Torch 2.10 and newer take
 # the cap there as TORCH_FRACTION_KEY; the image's startup hook covers older
-# torch (spawner/torch_memory_cap.py). Admins may set other options in it,
+# torch (spawner/gpu/torch_cap.py). Admins may set other options in it,
 # which are kept.
 _TORCH_IN_LABEL = re.compile(r"\bPyTorch (\d+\.\d+)")
 
@@ -66,7 +66,7 @@ def gpu_environment(
         return env
     env.update({
         # Read by the monitor, and by the image's torch startup hook
-        # (spawner/torch_memory_cap.py) where torch predates the allocator setting.
+        # (spawner/gpu/torch_cap.py) where torch predates the allocator setting.
         "GPU_MEMORY_LIMIT": str(memory_cap),
         # PaddlePaddle
         "FLAGS_gpu_memory_limit_mb": str(memory_cap // 2**20),
