@@ -27,27 +27,27 @@ from typing import Any
 
 from docker.utils import parse_bytes
 
-from .gpu.env import CAP_VARIABLES, gpu_environment, memory_fraction, torch_alloc_conf
-from .gpu.pool import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, LABEL_PREFIX, USER_LABEL
-from .gpu.torch_cap import ALLOC_CONF as TORCH_ALLOC_CONF
-from .gpu.torch_cap import FRACTION_KEY as TORCH_FRACTION_KEY
+from .contract import (
+    CONTRACT_ENV,
+    CPU_LIMIT,
+    GPU_MODE_LABEL,
+    GPUS_LABEL,
+    HUB_LABEL,
+    IMAGE_LABEL,
+    LABEL_PREFIX,
+    MEM_LIMIT,
+    QUOTA_ROLE,
+    ROLE_LABEL,
+    THREAD_ENV,
+    TORCH_ALLOC_CONF,
+    TORCH_FRACTION_KEY,
+    USER_LABEL,
+)
+from .gpu.env import gpu_environment, memory_fraction, torch_alloc_conf
 from .mounts import BindSource, bind_sources, socket_problems
 from .quota.model import MAX_PIDS, Role
 
 CPU_PERIOD = 100_000  # microseconds; Docker's default CFS period
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
-ROLE_LABEL = LABEL_PREFIX + "role"
-IMAGE_LABEL = LABEL_PREFIX + "image"
-# Set on the notebook images by scripts/build-images.sh: what framework the
-# image holds ("PyTorch 2.14.1 · CUDA 13.0"); the spawn form shows it.
-FRAMEWORKS_LABEL = LABEL_PREFIX + "frameworks"
-# Variables that select devices for the NVIDIA container hook: only the GPU
-# assignment sets them.
-NVIDIA_DEVICE_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_MIG_CONFIG_DEVICES",
-                     "NVIDIA_MIG_MONITOR_DEVICES")
-# Every variable the spawner owns: an admin may not set any of them.
-CONTRACT_ENV = ("CPU_LIMIT", "MEM_LIMIT", "QUOTA_ROLE", *THREAD_ENV, *NVIDIA_DEVICE_ENV,
-                *CAP_VARIABLES)
 # Runtimes that keep the container at least as isolated as runc.
 SAFE_RUNTIMES = ("runc", "crun", "nvidia", "runsc", "kata", "kata-runtime", "io.containerd.runc.v2")
 SAFE_IPC_MODES = ("", "private", "shareable", "none")
@@ -143,8 +143,7 @@ def environment(spec: ContainerSpec) -> dict[str, str]:
     role = spec.role
     threads = str(max(1, int(role.cpus)))
     env = {name: threads for name in THREAD_ENV}
-    env.update(QUOTA_ROLE=role.name, CPU_LIMIT=f"{role.cpus:g}", MEM_LIMIT=str(role.memory))
-    # CUDA images default to NVIDIA_VISIBLE_DEVICES=all: without GPUs, "void".
+    env.update({QUOTA_ROLE: role.name, CPU_LIMIT: f"{role.cpus:g}", MEM_LIMIT: str(role.memory)})
     env.update(gpu_environment(spec.gpu_uuids, spec.gpu_memory_cap, spec.gpu_device_memory))
     return env
 

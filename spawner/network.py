@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 
 from jupyterhub.utils import random_port
 
+from .contract import NETWORK_LABEL
+
 LOOPBACK = "127.0.0.1"
 ICC_OPTION = "com.docker.network.bridge.enable_icc"
 HOST_NETWORK_WARNING = (
@@ -53,7 +55,7 @@ def ensure_network(client: Any, name: str, log: logging.Logger | logging.LoggerA
         network = client.inspect_network(found[0]["Id"])
     else:
         client.create_network(name, driver="bridge", options={ICC_OPTION: "false"},
-                              labels={"quota-spawner.network": "notebooks"})
+                              labels={NETWORK_LABEL: "notebooks"})
         network = client.inspect_network(name)
         log.info("Created the notebook network %s (inter-container traffic off)", name)
     if network.get("Driver") != "bridge":

@@ -19,7 +19,6 @@ from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, valida
 
 from .container import (
     CPU_PERIOD,
-    FRAMEWORKS_LABEL,
     USER_MESSAGE,
     ContainerSpec,
     apply_quota,
@@ -29,11 +28,12 @@ from .container import (
     check_admin_labels,
     violations,
 )
+from .contract import FRAMEWORKS_LABEL, HUB_LABEL
 from .engine import check_engine_info, warn_oversized_roles
 from .gpu.allocator import GpuRequest, NoGpuFree
 from .gpu.env import torch_reads_fraction
 from .gpu.inventory import Inventory, declared_inventory, discover_nvml
-from .gpu.pool import HUB_LABEL, GpuPool, mode_label
+from .gpu.pool import GpuPool, mode_label
 from .mounts import bind_sources, is_socket, named_volumes, probe_paths
 from .network import HostNetworkMixin, wait_for_port, warn_host_network
 from .quota.form import options_from_form, render_form

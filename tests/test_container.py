@@ -12,7 +12,6 @@ import docker
 import pytest
 
 from spawner.container import (
-    CONTRACT_ENV,
     ContainerSpec,
     apply_quota,
     check_admin_create_kwargs,
@@ -24,6 +23,7 @@ from spawner.container import (
     labels,
     violations,
 )
+from spawner.contract import CONTRACT_ENV
 from spawner.mounts import BindSource, bind_sources, normalise, refused
 from spawner.quota.model import Role
 

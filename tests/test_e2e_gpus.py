@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from harness import Hub, container_for, containers, exec_text, teardown
-from spawner.gpu.env import CAP_VARIABLES
+from spawner.contract import CAP_VARIABLES
 
 pytestmark = pytest.mark.e2e
 GiB = 2**30

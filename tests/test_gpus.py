@@ -28,10 +28,11 @@ from fake_pynvml import (
     NVMLError_NotSupported,
 )
 from spawner.cli import main as cli_main
+from spawner.contract import CAP_VARIABLES, GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, USER_LABEL
 from spawner.gpu import inventory
 from spawner.gpu import pool as gpu_pool
 from spawner.gpu.allocator import GpuAllocator, GpuRequest, NoGpuFree, Usage
-from spawner.gpu.env import CAP_VARIABLES, gpu_environment, memory_fraction
+from spawner.gpu.env import gpu_environment, memory_fraction
 from spawner.gpu.inventory import (
     GpuDevice,
     Inventory,
@@ -39,15 +40,7 @@ from spawner.gpu.inventory import (
     discover_nvml,
     free_memory,
 )
-from spawner.gpu.pool import (
-    GPU_MODE_LABEL,
-    GPUS_LABEL,
-    HUB_LABEL,
-    USER_LABEL,
-    GpuPool,
-    mode_label,
-    request_from_labels,
-)
+from spawner.gpu.pool import GpuPool, mode_label, request_from_labels
 from spawner.quota.form import describe_free, describe_gpus, describe_limits, render_form
 from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import Choice, GpuCapacity, ImageSpec, QuotaTableError, Role

@@ -27,11 +27,11 @@ from fake_pynvml import (
     NVMLError_NotSupported,
 )
 from monitor_server import TOKEN, GiB, MonitorServer, gpu_state, start_servers
+from spawner.contract import visible_devices
 from spawner.monitor import metrics
 from spawner.monitor.collector import GpuMonitor
 from spawner.monitor.handlers import js_string
 from spawner.monitor.report import metrics_report
-from spawner.monitor.sample import visible_devices
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_SCHEMA = ROOT / "docs" / "gpu-metrics.schema.json"

@@ -10,22 +10,18 @@ import math
 import re
 from collections.abc import Sequence
 
-from .torch_cap import FRACTION_KEY as TORCH_FRACTION_KEY
-from .torch_cap import reads_alloc_conf, release, without_fraction
-
-# What every GPU-related variable is when the container has no GPU, so that
-# nothing from an earlier spawn's environment can survive a role change.
-NO_GPU = "void"
-
-CAP_VARIABLES = (
-    "GPU_MEMORY_LIMIT",
-    "FLAGS_gpu_memory_limit_mb",
-    "FLAGS_allocator_strategy",
-    "XLA_PYTHON_CLIENT_MEM_FRACTION",
-    "XLA_PYTHON_CLIENT_PREALLOCATE",
-    "TF_FORCE_GPU_ALLOW_GROWTH",
+from ..contract import (
+    GPU_MEMORY_LIMIT,
+    JAX_MEMORY_FRACTION,
+    JAX_PREALLOCATE,
+    NO_GPU,
+    NVIDIA_VISIBLE_DEVICES,
+    PADDLE_ALLOCATOR,
+    PADDLE_MEMORY_LIMIT_MB,
+    TF_ALLOW_GROWTH,
+    TORCH_FRACTION_KEY,
 )
-
+from .torch_cap import reads_alloc_conf, release, without_fraction
 
 # PyTorch's allocator settings (TORCH_ALLOC_CONF). Torch 2.10 and newer take
 # the cap there as TORCH_FRACTION_KEY; the image's startup hook covers older
@@ -61,21 +57,21 @@ def gpu_environment(
     ``device_memory`` is the smallest assigned GPU's memory, when known; JAX
     takes its cap as a fraction of it.
     """
-    env = {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids) if uuids else NO_GPU}
+    env = {NVIDIA_VISIBLE_DEVICES: ",".join(uuids) if uuids else NO_GPU}
     if not uuids or not memory_cap:
         return env
     env.update({
         # Read by the monitor, and by the image's torch startup hook
         # (spawner/gpu/torch_cap.py) where torch predates the allocator setting.
-        "GPU_MEMORY_LIMIT": str(memory_cap),
+        GPU_MEMORY_LIMIT: str(memory_cap),
         # PaddlePaddle
-        "FLAGS_gpu_memory_limit_mb": str(memory_cap // 2**20),
-        "FLAGS_allocator_strategy": "auto_growth",
+        PADDLE_MEMORY_LIMIT_MB: str(memory_cap // 2**20),
+        PADDLE_ALLOCATOR: "auto_growth",
         # JAX: never grab most of the card up front
-        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        JAX_PREALLOCATE: "false",
         # TensorFlow has no cap by environment; growth at least leaves room for others
-        "TF_FORCE_GPU_ALLOW_GROWTH": "true",
+        TF_ALLOW_GROWTH: "true",
     })
     if device_memory:
-        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{memory_fraction(memory_cap, device_memory):.3f}"
+        env[JAX_MEMORY_FRACTION] = f"{memory_fraction(memory_cap, device_memory):.3f}"
     return env

@@ -23,14 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..contract import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, USER_LABEL
 from .allocator import GpuAllocator, GpuRequest
 from .inventory import Inventory, free_memory
 
-LABEL_PREFIX = "quota-spawner."
-GPUS_LABEL = LABEL_PREFIX + "gpus"
-GPU_MODE_LABEL = LABEL_PREFIX + "gpu-mode"  # "exclusive" or "shared:<gpu_share>"
-HUB_LABEL = LABEL_PREFIX + "hub"
-USER_LABEL = LABEL_PREFIX + "user"
 ALIVE_STATES = ("created", "running", "restarting", "paused")
 
 

@@ -23,20 +23,14 @@ import sys
 from types import ModuleType
 from typing import Any
 
-VARIABLE = "GPU_MEMORY_LIMIT"
-ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
-FRACTION_KEY = "per_process_memory_fraction"
+from ..contract import GPU_MEMORY_LIMIT as VARIABLE
+from ..contract import TORCH_ALLOC_CONF as ALLOC_CONF
+from ..contract import TORCH_FRACTION_KEY as FRACTION_KEY
+from ..contract import gpu_memory_limit
+
 # The first release known to read FRACTION_KEY from ALLOC_CONF. Erring late is
 # safe: an older one gets the option dropped and the same cap from the hook.
 ALLOC_CONF_SINCE = (2, 10)
-
-
-def limit_from_env() -> int | None:
-    try:
-        value = int(os.environ.get(VARIABLE, ""))
-    except ValueError:
-        return None
-    return value if value > 0 else None
 
 
 def apply_cap(torch: Any, limit: int) -> None:
@@ -112,7 +106,7 @@ def drop_fraction_option() -> None:
 
 def install() -> None:
     """Called from the .pth file: arm the hook when a cap applies."""
-    limit = limit_from_env()
+    limit = gpu_memory_limit(os.environ)
     if limit is None:
         return
     torch = sys.modules.get("torch")

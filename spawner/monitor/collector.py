@@ -21,7 +21,8 @@ from tornado.ioloop import IOLoop, PeriodicCallback
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
-from .sample import handles, read_gpu, reason, visible_devices
+from ..contract import gpu_memory_limit, visible_devices
+from .sample import handles, read_gpu, reason
 
 
 class GpuMonitor(LoggingConfigurable):
@@ -62,11 +63,7 @@ class GpuMonitor(LoggingConfigurable):
         return max(1, int(self.history_seconds / self.interval) + 1)
 
     def memory_limit_env(self) -> int | None:
-        try:
-            value = int(self._env.get("GPU_MEMORY_LIMIT", ""))
-        except ValueError:
-            return None
-        return value if value > 0 else None
+        return gpu_memory_limit(self._env)
 
     # --- sampling (blocking; runs in a thread) ---------------------------------
 

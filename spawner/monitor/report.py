@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..contract import GPU_MEMORY_LIMIT
 from ..quota.units import format_human
 from .collector import GpuMonitor
 
@@ -24,7 +25,7 @@ def gpu_report(gpu: dict[str, Any], cap: int | None, threshold: float) -> dict[s
     capped = bool(cap) and (not total or cap < total)  # a cap above the card is no cap
     limit = cap if capped else total
     report["memory_limit"] = limit
-    report["memory_limit_source"] = "GPU_MEMORY_LIMIT" if capped else "total"
+    report["memory_limit_source"] = GPU_MEMORY_LIMIT if capped else "total"
     if used is not None and limit:
         report["memory_fraction"] = used / limit
         report["warning"] = memory_warning(used, limit, threshold, capped)

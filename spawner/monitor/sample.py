@@ -7,22 +7,9 @@ GPU that fails entirely gets an ``error`` of its own; neither raises.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
-
-NO_GPU_VALUES = ("", "void", "none")
-
-
-def visible_devices(env: dict[str, str] | None = None) -> list[str] | None:
-    """NVIDIA_VISIBLE_DEVICES as a list; None means all; [] means no GPU assigned."""
-    value = (env if env is not None else os.environ).get("NVIDIA_VISIBLE_DEVICES", "").strip()
-    if value.lower() in NO_GPU_VALUES:
-        return []
-    if value.lower() == "all":
-        return None
-    return [v.strip() for v in value.split(",") if v.strip()]
 
 
 def _text(value: str | bytes) -> str:

@@ -1,0 +1,79 @@
+"""Every name that crosses the container boundary: labels and environment variables.
+
+The hub writes these on the containers it creates; the pool, the culler and
+the images' own code (the GPU monitor, the torch cap hook) read them back.
+docs/architecture.md#the-contract-between-hub-and-container lists them.
+
+Imported at every Python start inside the images (by the torch cap hook), so
+it stays standard-library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# --- labels --------------------------------------------------------------------
+
+LABEL_PREFIX = "quota-spawner."
+USER_LABEL = LABEL_PREFIX + "user"  # the hub user, as written
+ROLE_LABEL = LABEL_PREFIX + "role"
+IMAGE_LABEL = LABEL_PREFIX + "image"  # the quota table's image key
+GPUS_LABEL = LABEL_PREFIX + "gpus"  # the assigned UUIDs, comma-separated; "" for none
+GPU_MODE_LABEL = LABEL_PREFIX + "gpu-mode"  # "exclusive", "shared:<gpu_share>" or ""
+HUB_LABEL = LABEL_PREFIX + "hub"  # the hub id: which hub's pool the container belongs to
+NETWORK_LABEL = LABEL_PREFIX + "network"  # on the notebook network the hub creates
+# On the notebook images, set by scripts/build-images.sh: what framework the
+# image holds ("PyTorch 2.14.1 · CUDA 13.0"); the spawn form shows it.
+FRAMEWORKS_LABEL = LABEL_PREFIX + "frameworks"
+
+# --- environment ---------------------------------------------------------------
+
+QUOTA_ROLE = "QUOTA_ROLE"
+CPU_LIMIT = "CPU_LIMIT"  # CPUs, as "%g"; read by jupyter-resource-usage
+MEM_LIMIT = "MEM_LIMIT"  # bytes; read by jupyter-resource-usage
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+# Variables that select devices for the NVIDIA container hook: only the GPU
+# assignment sets them.
+NVIDIA_DEVICE_ENV = (NVIDIA_VISIBLE_DEVICES, "NVIDIA_MIG_CONFIG_DEVICES",
+                     "NVIDIA_MIG_MONITOR_DEVICES")
+# NVIDIA_VISIBLE_DEVICES without a GPU. CUDA images default to "all", so it is
+# always set, and nothing from an earlier spawn's environment can survive.
+NO_GPU = "void"
+NO_GPU_VALUES = ("", NO_GPU, "none")  # what the NVIDIA hook reads as no GPU
+GPU_MEMORY_LIMIT = "GPU_MEMORY_LIMIT"  # the soft cap in bytes, shared mode only
+TORCH_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+TORCH_FRACTION_KEY = "per_process_memory_fraction"  # torch 2.10+ reads it in TORCH_ALLOC_CONF
+# The soft cap for each framework, set with GPU_MEMORY_LIMIT (spawner/gpu/env.py).
+PADDLE_MEMORY_LIMIT_MB = "FLAGS_gpu_memory_limit_mb"
+PADDLE_ALLOCATOR = "FLAGS_allocator_strategy"
+JAX_MEMORY_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+JAX_PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+TF_ALLOW_GROWTH = "TF_FORCE_GPU_ALLOW_GROWTH"
+CAP_VARIABLES = (GPU_MEMORY_LIMIT, PADDLE_MEMORY_LIMIT_MB, PADDLE_ALLOCATOR,
+                 JAX_MEMORY_FRACTION, JAX_PREALLOCATE, TF_ALLOW_GROWTH)
+# Every variable the spawner owns: an admin may not set any of them.
+CONTRACT_ENV = (CPU_LIMIT, MEM_LIMIT, QUOTA_ROLE, *THREAD_ENV, *NVIDIA_DEVICE_ENV,
+                *CAP_VARIABLES)
+
+
+# --- reading them back, inside the container -------------------------------------
+
+
+def gpu_memory_limit(env: Mapping[str, str]) -> int | None:
+    """GPU_MEMORY_LIMIT in bytes; None when unset, unreadable or not positive."""
+    try:
+        value = int(env.get(GPU_MEMORY_LIMIT, ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
+
+
+def visible_devices(env: Mapping[str, str]) -> list[str] | None:
+    """NVIDIA_VISIBLE_DEVICES as a list; None means all; [] means no GPU assigned."""
+    value = env.get(NVIDIA_VISIBLE_DEVICES, "").strip()
+    if value.lower() in NO_GPU_VALUES:
+        return []
+    if value.lower() == "all":
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
