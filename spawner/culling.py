@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from jupyterhub_idle_culler import format_td, parse_date
+
 from .quota.store import QuotaStore
 
 DEFAULT_IDLE_TIMEOUT = 30 * 60
@@ -61,19 +63,6 @@ def _logger() -> logging.Logger:
     return log
 
 
-def _seconds(td: timedelta) -> str:
-    total = int(td.total_seconds())
-    hours, rest = divmod(total, 3600)
-    minutes, seconds = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{seconds:02d}s" if hours else f"{minutes}m{seconds:02d}s"
-
-
-def _parse_time(stamp: str | None) -> datetime | None:
-    if not stamp:
-        return None
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-
-
 def owner(server: dict[str, Any]) -> str:
     """The user (and server name) from a server model's URL, /user/<name>/[<server>/]."""
     parts = [unquote(p) for p in (server.get("url") or "").strip("/").split("/")]
@@ -100,17 +89,17 @@ def make_arbiter(quota_file: str, default_max_age: float = 0,
             role = None
         timeout = (role.idle_timeout if role and role.idle_timeout else None) or inactive_limit
         max_age = (role.max_age if role and role.max_age else None) or default_max_age
-        started = _parse_time(server.get("started"))
+        started = parse_date(server["started"]) if server.get("started") else None
         age = datetime.now(timezone.utc) - started if started else None
         who, role_name = owner(server), profile or "(none)"
         if max_age and age is not None and age.total_seconds() >= max_age:
             log.info("Culling %s (role %s): reached max_age %s (age %s, idle %s)",
-                     who, role_name, _seconds(timedelta(seconds=max_age)), _seconds(age),
-                     _seconds(inactive))
+                     who, role_name, format_td(timedelta(seconds=max_age)), format_td(age),
+                     format_td(inactive))
             return True
         if inactive.total_seconds() >= timeout:
             log.info("Culling %s (role %s): idle for %s, idle_timeout %s",
-                     who, role_name, _seconds(inactive), _seconds(timedelta(seconds=timeout)))
+                     who, role_name, format_td(inactive), format_td(timedelta(seconds=timeout)))
             return True
         return False
 

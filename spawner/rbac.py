@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -20,17 +21,31 @@ def instructor_scopes(group: str) -> list[str]:
     ]
 
 
-def _role_name(group: str) -> str:
-    # JupyterHub role names: lowercase letters, digits and - _ ~ . only
-    safe = re.sub(r"[^a-z0-9\-_~.]", "-", group.lower()).strip("-_~.") or "group"
-    return f"instructor-{safe}"
+# JupyterHub role names: lowercase letters, digits and - _ ~ . (ending in a
+# letter or digit). A group name that is already one, without "--", is kept;
+# any other gets a readable part and a hash of the whole name after "---",
+# which no kept name contains, so two groups never share a role (as in
+# kubespawner's slugs).
+_SAFE_NAME = re.compile(r"^[a-z0-9]([a-z0-9\-_~.]{0,38}[a-z0-9])?$")
+
+
+def group_slug(group: str) -> str:
+    """``group`` as a unique piece of a JupyterHub role name."""
+    if _SAFE_NAME.match(group) and "--" not in group:
+        return group
+    readable = re.sub(r"[^a-z0-9]+", "-", group.lower()).strip("-")[:24].strip("-") or "group"
+    return f"{readable}---{hashlib.sha256(group.encode()).hexdigest()[:8]}"
+
+
+def role_name(group: str) -> str:
+    return f"instructor-{group_slug(group)}"
 
 
 def instructor_roles(classes: Mapping[str, Iterable[str]]) -> list[dict[str, Any]]:
     """``{group: [instructor, ...]}`` to entries for ``c.JupyterHub.load_roles``."""
     return [
         {
-            "name": _role_name(group),
+            "name": role_name(group),
             "description": f"Instructor of {group}: manage the servers of its members",
             "scopes": instructor_scopes(group),
             "users": sorted(instructors),

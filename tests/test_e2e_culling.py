@@ -130,8 +130,8 @@ def test_culling_follows_roles_activity_and_busy_gpus(cull_hub, docker_client):
     assert 20 <= culled.get("gpu-e", 999) - flipped_idle <= 20 + 4 + CULL_EVERY + ACTIVITY + 8
 
     # Each cull is in the hub's log with user, role, reason and idle time.
-    assert "Culling idle-a (role idle20): idle for 0m2" in log
-    assert "Culling aged-d (role aged): reached max_age 0m30s" in log
+    assert "Culling idle-a (role idle20): idle for 00:00:2" in log
+    assert "Culling aged-d (role aged): reached max_age 00:00:30" in log
     assert "Culling gpu-e (role gpu20): idle for" in log
     # Container removed, GPU back in the pool, home volume kept.
     assert containers(docker_client, "gpu-e") == []

@@ -1,7 +1,10 @@
 """Small pure parts: instructor RBAC roles, engine checks, the entry point."""
 
 import logging
+import re
 from importlib.metadata import entry_points
+
+import pytest
 
 from spawner.engine import check_engine_info
 from spawner.rbac import instructor_roles
@@ -19,7 +22,21 @@ def test_instructor_role_scopes_are_filtered_to_the_group():
 
 def test_instructor_role_name_is_valid_for_odd_groups():
     (role,) = instructor_roles({"Lab Class #1": ["x"]})
-    assert role["name"] == "instructor-lab-class--1"
+    assert re.fullmatch(r"instructor-lab-class-1---[0-9a-f]{8}", role["name"])
+    assert re.fullmatch(r"^[a-z][a-z0-9\-_~\.]{1,253}[a-z0-9]$", role["name"])
+
+
+@pytest.mark.parametrize("groups", [
+    ["Lab Class #1", "lab-class--1", "lab-class-1"],
+    ["a b", "a-b", "a_b", "A-B", "a--b"],
+    ["x" * 300, "x" * 301],
+    ["", "-", "#"],
+])
+def test_instructor_role_names_never_collide(groups):
+    names = [role["name"] for role in instructor_roles({g: ["x"] for g in groups})]
+    assert len(set(names)) == len(groups), names
+    for name in names:  # JupyterHub's own rule for role names
+        assert re.fullmatch(r"^[a-z][a-z0-9\-_~\.]{1,253}[a-z0-9]$", name), name
 
 
 def test_swap_warning(caplog):
