@@ -15,28 +15,23 @@ set -euo pipefail
 LOG=${DOCKERD_LOG:-/var/log/quota-spawner-dockerd.log}
 WAIT=${DOCKERD_WAIT:-60}
 
-say() { echo "[dockerd] $*"; }
-die() { echo "[dockerd] ERROR: $*" >&2; exit 1; }
+SAY_TAG=dockerd
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+answers() { docker info >/dev/null 2>&1; }
 
-if docker info >/dev/null 2>&1; then
+if answers; then
     say "engine already running"
     exit 0
 fi
 
 [ "$(id -u)" -eq 0 ] || die "no Docker engine is reachable and starting one needs root"
 
-if ! command -v dockerd >/dev/null 2>&1; then
-    say "dockerd missing: apt-get install docker.io"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends docker.io >/dev/null
-fi
+ensure_dockerd
 
 # A CLI without an engine: a stale socket or pid file from an earlier engine
 # would make dockerd refuse to start.
-if [ -f /var/run/docker.pid ] && ! kill -0 "$(cat /var/run/docker.pid)" 2>/dev/null; then
-    rm -f /var/run/docker.pid
-fi
+drop_stale_pidfile /var/run/docker.pid
 
 # By its pid file, not by process name: the test engine (scripts/test-dockerd.sh)
 # is another dockerd and may be running beside this one.
@@ -49,15 +44,12 @@ else
     setsid nohup dockerd >>"$LOG" 2>&1 </dev/null &
 fi
 
-for _ in $(seq 1 "$WAIT"); do
-    if docker info >/dev/null 2>&1; then
-        say "engine ready ($(docker version --format '{{.Server.Version}}' 2>/dev/null || echo '?'))"
-        exit 0
-    fi
-    sleep 1
-done
+if retry_seconds "$WAIT" answers; then
+    say "engine ready ($(docker version --format '{{.Server.Version}}' 2>/dev/null || echo '?'))"
+    exit 0
+fi
 
-echo "[dockerd] ERROR: dockerd did not answer 'docker info' within ${WAIT}s." >&2
-echo "[dockerd] Last lines of $LOG:" >&2
+say "ERROR: dockerd did not answer 'docker info' within ${WAIT}s." >&2
+say "Last lines of $LOG:" >&2
 tail -n 20 "$LOG" >&2 || true
 exit 1

@@ -17,9 +17,10 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 
-say() { echo "[setup] $*"; }
-die() { echo "[setup] ERROR: $*" >&2; exit 1; }
-T0=$(date +%s)
+SAY_TAG=setup
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$ROOT/scripts/lib.sh"
+T0=$(now)
 
 # ------------------------------------------------------------------ apt ---
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
@@ -33,9 +34,7 @@ command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 if [ ${#missing[@]} -gt 0 ]; then
     [ "$(id -u)" -eq 0 ] || die "need root to apt-get install ${missing[*]}"
     say "apt-get install ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq "${missing[@]}" >/dev/null
+    apt_install "${missing[@]}"
 else
     say "system packages present"
 fi
@@ -92,4 +91,4 @@ else
     scripts/build-images.sh
 fi
 
-say "done in $(( $(date +%s) - T0 ))s"
+say "done in $(( $(now) - T0 ))s"

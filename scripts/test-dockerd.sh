@@ -31,8 +31,9 @@ LOG=${TEST_DOCKERD_LOG:-/var/log/quota-spawner-test-dockerd.log}
 WAIT=${DOCKERD_WAIT:-60}
 HOOK_DIR=$ROOT/scripts/fake-nvidia
 
-say() { echo "[test-dockerd] $*"; }
-die() { echo "[test-dockerd] ERROR: $*" >&2; exit 1; }
+SAY_TAG=test-dockerd
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$ROOT/scripts/lib.sh"
 answers() { DOCKER_HOST=$HOST docker info >/dev/null 2>&1; }
 
 case "${1:-}" in
@@ -60,17 +61,10 @@ for real in nvidia-container-runtime-hook nvidia-container-toolkit nvidia-ctk; d
     fi
 done
 
-if ! command -v dockerd >/dev/null 2>&1; then
-    say "dockerd missing: apt-get install docker.io"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends docker.io >/dev/null
-fi
+ensure_dockerd
 
 mkdir -p "$RUN" "$DATA" "$(dirname "$LOG")"
-if [ -f "$RUN/docker.pid" ] && ! kill -0 "$(cat "$RUN/docker.pid")" 2>/dev/null; then
-    rm -f "$RUN/docker.pid"
-fi
+drop_stale_pidfile "$RUN/docker.pid"
 
 if [ -f "$RUN/docker.pid" ]; then
     say "the test dockerd exists but does not answer yet; waiting for it"
@@ -93,13 +87,10 @@ else
         >>"$LOG" 2>&1 </dev/null &
 fi
 
-for _ in $(seq 1 "$WAIT"); do
-    if answers; then
-        say "test engine ready at $HOST"
-        exit 0
-    fi
-    sleep 1
-done
-echo "[test-dockerd] ERROR: the test dockerd did not answer within ${WAIT}s. Last lines of $LOG:" >&2
+if retry_seconds "$WAIT" answers; then
+    say "test engine ready at $HOST"
+    exit 0
+fi
+say "ERROR: the test dockerd did not answer within ${WAIT}s. Last lines of $LOG:" >&2
 tail -n 20 "$LOG" >&2 || true
 exit 1

@@ -20,6 +20,9 @@ MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # libgomp1 is the OpenMP runtime PaddlePaddle's CPU build links against.
 PACKAGES=python3,python3-venv,ca-certificates,tini,passwd,bash,libgomp1
 
+# Its own `say`, not scripts/lib.sh's: this script's code is hashed into the
+# base image's label (INPUTS below), so sourcing a file here would rebuild the
+# base and every image on it.
 say() { echo "[base] $*"; }
 
 # The image records what it was built from; change this script's code (not
