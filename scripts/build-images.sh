@@ -42,9 +42,14 @@ IMAGES=("$@")
 # Docker's layer cache holds when nothing changed.
 export SOURCE_DATE_EPOCH=315532800
 
-say() { echo "[images] $*"; }
-die() { echo "[images] ERROR: $*" >&2; exit 1; }
-now() { date +%s; }
+SAY_TAG=images
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+. "$ROOT/scripts/lib.sh"
+
+# The quota-spawner.inputs label of image TAG ("" when there is none).
+inputs_label() { docker image inspect -f '{{index .Config.Labels "quota-spawner.inputs"}}' "$1" 2>/dev/null || true; }
+image_size() { docker image inspect -f '{{.Size}}' "$1" | awk '{printf "%.0f MB", $1/1e6}'; }
+wheel_count() { find "$1" -maxdepth 1 -name '*.whl' | wc -l; }
 
 for name in "${IMAGES[@]}"; do
     [ -f "images/$name/Dockerfile" ] || die "no images/$name/Dockerfile"
@@ -89,7 +94,7 @@ framework_base() {   # NAME -> prints the tag to build FROM ("" = the Dockerfile
     local want have ctx t log
     want=$( { sha256sum <"$list"; sha256sum <images/framework/Dockerfile;
               docker image inspect -f '{{.Id}}' "$LOCAL_BASE"; } | sha256sum | cut -c1-16)
-    have=$(docker image inspect -f '{{index .Config.Labels "quota-spawner.inputs"}}' "$tag" 2>/dev/null || true)
+    have=$(inputs_label "$tag")
     if [ "${FORCE_FRAMEWORK:-0}" != 1 ] && [ "$have" = "$want" ]; then
         echo "$tag"; return
     fi
@@ -102,13 +107,12 @@ framework_base() {   # NAME -> prints the tag to build FROM ("" = the Dockerfile
     "${PIP[@]}" download -q --no-deps --only-binary :all: -d "$ctx.tmp" -r "$list" >"$log" 2>&1 ||
         { tail -n 30 "$log" >&2; die "downloading the wheels of $list failed"; }
     rm -rf "$ctx" && mv "$ctx.tmp" "$ctx" && cp "$list" "$ctx/framework.txt"
-    say "$name framework: $(ls "$ctx"/*.whl | wc -l) wheels, $(du -sh "$ctx" | cut -f1); docker build $tag" >&2
+    say "$name framework: $(wheel_count "$ctx") wheels, $(du -sh "$ctx" | cut -f1); docker build $tag" >&2
     docker build --force-rm --network none --build-arg "BASE_IMAGE=$LOCAL_BASE" \
         --label "quota-spawner.inputs=$want" -f images/framework/Dockerfile -t "$tag" "$ctx" >>"$log" 2>&1 ||
         { tail -n 40 "$log" >&2; die "building $tag failed (full log: $log)"; }
     rm -rf "$ctx"  # gigabytes of wheels, now inside the image
-    size=$(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}')
-    say "built $tag, $size ($(( $(now) - t ))s)" >&2
+    say "built $tag, $(image_size "$tag") ($(( $(now) - t ))s)" >&2
     echo "$tag"
 }
 
@@ -136,12 +140,7 @@ package_sources() {
 
 # Of pyproject.toml only the tables that shape the wheel count: editing
 # [tool.ruff] or [tool.pytest] must not rebuild the images.
-PYPROJECT_DIGEST=$(/usr/bin/python3 -c '
-import hashlib, json, tomllib
-d = tomllib.load(open("pyproject.toml", "rb"))
-keep = {k: d.get(k) for k in ("build-system", "project")}
-keep["tool"] = {k: v for k, v in d.get("tool", {}).items() if k.startswith("setuptools")}
-print(hashlib.sha256(json.dumps(keep, sort_keys=True).encode()).hexdigest())')
+PYPROJECT_DIGEST=$(/usr/bin/python3 scripts/image_inputs.py pyproject-digest)
 
 hash_files() {   # file names and contents
     local f
@@ -168,11 +167,11 @@ if [ ! -x "$PY" ]; then
     PY=$BUILD/wheel-venv/bin/python
     [ -x "$PY" ] || /usr/bin/python3 -m venv "$BUILD/wheel-venv"
 fi
+# The Python version of an interpreter: a path, or a command that runs one.
 pyver() { "$@" -c 'import platform; print(platform.python_version())'; }
 HOST_PY=$(pyver "$PY")
 if [ "${UPSTREAM:-0}" != 1 ]; then
-    BASE_PY=$(docker run --rm --network none "$LOCAL_BASE" python3 -c \
-        'import platform; print(platform.python_version())')
+    BASE_PY=$(pyver docker run --rm --network none "$LOCAL_BASE" python3)
     [ "$HOST_PY" = "$BASE_PY" ] || die "$PY is Python $HOST_PY but the base image has $BASE_PY;" \
         "wheels resolved there may not install in the image. Recreate .venv with /usr/bin/python3" \
         "or set WHEEL_PYTHON."
@@ -187,7 +186,7 @@ STALE=()
 for name in "${IMAGES[@]}"; do
     tag=quota-spawner/$name:latest
     want=$(image_hash "$name")
-    have=$(docker image inspect -f '{{index .Config.Labels "quota-spawner.inputs"}}' "$tag" 2>/dev/null || true)
+    have=$(inputs_label "$tag")
     if [ "${FORCE:-0}" != 1 ] && [ "$have" = "$want" ]; then
         say "$tag is up to date ($want)"
     else
@@ -213,7 +212,7 @@ say "project wheel $(basename "$PROJECT_WHEEL") ($(( $(now) - t ))s)"
 # Dependencies: resolved again only when what they come from changes.
 DEPS_STAMP=$( { hash_files pyproject.toml images/common/requirements.txt; echo "$HOST_PY"; } | sha256sum | cut -c1-16)
 if [ "$(cat "$WHEELS/deps.stamp" 2>/dev/null)" = "$DEPS_STAMP" ] && [ -d "$WHEELS/deps" ]; then
-    say "dependency wheels up to date ($(ls "$WHEELS"/deps/*.whl | wc -l) wheels)"
+    say "dependency wheels up to date ($(wheel_count "$WHEELS/deps") wheels)"
 else
     t=$(now)
     say "pip wheel: dependencies with Python $HOST_PY (log: $LOGS/wheel-deps.log)"
@@ -225,17 +224,13 @@ else
     rm -rf "$WHEELS/deps"
     mv "$WHEELS/deps.tmp" "$WHEELS/deps"
     echo "$DEPS_STAMP" >"$WHEELS/deps.stamp"
-    say "dependency wheels: $(ls "$WHEELS"/deps/*.whl | wc -l) wheels, $(du -sh "$WHEELS/deps" | cut -f1) ($(( $(now) - t ))s)"
+    say "dependency wheels: $(wheel_count "$WHEELS/deps") wheels, $(du -sh "$WHEELS/deps" | cut -f1) ($(( $(now) - t ))s)"
 fi
 
 # quota-spawner's own requirements: the image installs them in its cached
 # deps layer, then the package alone with --no-deps. (Docker's cache looks
 # at content, so rewriting the same list each time costs nothing.)
-/usr/bin/python3 -c '
-import tomllib
-d = tomllib.load(open("pyproject.toml", "rb"))["project"]
-print("\n".join(d.get("dependencies", []) + d.get("optional-dependencies", {}).get("notebook", [])))
-' >"$WHEELS/deps/project-requirements.txt"
+/usr/bin/python3 scripts/image_inputs.py project-requirements >"$WHEELS/deps/project-requirements.txt"
 
 # -------------------------------------------------------------- images ---
 for name in "${STALE[@]}"; do
@@ -280,8 +275,7 @@ for name in "${STALE[@]}"; do
     if [ -n "$old" ] && [ "$old" != "$new" ]; then
         docker rmi "$old" >/dev/null 2>&1 || true
     fi
-    size=$(docker image inspect -f '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1/1e6}')
-    say "built $tag, $size ($(( $(now) - t ))s)"
+    say "built $tag, $(image_size "$tag") ($(( $(now) - t ))s)"
 done
 
 # ------------------------------------------------------------- cleanup ---
