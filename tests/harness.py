@@ -311,3 +311,35 @@ c.QuotaSpawner.environment = {{
 }}
 c.QuotaSpawner.args = {list(monitor_args)!r}
 """
+
+
+# --- quota-table text for the unit tests (test_quota_gpu_fields.py, test_cli.py) ------
+
+
+def line_of(text: str, needle: str, after: str | None = None) -> int:
+    """The 1-based line of the first line holding ``needle`` (after the line holding ``after``)."""
+    lines = text.splitlines()
+    start = next(i for i, t in enumerate(lines) if after in t) if after else 0
+    return next(i for i, t in enumerate(lines[start:], start + 1) if needle in t)
+
+
+def gpu_table(fields: str) -> str:
+    """A table whose role 'r' has the given extra lines (one field a line)."""
+    extra = "".join(f"    {line}\n" for line in fields.splitlines())
+    return (
+        "images:\n"
+        "  pytorch:\n"
+        "    image: quota-spawner/pytorch:latest\n"
+        "roles:\n"
+        "  cpu:\n"
+        "    cpus: 1\n"
+        "    memory: 1G\n"
+        "    images: [pytorch]\n"
+        "  r:\n"
+        "    cpus: 1\n"
+        "    memory: 1G\n"
+        f"{extra}"
+        "    images: [pytorch]\n"
+        "assignments:\n"
+        "  default: [cpu, r]\n"
+    )

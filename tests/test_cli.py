@@ -1,10 +1,17 @@
 """The quota-spawner command."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from harness import gpu_table, line_of
+from spawner.cli import main as cli_main
+
+G = 2**30
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "hub_config" / "quotas.yaml")
 
 
@@ -106,3 +113,71 @@ def test_show_refuses_a_user_name_yaml_reads_as_a_number(tmp_path):
     quoted.write_text(bad.read_text().replace("0123:", "'0123':"))
     data = json.loads(run("show", str(quoted), "--user", "0123", "--json").stdout)
     assert [r["name"] for r in data["roles"]] == ["pipeline"]
+
+
+# --- GPU fields, through main() ---------------------------------------------------
+
+
+def cli(capsys, *args: str) -> tuple[int, str]:
+    code = cli_main(list(args))
+    return code, capsys.readouterr().out
+
+
+def test_cli_validate_against_a_gpu_count(tmp_path, capsys):
+    path = tmp_path / "q.yaml"
+    text = gpu_table("gpus: 2")
+    path.write_text(text)
+    code, out = cli(capsys, "validate", str(path), "--gpus", "1")
+    assert code == 1
+    assert out.strip() == f"{path}:{line_of(text, 'gpus: 2')}: role 'r': gpus is 2, but this hub has only 1 GPU"
+    assert cli(capsys, "validate", str(path))[0] == 0  # no inventory given: not checked
+    assert cli(capsys, "validate", str(path), "--gpus", "2")[0] == 0
+
+
+def test_cli_validate_gpu_memory(tmp_path, capsys):
+    path = tmp_path / "q.yaml"
+    text = gpu_table("gpus: 1\ngpu_mode: shared\ngpu_share: 4\ngpu_memory: 48G")
+    path.write_text(text)
+    code, out = cli(capsys, "validate", str(path), "--gpus", "1", "--gpu-memory", "40G")
+    assert code == 1
+    assert out.strip() == (f"{path}:{line_of(text, 'gpu_memory')}: role 'r': gpu_memory 48 GiB "
+                           "is more than the smallest GPU's memory (40 GiB)")
+    assert cli(capsys, "validate", str(path), "--gpus", "1", "--gpu-memory", "80G")[0] == 0
+    with pytest.raises(SystemExit) as info:
+        cli_main(["validate", str(path), "--gpus", "1", "--gpu-memory", "lots"])
+    assert info.value.code == 2
+    assert "cannot read 'lots' as a size" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        cli_main(["validate", str(path), "--gpu-memory", "40G"])
+    assert info.value.code == 2
+    assert "--gpu-memory needs --gpus" in capsys.readouterr().err
+
+
+def test_cli_validate_subprocess_exit_code(tmp_path):
+    path = tmp_path / "q.yaml"
+    path.write_text(gpu_table("gpus: 2"))
+    result = subprocess.run([sys.executable, "-m", "spawner.cli", "validate", str(path),
+                             "--gpus", "1"], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "gpus is 2, but this hub has only 1 GPU" in result.stdout
+
+
+def test_cli_show_prints_gpus(tmp_path, capsys):
+    path = tmp_path / "q.yaml"
+    path.write_text(gpu_table("gpus: 1\ngpu_mode: shared\ngpu_share: 3\ngpu_memory: 16G"))
+    code, out = cli(capsys, "show", str(path), "--user", "bob")
+    assert code == 0
+    assert "  cpu: 1 CPU · 1 GiB memory; images: pytorch" in out
+    assert "  r: 1 CPU · 1 GiB memory · 1 GPU, shared by up to 3 · 16 GiB GPU memory cap" in out
+    code, out = cli(capsys, "show", str(path), "--user", "bob", "--json")
+    roles = {r["name"]: r for r in json.loads(out)["roles"]}
+    assert {k: roles["r"][k] for k in ("gpus", "gpu_mode", "gpu_share", "gpu_memory")} == {
+        "gpus": 1, "gpu_mode": "shared", "gpu_share": 3, "gpu_memory": 16 * G}
+    assert {k: roles["cpu"][k] for k in ("gpus", "gpu_mode", "gpu_share", "gpu_memory")} == {
+        "gpus": 0, "gpu_mode": None, "gpu_share": None, "gpu_memory": None}
+
+
+def test_cli_show_example_gpu_role(capsys):
+    code, out = cli(capsys, "show", str(EXAMPLE), "--user", "research-lead")
+    assert code == 0
+    assert re.search(r"gpu-training: .* · \d+ GPUs?, exclusive", out)
