@@ -1,4 +1,5 @@
-"""The baseline for bench/, and the measurement both benchmarks share.
+"""The baseline for bench/, and what the benchmarks share: the spawn measurement,
+the quantile and the closing summary.
 
 Plain DockerSpawner runs on the same network as QuotaSpawner: the shipped
 config's user-defined bridge (``quota-spawner``), which stock DockerSpawner
@@ -12,6 +13,7 @@ table, no GPUs, no checks before create. Hubs load it as
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dockerspawner import DockerSpawner
@@ -27,6 +29,11 @@ c.DockerSpawner.cpu_limit = 1.0
 c.DockerSpawner.network_name = c.QuotaSpawner.network_name  # the shipped config's network
 c.DockerSpawner.http_timeout = 120  # as generous as QuotaSpawner's wait
 c.DockerSpawner.start_timeout = 300
+"""
+# Hub config for QuotaSpawner in the spawn benchmarks: the same generous waits.
+QUOTA_CONFIG = """
+c.QuotaSpawner.http_timeout = 120
+c.QuotaSpawner.start_timeout = 300
 """
 
 
@@ -51,3 +58,15 @@ def pct(values: list[float], q: float) -> float:
     """The q-quantile, nearest rank (no interpolation)."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run_parts(bench: str, parts: list[tuple[str, Callable[[], dict[str, str]]]],
+              note: Callable[[], str] = lambda: "") -> None:
+    """Run each (name, part) in turn, then print what each part returned, one line a key."""
+    begin = time.perf_counter()
+    summary = [(name, run()) for name, run in parts]
+    print(f"\n== summary ({bench}, {time.perf_counter() - begin:.0f}s{note()})")
+    for name, result in summary:
+        print(f"  {name}:")
+        for key, value in result.items():
+            print(f"    {key:<34} {value}")

@@ -54,7 +54,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from baseline import PLAIN_CONFIG, pct, spawn_and_wait  # noqa: E402
+from baseline import PLAIN_CONFIG, QUOTA_CONFIG, pct, run_parts, spawn_and_wait  # noqa: E402
 
 from spawner.gpu.allocator import GpuAllocator, GpuRequest, NoGpuFree  # noqa: E402
 from spawner.gpu.inventory import GpuDevice  # noqa: E402
@@ -360,11 +360,7 @@ assignments:
 """
 INVENTORY = [{"uuid": f"GPU-bench{i:03d}-0000-0000-0000-{i:012x}", "name": "Fake H100",
               "memory": "80G"} for i in range(8)]
-QUOTA_CONFIG = f"""
-c.QuotaSpawner.http_timeout = 120
-c.QuotaSpawner.start_timeout = 300
-c.QuotaSpawner.gpu_inventory = {INVENTORY!r}
-"""
+GPU_CONFIG = QUOTA_CONFIG + f"c.QuotaSpawner.gpu_inventory = {INVENTORY!r}\n"
 KINDS = ("plain", "cpu", "gpu")
 LABELS = {"plain": "plain DockerSpawner", "cpu": "QuotaSpawner cpu role",
           "gpu": "QuotaSpawner gpu role"}
@@ -380,7 +376,7 @@ def spawn_bench(n: int, prefix: str) -> dict[str, str]:
           f"{os.cpu_count()} CPUs, state in {work}", flush=True)
     plain = Hub(work / "plain", prefix=prefix, spawner_class="baseline.PlainDockerSpawner",
                 extra_config=PLAIN_CONFIG, pythonpath=str(HERE))
-    quota = Hub(work / "quota", QUOTAS, prefix=prefix, extra_config=QUOTA_CONFIG)
+    quota = Hub(work / "quota", QUOTAS, prefix=prefix, extra_config=GPU_CONFIG)
     hubs = {"plain": plain, "cpu": quota, "gpu": quota}
     options = {"plain": None, "cpu": {"profile": "cpu"}, "gpu": {"profile": "gpu"}}
     times: dict[str, list[float]] = {kind: [] for kind in KINDS}
@@ -462,19 +458,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
     args = parser.parse_args()
     both = not (args.allocator or args.spawn)
-    begin = time.perf_counter()
     parts: list[tuple[str, Callable[[], dict[str, str]]]] = []
     if args.allocator or both:
         parts.append(("allocator", lambda: allocator_bench(
             args.gpus, args.users, args.events, args.threads, args.seed)))
     if args.spawn or both:
         parts.append(("spawn", lambda: spawn_bench(args.n, f"qsbench-gpu{os.getpid()}")))
-    summary = [(name, run()) for name, run in parts]
-    print(f"\n== summary (gpu_bench, {time.perf_counter() - begin:.0f}s)")
-    for name, result in summary:
-        print(f"  {name}:")
-        for key, value in result.items():
-            print(f"    {key:<34} {value}")
+    run_parts("gpu_bench", parts)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ Two parts, both run unless one is chosen:
              interval apart, so the history ring and the busy window hold what
              they hold in steady state. With the fake NVML this is the
              Python-side cost only; what the real NVML calls cost is measured on
-             a GPU machine (the device check compares NVML with an
+             a GPU machine (tests/test_gpu_device.py compares NVML with an
              ``nvidia-smi`` subprocess). As this machine's side of that
              comparison, it times spawning /bin/true the way a caller of
              nvidia-smi would (subprocess.run, output captured): the floor of
@@ -19,18 +19,18 @@ Two parts, both run unless one is chosen:
 
 --api        A real ``jupyter server`` subprocess with the extension enabled and
              the fake ``pynvml`` (tests/fake_nvml_container) reading 2 fake GPUs
-             from $FAKE_NVML_STATE. The collector samples every 0.05 s and keeps
-             901 samples, as many as a full 15-minute history at the default
-             1 s interval, so ``?history=1`` reaches its steady-state size in
-             45 s. 20 clients (threads, each its own requests.Session and
-             connection) poll as fast as they can, in ABBA rounds:
-             GET /api/gpu/metrics against jupyter_server's own GET /api/status,
-             ratios of p50 and p99; then at the page's own rate (one
-             ``?history=1`` on load, then the plain JSON every second, the rate
-             the page uses at the default interval); then ``?history=1`` as
-             fast as they can once the history is full. The server's CPU time
-             per request comes from /proc, and so does its idle CPU (the
-             collector at 20 Hz). The server is killed at the end.
+             from $FAKE_NVML_STATE: the tests' server, tests/monitor_server.py.
+             The collector samples every 0.05 s and keeps 901 samples, as many
+             as a full 15-minute history at the default 1 s interval, so
+             ``?history=1`` reaches its steady-state size in 45 s. 20 clients
+             (threads, each its own requests.Session and connection) poll as
+             fast as they can, in ABBA rounds: GET /api/gpu/metrics against
+             jupyter_server's own GET /api/status, ratios of p50 and p99; then
+             at the page's own rate (one ``?history=1`` on load, then the plain
+             JSON every second, the rate the page uses at the default interval);
+             then ``?history=1`` as fast as they can once the history is full.
+             The server's CPU time per request comes from /proc, and so does its
+             idle CPU (the collector at 20 Hz). The server is stopped at the end.
 
     .venv/bin/python bench/monitor_bench.py                  # both parts (about a minute)
     .venv/bin/python bench/monitor_bench.py --collector --samples 5000
@@ -45,19 +45,17 @@ compare endpoints within one run, and rerun when other work was running
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import resource
-import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -68,19 +66,16 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from baseline import pct, run_parts  # noqa: E402
+
 from fake_pynvml import FakeGpu, FakeNvml  # noqa: E402
+from monitor_server import TOKEN, MonitorServer  # noqa: E402
 from spawner.monitor import metrics  # noqa: E402
 from spawner.monitor.collector import GpuMonitor  # noqa: E402
 
 GiB = 1 << 30
 DEFAULT_INTERVAL = 1.0  # GpuMonitor.interval's default
 DEFAULT_HISTORY = 900.0  # GpuMonitor.history_seconds's default
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-quantile, nearest rank (no interpolation); as bench/baseline.py's."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def page_period(interval: float) -> float:
@@ -205,8 +200,9 @@ def collector_bench(gpu_counts: list[int], samples: int, spawns: int) -> dict[st
           f"({int(DEFAULT_HISTORY / DEFAULT_INTERVAL) + 1} samples), callbacks: Prometheus "
           f"gauges + activity mark", flush=True)
     print("   The fake NVML answers from Python objects: this is the monitor's Python-side "
-          "cost only.\n   The real NVML calls (driver ioctls) come on top; the device check "
-          "measures them on a GPU\n   machine, against an nvidia-smi subprocess.")
+          "cost only.\n   The real NVML calls (driver ioctls) come on top; "
+          "tests/test_gpu_device.py measures them\n   on a GPU machine, against an nvidia-smi "
+          "subprocess.")
     rows = [collector_run(n, samples) for n in gpu_counts]
     print(f"\n    {'GPUs':>4} {'CPU µs/sample':>14} {'µs/GPU':>8} {'wall µs':>8} "
           f"{'p50 µs':>7} {'p99 µs':>7} {'sample()':>9} {'record()':>9} {'NVML calls':>10}"
@@ -257,17 +253,11 @@ def collector_bench(gpu_counts: list[int], samples: int, spawns: int) -> dict[st
         result[f"sample/spawn CPU, {row['gpus']} GPU{'s' if row['gpus'] > 1 else ''}"] = (
             f"{row['cpu_us'] / spawn['cpu_us']:.3f} "
             f"(wall {row['wall_us'] / spawn['wall_us']:.3f})")
-    result["scope"] = "Python side only (fake NVML); real NVML: device check"
+    result["scope"] = "Python side only (fake NVML); real NVML: tests/test_gpu_device.py"
     return result
 
 
 # --- API ---------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def proc_cpu(pid: int) -> float:
     """utime + stime of a process, in seconds (clock ticks: 10 ms resolution)."""
@@ -276,75 +266,28 @@ def proc_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-class Server:
-    """`jupyter server` with spawner.monitor and the fake pynvml, in a temporary folder."""
+class Server(MonitorServer):
+    """The tests' `jupyter server` (tests/monitor_server.py) in a temporary folder: the
+    bench's collector interval and history, ``gpus`` of fake_gpus(), and its CPU time."""
+
+    headers = {"Authorization": f"token {TOKEN}"}
 
     def __init__(self, interval: float, history_entries: int, gpus: int):
-        self.work = Path(tempfile.mkdtemp(prefix="quota-monitor-bench-"))
-        self.port = free_port()
-        self.token = secrets.token_hex(16)
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.interval = interval
-        self.history_entries = history_entries
-        self.gpus = gpus
-        self.proc: subprocess.Popen | None = None
-        self.log = self.work / "server.log"
-
-    def start(self, timeout: float = 90) -> float:
-        fake = self.work / "fake"
-        fake.mkdir()
-        shutil.copy(ROOT / "tests" / "fake_pynvml.py", fake)
-        shutil.copy(ROOT / "tests" / "fake_nvml_container" / "pynvml.py", fake)
-        state = self.work / "nvml-state.json"
-        state.write_text(json.dumps({"gpus": [
-            {"uuid": g.uuid, "used": g.used, "utilization": g.utilization,
-             "temperature": g.temperature, "power": g.power,
-             "processes": [list(p) for p in g.processes]} for g in fake_gpus(self.gpus)]}))
-        for sub in ("home", "runtime", "notebooks"):
-            (self.work / sub).mkdir()
-        env = dict(os.environ, HOME=str(self.work / "home"),
-                   JUPYTER_RUNTIME_DIR=str(self.work / "runtime"), PYTHONPATH=str(fake),
-                   FAKE_NVML_STATE=str(state), NVIDIA_VISIBLE_DEVICES="all")
-        env.pop("GPU_MEMORY_LIMIT", None)
-        jupyter = Path(sys.executable).with_name("jupyter")
-        command = [str(jupyter)] if jupyter.exists() else [sys.executable, "-m", "jupyter"]
         # history_seconds a half interval over, so float rounding cannot drop a slot
-        history_seconds = (self.history_entries - 1 + 0.5) * self.interval
-        command += [
-            "server", "--allow-root", f"--port={self.port}", "--no-browser",
-            f"--IdentityProvider.token={self.token}",
-            "--ServerApp.jpserver_extensions={'spawner.monitor': True}",
-            f"--GpuMonitor.interval={self.interval}",
-            f"--GpuMonitor.history_seconds={history_seconds}",
-        ]
+        history_seconds = (history_entries - 1 + 0.5) * interval
+        super().__init__(Path(tempfile.mkdtemp(prefix="quota-monitor-bench-")),
+                         {"gpus": [asdict(gpu) for gpu in fake_gpus(gpus)]},
+                         {"NVIDIA_VISIBLE_DEVICES": "all"},
+                         args=(f"--GpuMonitor.interval={interval}",
+                               f"--GpuMonitor.history_seconds={history_seconds}"))
+
+    def start_timed(self, timeout: float = 90) -> float:
+        """Start it; the seconds until its first sample has read the fake GPUs."""
         begin = time.perf_counter()
-        with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen(command, cwd=self.work / "notebooks", env=env,
-                                         stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
-        deadline = begin + timeout
-        while time.perf_counter() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter server exited ({self.proc.returncode}):\n"
-                                   + self.tail())
-            try:
-                r = requests.get(f"{self.url}/api/gpu/metrics", headers=self.headers, timeout=2)
-                if r.status_code == 200 and r.json()["status"] == "ok":
-                    return time.perf_counter() - begin
-            except (requests.RequestException, ValueError):
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"jupyter server not ready after {timeout:.0f}s:\n" + self.tail())
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"token {self.token}"}
-
-    def tail(self, n: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        self.start().wait_ready(timeout)
+        if self.metrics()["status"] != "ok":
+            raise RuntimeError(f"the monitor reads no GPUs: {self.metrics()}")
+        return time.perf_counter() - begin
 
     def cpu(self) -> float:
         assert self.proc is not None
@@ -352,20 +295,13 @@ class Server:
 
     def history(self) -> tuple[int, int]:
         """(samples in the history, response bytes) of one GET ?history=1."""
-        r = requests.get(f"{self.url}/api/gpu/metrics?history=1", headers=self.headers,
-                         timeout=10)
+        r = self.get("api/gpu/metrics?history=1")
         r.raise_for_status()
         return len(r.json()["history"]), len(r.content)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        shutil.rmtree(self.work, ignore_errors=True)
+        super().stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class Poll:
@@ -441,7 +377,7 @@ def poll(server: Server, label: str, clients: int, seconds: float,
     for _ in range(clients):
         session = requests.Session()
         session.headers.update(server.headers)
-        session.get(f"{server.url}/api/status", timeout=30)  # open the connection
+        session.get(f"{server.origin}/api/status", timeout=30)  # open the connection
         sessions.append(session)
     barrier = threading.Barrier(clients + 1)
     span: dict[str, float] = {}
@@ -480,7 +416,7 @@ def flat_out(url: str) -> Callable[[requests.Session, float, Poll, int], None]:
 def page_like(server: Server, period: float, loads: Poll,
               ) -> Callable[[requests.Session, float, Poll, int], None]:
     """As the page: ?history=1 once on load, then the plain JSON every ``period``."""
-    metrics_url = f"{server.url}/api/gpu/metrics"
+    metrics_url = f"{server.origin}/api/gpu/metrics"
     lock = threading.Lock()
 
     def loop(session: requests.Session, deadline: float, into: Poll, i: int) -> None:
@@ -511,9 +447,9 @@ def api_bench(clients: int, seconds: float, page_seconds: float, period: float,
           f"(threads); {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} "
           f"{load[2]:.2f}", flush=True)
     try:
-        ready = server.start()
-        print(f"  server ready in {ready:.1f}s on {server.url} (pid {server.proc.pid}), "
-              f"state in {server.work}", flush=True)
+        ready = server.start_timed()
+        print(f"  server ready in {ready:.1f}s on {server.origin} (pid {server.proc.pid}), "
+              f"state in {server.workdir}", flush=True)
 
         time.sleep(settle)  # jupyterlab and jupyter_lsp finish starting after "ready"
         cpu0, wall0 = server.cpu(), time.perf_counter()
@@ -525,8 +461,8 @@ def api_bench(clients: int, seconds: float, page_seconds: float, period: float,
               f"~{idle_share / ticks * 1e6:.0f} µs per tick (10 ms /proc resolution)",
               flush=True)
 
-        metrics_url = f"{server.url}/api/gpu/metrics"
-        status_url = f"{server.url}/api/status"
+        metrics_url = f"{server.origin}/api/gpu/metrics"
+        status_url = f"{server.origin}/api/status"
         fast = {"metrics": Poll("GET /api/gpu/metrics"), "status": Poll("GET /api/status")}
         urls = {"metrics": metrics_url, "status": status_url}
         half = seconds / 2
@@ -645,7 +581,6 @@ def main() -> None:
                         help="seconds the idle server's CPU is measured (default 5)")
     args = parser.parse_args()
     both = not (args.collector or args.api)
-    begin = time.perf_counter()
     parts: list[tuple[str, Callable[[], dict[str, str]]]] = []
     if args.collector or both:
         counts = [int(n) for n in args.gpus.split(",")]
@@ -654,14 +589,8 @@ def main() -> None:
         parts.append(("API", lambda: api_bench(
             args.clients, args.seconds, args.page_seconds, args.page_period, args.interval,
             args.history_entries, args.idle)))
-    summary = [(name, run()) for name, run in parts]
-    load = os.getloadavg()
-    print(f"\n== summary (monitor_bench, {time.perf_counter() - begin:.0f}s; load average now "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs)")
-    for name, result in summary:
-        print(f"  {name}:")
-        for key, value in result.items():
-            print(f"    {key:<34} {value}")
+    run_parts("monitor_bench", parts, lambda: "; load average now {:.2f} {:.2f} {:.2f} on {} "
+              "CPUs".format(*os.getloadavg(), os.cpu_count()))
 
 
 if __name__ == "__main__":

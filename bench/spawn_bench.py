@@ -24,14 +24,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from baseline import PLAIN_CONFIG, pct, spawn_and_wait  # noqa: E402
+from baseline import PLAIN_CONFIG, QUOTA_CONFIG, pct, spawn_and_wait  # noqa: E402
 
 from harness import Hub, cleanup, ensure_engine  # noqa: E402
 
-QUOTA_CONFIG = """
-c.QuotaSpawner.http_timeout = 120
-c.QuotaSpawner.start_timeout = 300
-"""
 QUOTAS = """\
 images:
   pytorch: {image: "quota-spawner/pytorch:latest"}
