@@ -2,18 +2,19 @@
 
 NVML calls block and can fail in many ways (no library, no driver, a field
 not supported); every failure becomes a plain reason string, never an
-exception that reaches the hub. Call these functions in a thread.
+exception that reaches the hub. Call these functions in a thread. The NVML
+calls themselves are in spawner.gpu.nvml, shared with the GPU monitor.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from ..quota.units import parse_size
+from .nvml import Nvml, NvmlError, NvmlNotInstalled
 
 
 @dataclass(frozen=True)
@@ -76,113 +77,35 @@ def declared_inventory(entries: Iterable[Mapping[str, Any]]) -> Inventory:
     return Inventory(tuple(devices), "declared")
 
 
-def _load_nvml(nvml: ModuleType | None) -> ModuleType:
-    if nvml is not None:
-        return nvml
-    import pynvml  # nvidia-ml-py
-
-    return pynvml
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def nvml_reason(error: BaseException) -> str:
-    """A plain sentence for an NVML failure."""
-    text = str(error) or type(error).__name__
-    return f"NVML: {text}"
-
-
-_nvml_lock = threading.Lock()  # nvmlInit/Shutdown are counted; keep pairs whole
+def _reason(error: NvmlError) -> str:
+    """'NVML: Driver Not Loaded'; the binding's absence as it is."""
+    return str(error) if isinstance(error, NvmlNotInstalled) else f"NVML: {error}"
 
 
 def discover_nvml(nvml: ModuleType | None = None) -> Inventory:
-    """Every GPU NVML sees, with MIG instances in place of their GPU when MIG is on."""
-    try:
-        nvml = _load_nvml(nvml)
-    except ImportError:
-        return Inventory((), "none", "the NVML binding (nvidia-ml-py) is not installed")
-    with _nvml_lock:
-        try:
-            nvml.nvmlInit()
-        except Exception as e:  # NVMLError_LibraryNotFound, _DriverNotLoaded, …
-            return Inventory((), "none", nvml_reason(e))
-        try:
-            devices: list[GpuDevice] = []
-            skipped: list[str] = []
-            for i in range(nvml.nvmlDeviceGetCount()):
-                try:  # one lost GPU must not take the others out of the inventory
-                    handle = nvml.nvmlDeviceGetHandleByIndex(i)
-                    migs = _mig_devices(nvml, handle, i)
-                    devices.extend(migs if migs is not None else [_device(nvml, handle, str(i))])
-                except Exception as e:
-                    skipped.append(f"GPU {i} skipped: {nvml_reason(e)}")
-            reason = "; ".join(skipped) or ("" if devices else "NVML found no GPUs")
-            return Inventory(tuple(devices), "nvml" if devices else "none", reason)
-        except Exception as e:
-            return Inventory((), "none", nvml_reason(e))
-        finally:
-            try:
-                nvml.nvmlShutdown()
-            except Exception:
-                pass
+    """Every GPU NVML sees, with MIG instances in place of their GPU when MIG is on.
 
-
-def _device(nvml: ModuleType, handle: Any, index: str, parent: str | None = None) -> GpuDevice:
-    uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+    One NVML session (spawner.gpu.nvml: started for this call, shut down after it).
+    """
     try:
-        name = _text(nvml.nvmlDeviceGetName(handle))
-    except Exception:
-        name = "GPU"
-    try:
-        memory: int | None = int(nvml.nvmlDeviceGetMemoryInfo(handle).total)
-    except Exception:
-        memory = None
-    return GpuDevice(index, uuid, name, memory, parent)
-
-
-def _mig_devices(nvml: ModuleType, handle: Any, i: int) -> list[GpuDevice] | None:
-    """The GPU's MIG instances, or None when MIG is off or not supported."""
-    try:
-        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
-    except Exception:
-        return None  # NotSupported on GPUs without MIG
-    if current != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
-        return None
-    parent = _text(nvml.nvmlDeviceGetUUID(handle))
-    devices = []
-    for j in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-        try:
-            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
-        except Exception:
-            continue  # NotFound: this slot holds no instance
-        devices.append(_device(nvml, mig, f"{i}:{j}", parent))
-    return devices
+        with Nvml(nvml).session() as session:
+            found, skipped = session.devices()
+    except NvmlError as e:  # no binding, no library, no driver; or the GPUs not countable
+        return Inventory((), "none", _reason(e))
+    devices = tuple(GpuDevice(d.index, d.uuid, d.name or "GPU", d.memory, d.parent)
+                    for d in found)
+    reason = "; ".join(f"GPU {i} skipped: NVML: {why}" for i, why in skipped)
+    return Inventory(devices, "nvml" if devices else "none",
+                     reason or ("" if devices else "NVML found no GPUs"))
 
 
 def free_memory(uuids: Iterable[str], nvml: ModuleType | None = None) -> dict[str, int]:
-    """Free memory per UUID now, for the ones NVML can read; {} when it can't."""
+    """Free memory per UUID now, for the ones NVML can read; {} when it can't.
+
+    One NVML session, like discover_nvml.
+    """
     try:
-        nvml = _load_nvml(nvml)
-    except ImportError:
+        with Nvml(nvml).session() as session:
+            return session.free_memory(uuids)
+    except NvmlError:
         return {}
-    result: dict[str, int] = {}
-    with _nvml_lock:
-        try:
-            nvml.nvmlInit()
-        except Exception:
-            return {}
-        try:
-            for uuid in uuids:
-                try:
-                    handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-                    result[uuid] = int(nvml.nvmlDeviceGetMemoryInfo(handle).free)
-                except Exception:
-                    continue
-        finally:
-            try:
-                nvml.nvmlShutdown()
-            except Exception:
-                pass
-    return result
