@@ -177,6 +177,20 @@ def test_nvml_failing_after_init_is_an_error_not_an_exception():
     reading = mon.sample()
     assert (reading["status"], reading["gpus"]) == ("error", [])
     assert reading["message"] == "Cannot read the GPUs: Driver Not Loaded."
+    assert nvml.calls[-1] == "nvmlShutdown" and nvml.initialized == 0  # NVML stopped
+
+
+def test_nvml_lost_after_init_is_started_again_after_the_retry_delay():
+    nvml = FakeNvml([FakeGpu("GPU-a")], fail={"nvmlDeviceGetCount": NVMLError_DriverNotLoaded})
+    mon, _ = monitor(nvml=nvml, visible="all", retry_seconds=0.3)
+    assert mon.sample()["message"] == "Cannot read the GPUs: Driver Not Loaded."
+    calls = len(nvml.calls)
+    assert mon.sample()["message"] == "Cannot read the GPUs: Driver Not Loaded."
+    assert len(nvml.calls) == calls  # within the delay: NVML not asked
+    del nvml.fail["nvmlDeviceGetCount"]  # the driver is back
+    time.sleep(0.35)
+    reading = mon.sample()
+    assert reading["status"] == "ok" and nvml.calls.count("nvmlInit") == 2
 
 
 @pytest.mark.parametrize("error, text", [

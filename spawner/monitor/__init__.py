@@ -11,7 +11,7 @@ from typing import Any
 
 from jupyter_server.utils import url_path_join
 
-from .collector import GpuMonitor
+from .collector import GpuMonitor, Sample
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:
@@ -27,7 +27,7 @@ def _load_jupyter_server_extension(serverapp: Any) -> None:
     web_app = serverapp.web_app
     monitor = GpuMonitor(parent=serverapp, log=serverapp.log)
 
-    def mark_activity(_reading: dict[str, Any]) -> None:
+    def mark_activity(_reading: Sample) -> None:
         # jupyter_server counts every setting ending in _last_activity as
         # activity; jupyterhub-singleuser reports it to the hub (and the culler).
         if monitor.busy:

@@ -9,20 +9,60 @@ short spike does not keep an idle server alive and a dip does not end a run.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import os
 import time
 from collections import deque
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, TypedDict
 
 from tornado.ioloop import IOLoop, PeriodicCallback
 from traitlets import Float
 from traitlets.config import LoggingConfigurable
 
 from ..contract import gpu_memory_limit, visible_devices
-from .sample import handles, read_gpu, reason
+from ..gpu.nvml import (
+    FailedGpu,
+    GpuReading,
+    Nvml,
+    NvmlError,
+    NvmlNotInstalled,
+    NvmlUnavailable,
+    reason,
+)
+
+
+class Sample(TypedDict):
+    """One reading: the API's time, status, message and gpus (docs/gpu-metrics.schema.json)."""
+
+    time: float
+    status: str  # "ok", "no_gpu", "error" or "starting"
+    message: str  # "" when ok, else one sentence
+    gpus: list[GpuReading | FailedGpu]  # empty unless ok
+
+
+class HistoryGpu(TypedDict):
+    uuid: str
+    utilization: float | None
+    memory_used: int | None
+
+
+class HistoryEntry(TypedDict):
+    """What the history keeps of a reading with status ok: what the sparklines need."""
+
+    time: float
+    gpus: list[HistoryGpu]
+
+
+def failure_message(error: NvmlError) -> str:
+    """The sentence a reading shows when NVML cannot be used."""
+    if isinstance(error, NvmlNotInstalled):
+        text = str(error)
+    elif isinstance(error, NvmlUnavailable):  # library not found, driver not loaded
+        text = f"NVML is not available: {error}"
+    else:  # started, then could not count the GPUs: the driver gone (or reloaded)
+        text = f"Cannot read the GPUs: {error}"
+    return f"{text[:1].upper()}{text[1:]}."
 
 
 class GpuMonitor(LoggingConfigurable):
@@ -46,15 +86,14 @@ class GpuMonitor(LoggingConfigurable):
     def __init__(self, nvml: ModuleType | None = None, env: dict[str, str] | None = None,
                  **kwargs: Any):
         super().__init__(**kwargs)
-        self._nvml = nvml
+        # kept started; after a failure, tried again every retry_seconds (see spawner.gpu.nvml)
+        self.nvml = Nvml(nvml, retry_seconds=self.retry_seconds)
         self._env = dict(os.environ) if env is None else env
         self.visible = visible_devices(self._env)
-        self.history: deque[dict[str, Any]] = deque(maxlen=self.history_length)
-        self.latest: dict[str, Any] = self._state("starting", "No sample yet.")
+        self.history: deque[HistoryEntry] = deque(maxlen=self.history_length)
+        self.latest: Sample = self._state("starting", "No sample yet.")
         self.busy = False
-        self.on_sample: list[Callable[[dict[str, Any]], None]] = []
-        self._initialized = False
-        self._next_init = 0.0
+        self.on_sample: list[Callable[[Sample], None]] = []
         self._timer: PeriodicCallback | None = None
         self._sampling = False
 
@@ -67,40 +106,19 @@ class GpuMonitor(LoggingConfigurable):
 
     # --- sampling (blocking; runs in a thread) ---------------------------------
 
-    def _state(self, status: str, message: str = "", gpus: list | None = None) -> dict[str, Any]:
-        return {"time": time.time(), "status": status, "message": message, "gpus": gpus or []}
+    def _state(self, status: str, message: str = "",
+               gpus: list[GpuReading | FailedGpu] | None = None) -> Sample:
+        return Sample(time=time.time(), status=status, message=message, gpus=gpus or [])
 
-    def _module(self) -> ModuleType:
-        if self._nvml is None:
-            self._nvml = importlib.import_module("pynvml")  # nvidia-ml-py
-        return self._nvml
-
-    def sample(self) -> dict[str, Any]:
+    def sample(self) -> Sample:
         """One reading: status "ok", "no_gpu" or "error", never an exception."""
         if self.visible == []:
             return self._state("no_gpu", "No GPU assigned to this server.")
-        now = time.monotonic()
-        if not self._initialized:
-            if now < self._next_init:
-                return self._state("error", self.latest.get("message") or "NVML unavailable.")
-            try:
-                nvml = self._module()
-                nvml.nvmlInit()
-            except ImportError:
-                self._next_init = now + self.retry_seconds
-                return self._state("error", "The NVML binding (nvidia-ml-py) is not installed.")
-            except Exception as e:  # library not found, driver not loaded
-                self._next_init = now + self.retry_seconds
-                return self._state("error", f"NVML is not available: {reason(e)}.")
-            self._initialized = True
-        nvml = self._module()
         try:
-            found = handles(nvml, self.visible)
-        except Exception as e:  # the driver gone (or reloaded): start NVML again later
-            self.close_nvml()
-            self._next_init = now + self.retry_seconds
-            return self._state("error", f"Cannot read the GPUs: {reason(e)}.")
-        gpus = [read_gpu(nvml, i, name, h) for i, (name, h) in enumerate(found)]
+            self.nvml.start()  # once; after a failure, again only after retry_seconds
+            gpus = self.nvml.readings(self.visible)
+        except NvmlError as e:
+            return self._state("error", failure_message(e))
         if not gpus:
             return self._state("no_gpu", "NVML sees no GPU in this server.")
         return self._state("ok", "", gpus)
@@ -108,15 +126,7 @@ class GpuMonitor(LoggingConfigurable):
     def close(self) -> None:
         if self._timer is not None:
             self._timer.stop()
-        self.close_nvml()
-
-    def close_nvml(self) -> None:
-        if self._initialized:
-            try:
-                self._module().nvmlShutdown()
-            except Exception:
-                pass
-            self._initialized = False
+        self.nvml.stop()
 
     # --- on the event loop ------------------------------------------------------
 
@@ -137,14 +147,12 @@ class GpuMonitor(LoggingConfigurable):
             self._sampling = False
         self.record(reading)
 
-    def record(self, reading: dict[str, Any]) -> None:
+    def record(self, reading: Sample) -> None:
         self.latest = reading
         if reading["status"] == "ok":
-            self.history.append({
-                "time": reading["time"],
-                "gpus": [{"uuid": g["uuid"], "utilization": g.get("utilization"),
-                          "memory_used": g.get("memory_used")} for g in reading["gpus"]],
-            })
+            self.history.append(HistoryEntry(time=reading["time"], gpus=[
+                HistoryGpu(uuid=g["uuid"], utilization=g.get("utilization"),
+                           memory_used=g.get("memory_used")) for g in reading["gpus"]]))
         self.busy = self.is_busy(reading["time"])
         for callback in self.on_sample:
             try:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import Gauge
+
+if TYPE_CHECKING:
+    from .collector import Sample
 
 LABELS = ("uuid", "index")
 
@@ -22,7 +25,7 @@ FIELDS = (
 )
 
 
-def update(reading: dict[str, Any]) -> None:
+def update(reading: Sample) -> None:
     """Set every gauge from one reading; a field NVML could not read is left out."""
     for gauge, _ in FIELDS:
         gauge.clear()  # GPUs that vanished, or fields that stopped reading, go away

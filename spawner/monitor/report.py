@@ -2,13 +2,42 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from ..contract import GPU_MEMORY_LIMIT
+from ..gpu.nvml import FailedGpu, GpuReading
 from ..quota.units import format_human
-from .collector import GpuMonitor
+from .collector import GpuMonitor, HistoryEntry
 
 SCHEMA_VERSION = 1
+
+
+class GpuReport(GpuReading):
+    """A reading and what it is measured against ($defs gpu)."""
+
+    memory_limit: int | None  # bytes: the cap where it is below the card's memory, else that
+    memory_limit_source: str  # GPU_MEMORY_LIMIT or "total"
+    memory_fraction: float | None
+    warning: str | None
+
+
+class _Report(TypedDict):
+    version: int
+    time: float
+    status: str
+    message: str
+    interval: float
+    warning_threshold: float
+    gpu_memory_limit: int | None
+    busy: bool
+    gpus: list[GpuReport | FailedGpu]
+    warning: str | None
+
+
+class Report(_Report, total=False):
+    """The whole response; ``history`` only when asked for."""
+
+    history: list[HistoryEntry]
 
 
 def memory_warning(used: int, limit: int, threshold: float, capped: bool) -> str | None:
@@ -19,39 +48,38 @@ def memory_warning(used: int, limit: int, threshold: float, capped: bool) -> str
     return f"GPU memory at {used / limit:.0%} of {whose} {format_human(limit)} limit"
 
 
-def gpu_report(gpu: dict[str, Any], cap: int | None, threshold: float) -> dict[str, Any]:
-    report = dict(gpu)
-    used, total = gpu.get("memory_used"), gpu.get("memory_total")
+def gpu_report(gpu: GpuReading, cap: int | None, threshold: float) -> GpuReport:
+    used, total = gpu["memory_used"], gpu["memory_total"]
     capped = bool(cap) and (not total or cap < total)  # a cap above the card is no cap
     limit = cap if capped else total
-    report["memory_limit"] = limit
-    report["memory_limit_source"] = GPU_MEMORY_LIMIT if capped else "total"
-    if used is not None and limit:
-        report["memory_fraction"] = used / limit
-        report["warning"] = memory_warning(used, limit, threshold, capped)
-    else:
-        report["memory_fraction"] = None
-        report["warning"] = None
-    return report
+    known = used is not None and bool(limit)
+    return GpuReport(
+        **gpu,
+        memory_limit=limit,
+        memory_limit_source=GPU_MEMORY_LIMIT if capped else "total",
+        memory_fraction=used / limit if known else None,
+        warning=memory_warning(used, limit, threshold, capped) if known else None,
+    )
 
 
-def metrics_report(monitor: GpuMonitor, history: bool = False) -> dict[str, Any]:
+def metrics_report(monitor: GpuMonitor, history: bool = False) -> Report:
     latest = monitor.latest
     cap = monitor.memory_limit_env()
-    gpus = [gpu_report(g, cap, monitor.warning_threshold) if "error" not in g else dict(g)
-            for g in latest["gpus"]]
-    body: dict[str, Any] = {
-        "version": SCHEMA_VERSION,
-        "time": latest["time"],
-        "status": latest["status"],
-        "message": latest["message"],
-        "interval": monitor.interval,
-        "warning_threshold": monitor.warning_threshold,
-        "gpu_memory_limit": cap,
-        "busy": monitor.busy,
-        "gpus": gpus,
-        "warning": next((g["warning"] for g in gpus if g.get("warning")), None),
-    }
+    gpus: list[GpuReport | FailedGpu] = [
+        FailedGpu(**g) if "error" in g else gpu_report(g, cap, monitor.warning_threshold)
+        for g in latest["gpus"]]
+    body = Report(
+        version=SCHEMA_VERSION,
+        time=latest["time"],
+        status=latest["status"],
+        message=latest["message"],
+        interval=monitor.interval,
+        warning_threshold=monitor.warning_threshold,
+        gpu_memory_limit=cap,
+        busy=monitor.busy,
+        gpus=gpus,
+        warning=next((g["warning"] for g in gpus if g.get("warning")), None),
+    )
     if history:
         body["history"] = list(monitor.history)
     return body
