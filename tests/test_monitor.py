@@ -182,7 +182,8 @@ def test_nvml_failing_after_init_is_an_error_not_an_exception():
 
 def test_nvml_lost_after_init_is_started_again_after_the_retry_delay():
     nvml = FakeNvml([FakeGpu("GPU-a")], fail={"nvmlDeviceGetCount": NVMLError_DriverNotLoaded})
-    mon, _ = monitor(nvml=nvml, visible="all", retry_seconds=0.3)
+    mon, _ = monitor(nvml=nvml, visible="all", retry_seconds=30)
+    mon.retry_seconds = 0.3  # a setting changed later applies too
     assert mon.sample()["message"] == "Cannot read the GPUs: Driver Not Loaded."
     calls = len(nvml.calls)
     assert mon.sample()["message"] == "Cannot read the GPUs: Driver Not Loaded."

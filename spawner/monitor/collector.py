@@ -17,7 +17,7 @@ from types import ModuleType
 from typing import Any, TypedDict
 
 from tornado.ioloop import IOLoop, PeriodicCallback
-from traitlets import Float
+from traitlets import Float, observe
 from traitlets.config import LoggingConfigurable
 
 from ..contract import gpu_memory_limit, visible_devices
@@ -96,6 +96,11 @@ class GpuMonitor(LoggingConfigurable):
         self.on_sample: list[Callable[[Sample], None]] = []
         self._timer: PeriodicCallback | None = None
         self._sampling = False
+
+    @observe("retry_seconds")
+    def _retry_seconds_changed(self, change: dict[str, Any]) -> None:
+        if hasattr(self, "nvml"):  # set later than the config in __init__
+            self.nvml.retry_seconds = change["new"]
 
     @property
     def history_length(self) -> int:
