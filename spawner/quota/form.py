@@ -1,17 +1,23 @@
 """The spawn form: one radio button per (role, image) choice a user holds.
 
-Everything a user or admin can name is escaped before it lands in HTML.
+A Jinja2 template (templates/form.html, or the admin's
+``QuotaSpawner.form_template``) with autoescape on: everything a user or
+admin can name is escaped before it lands in HTML.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
-from html import escape
+from typing import Any
+
+import jinja2
 
 from .model import Choice, Role
 from .units import format_human
 
 FIELD = "choice"
+TEMPLATE = "form.html"  # in spawner/quota/templates
 
 
 def describe_gpus(role: Role) -> str:
@@ -47,58 +53,58 @@ def describe_free(role: Role, available: int, total: int) -> str:
     return f"{available} of {total} GPUs free now"
 
 
+def form_rows(
+    choices: list[Choice],
+    selected: str | None = None,
+    gpus: tuple[Mapping[str, int], int] | None = None,
+    contents: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """What the template shows for each choice (see templates/form.html)."""
+    if selected not in {c.key for c in choices}:
+        selected = choices[0].key if choices else None
+    rows = []
+    for choice in choices:
+        role = choice.role
+        gpu = None
+        if role.gpus and gpus is not None:
+            available, total = gpus[0].get(role.name, 0), gpus[1]
+            gpu = {"available": available, "total": total, "enough": available >= role.gpus,
+                   "text": describe_free(role, available, total)}
+        rows.append({
+            "key": choice.key, "role": role, "image": choice.image,
+            "checked": choice.key == selected, "limits": describe_limits(role),
+            "contents": (contents or {}).get(choice.image.image, ""), "gpu": gpu,
+        })
+    return rows
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("spawner.quota", "templates"),
+        autoescape=True, undefined=jinja2.StrictUndefined,
+    )
+
+
 def render_form(
     choices: list[Choice],
     selected: str | None = None,
     always: bool = False,
     gpus: tuple[Mapping[str, int], int] | None = None,
     contents: Mapping[str, str] | None = None,
+    template: str = "",
 ) -> str:
     """The form's HTML; empty when there is nothing to choose (unless ``always``).
 
     ``gpus`` is (GPUs available per GPU role's name, GPUs in the inventory).
     ``contents`` is what each image (by reference) holds, from its own label.
+    ``template`` is an admin's Jinja2 source in place of templates/form.html.
     """
     if not choices or (len(choices) == 1 and not always):
         return ""
-    if selected not in {c.key for c in choices}:
-        selected = choices[0].key
-    rows = []
-    for choice in choices:
-        role, image = choice.role, choice.image
-        checked = " checked" if choice.key == selected else ""
-        description = (
-            f'<div class="text-muted small">{escape(role.description)}</div>'
-            if role.description else ""
-        )
-        holds = ""
-        if contents and contents.get(image.image):
-            holds = (f' <span class="quota-image-contents small text-muted">'
-                     f"{escape(contents[image.image])}</span>")
-        gpu_state = ""
-        if role.gpus and gpus is not None:
-            available, total = gpus[0].get(role.name, 0), gpus[1]
-            enough = "text-success" if available >= role.gpus else "text-danger"
-            gpu_state = (
-                f'<div class="quota-gpus small {enough}" data-available="{available}">'
-                f"{escape(describe_free(role, available, total))}</div>"
-            )
-        rows.append(
-            f'<label class="list-group-item d-flex gap-3 quota-choice"'
-            f' data-role="{escape(role.name)}" data-image="{escape(image.key)}">'
-            f'<input class="form-check-input flex-shrink-0" type="radio" name="{FIELD}"'
-            f' value="{escape(choice.key)}"{checked}>'
-            f'<span><strong>{escape(role.title)}</strong>'
-            f' <span class="badge text-bg-secondary">{escape(image.display_name)}</span>'
-            f"{holds}"
-            f'<div class="quota-limits">{escape(describe_limits(role))}</div>'
-            f"{gpu_state}{description}</span></label>"
-        )
-    return (
-        '<div class="quota-spawner-form">'
-        "<p>Choose a role and an image. The role sets the size of your server.</p>"
-        f'<div class="list-group">{"".join(rows)}</div></div>'
-    )
+    env = _environment()
+    form = env.from_string(template) if template else env.get_template(TEMPLATE)
+    return form.render(choices=form_rows(choices, selected, gpus, contents), field=FIELD)
 
 
 def options_from_form(formdata: Mapping[str, object]) -> dict[str, str]:
