@@ -19,13 +19,16 @@ engine.
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from docker.errors import DockerException
 from docker.utils import parse_bytes
+from dockerspawner.dockerspawner import _deep_merge
 
 from .contract import (
     CONTRACT_ENV,
@@ -58,18 +61,18 @@ UNSAFE_SECURITY_OPT = re.compile(
 )
 NO_NEW_PRIVILEGES = re.compile(r"^no-new-privileges([=:]true)?$", re.IGNORECASE)
 
-USER_MESSAGE = (
-    "Your server cannot start because the hub's configuration asks for a container "
-    "setting that the quota does not allow. An admin has been told; please try again later."
-)
-
-
 class ContainerPolicyError(Exception):
     """A container that must not be created; ``problems`` name each setting and why."""
 
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("; ".join(problems))
+
+
+def refuse_any(problems: list[str]) -> None:
+    """Raise ContainerPolicyError when there is any problem."""
+    if problems:
+        raise ContainerPolicyError(problems)
 
 
 @dataclass(frozen=True)
@@ -264,6 +267,56 @@ REFUSED_CREATE_SETTINGS = {
     "runtime": "set the runtime in extra_host_config, where it is checked",
     "platform": "the image's own platform is used",
 }
+
+
+def admin_problems(
+    spec: ContainerSpec,
+    *,
+    host: Mapping[str, Any],
+    create: Mapping[str, Any],
+    environment: Mapping[str, Any],
+    extra_labels: Mapping[str, Any],
+    network: str,
+) -> list[str]:
+    """Everything the admin's settings (after overrides and hooks) add that the quota
+    does not allow: extra_host_config, extra_create_kwargs, environment, extra_labels,
+    and network_name, which must still be the network the hub's config set."""
+    problems = [
+        *check_admin_host_config(host, spec),
+        *check_admin_create_kwargs(create),
+        *check_admin_environment(environment, "environment"),
+        *check_admin_labels(extra_labels, "extra_labels"),
+    ]
+    if network != spec.network_mode:
+        problems.append(f"network_name = {network!r} is refused: the hub's config sets "
+                        f"{spec.network_mode!r} for every server, and an override or hook "
+                        "may not move one server to another network")
+    return problems
+
+
+def create_body(
+    client: Any,
+    spec: ContainerSpec,
+    create: Mapping[str, Any],
+    host: Mapping[str, Any],
+    admin_create: Mapping[str, Any],
+    admin_host: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The engine's create body: DockerSpawner's request (``create``, ``host``, in
+    docker-py's names) with the admin's additions merged in, then the quota on top.
+
+    ``client`` is a docker-py APIClient; only its offline builders are used.
+    """
+    kwargs = copy.deepcopy(dict(create))
+    _deep_merge(kwargs, copy.deepcopy(dict(admin_create)))
+    host_kwargs = copy.deepcopy(dict(host))
+    _deep_merge(host_kwargs, copy.deepcopy(dict(admin_host)))
+    try:
+        body = client.create_container_config(
+            host_config=client.create_host_config(**host_kwargs), **kwargs)
+    except (DockerException, TypeError, ValueError) as e:
+        raise ContainerPolicyError([f"the container settings cannot be read: {e}"]) from None
+    return apply_quota(dict(body), spec)
 
 
 def _refuse_unknown(setting: str, key: str, safe: frozenset[str]) -> str:

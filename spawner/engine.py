@@ -1,13 +1,29 @@
-"""Checks on the Docker engine that the quotas depend on."""
+"""What the hub reads from the Docker engine: the checks the quotas depend on
+(docker info), what each image holds (its label), and the engine's own view
+of volumes and of paths inside a created container (the socket rule).
+
+The engine calls go through ``docker``, DockerSpawner's ``self.docker``,
+which runs each call in a thread; ``stat_in_container`` blocks, and is
+called in a thread too.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
+from docker.errors import APIError
+from docker.utils import decode_json_header
+
+from .contract import FRAMEWORKS_LABEL
+from .mounts import BindSource, is_socket, named_volumes, probe_paths
 from .quota.model import QuotaTable
 from .quota.units import format_human
+
+Docker = Callable[..., Awaitable[Any]]  # DockerSpawner.docker: (method, *args, **kwargs)
 
 SWAP_WARNING = (
     "The Docker engine cannot limit swap (docker info: SwapLimit false). "
@@ -82,3 +98,70 @@ def warn_oversized_roles(
         if warning not in _warned:
             _warned.add(warning)
             log.warning("%s", warning)
+
+
+class FrameworkLabels:
+    """What each image holds, from its quota-spawner.frameworks label, read at most
+    once a ``ttl``: the spawn form shows it, and the torch cap depends on it."""
+
+    def __init__(self, ttl: float = 60.0):
+        self.ttl = ttl
+        self._read: dict[str, tuple[float, str]] = {}  # image -> (when read, label)
+
+    async def get(self, images: Iterable[str], docker: Docker,
+                  log: logging.Logger | logging.LoggerAdapter) -> dict[str, str]:
+        """The label of each image that has one."""
+        now = time.monotonic()
+        found = {}
+        for image in sorted(set(images)):
+            cached = self._read.get(image)
+            if cached is None or now - cached[0] > self.ttl:
+                try:
+                    info = await docker("inspect_image", image)
+                    text = ((info.get("Config") or {}).get("Labels") or {}).get(FRAMEWORKS_LABEL)
+                except Exception as e:  # a missing image is reported when it is started
+                    log.debug("No contents label for %s: %s", image, e)
+                    text = None
+                cached = self._read[image] = (now, text or "")
+            if cached[1]:
+                found[image] = cached[1]
+        return found
+
+
+async def volume_info(docker: Docker, host: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The engine's view of the named volumes: a local volume may bind a host folder."""
+    info = {}
+    for name in named_volumes(host):
+        try:
+            info[name] = await docker("inspect_volume", name)
+        except APIError as e:
+            if e.status_code != 404:  # a missing volume is created empty
+                raise
+    return info
+
+
+def stat_in_container(client: Any, container_id: str, path: str) -> dict[str, Any] | None:
+    """The engine's stat of a path inside a created container (HEAD .../archive); blocks."""
+    response = client.head(client._url("/containers/{0}/archive", container_id),
+                           params={"path": path})
+    if response.status_code == 404:
+        return None
+    client._raise_for_status(response)
+    header = response.headers.get("X-Docker-Container-Path-Stat")
+    return decode_json_header(header) if header else None
+
+
+async def socket_probe_problems(client: Any, container_id: str,
+                                binds: Iterable[BindSource]) -> list[str]:
+    """Ask the engine what each bind of a created container really is: it sees
+    through symlinks. One sentence per bind that reaches a socket."""
+    problems = []
+    for bind in binds:
+        for path in probe_paths(bind.target):
+            stat = await asyncio.to_thread(stat_in_container, client, container_id, path)
+            if stat and is_socket(stat):
+                problems.append(f"{bind.setting} mounts {bind.source!r} at {bind.target!r}, "
+                                f"and the engine finds a socket at {path!r} in it; an "
+                                "engine socket must never reach a notebook")
+                break
+    return problems

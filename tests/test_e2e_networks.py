@@ -22,8 +22,8 @@ from traitlets.config import Config
 import harness
 from harness import ROOT, cleanup, container_for
 from spawner import QuotaSpawner
-from spawner.container import USER_MESSAGE
 from spawner.network import HOST_NETWORK_WARNING, ICC_OPTION
+from spawner.refusals import SETTING_REFUSED as USER_MESSAGE
 
 pytestmark = pytest.mark.e2e
 

@@ -24,10 +24,30 @@ from collections.abc import Callable
 from typing import Any
 
 from ..contract import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, USER_LABEL
+from ..quota.model import GpuCapacity, Role
 from .allocator import GpuAllocator, GpuRequest
-from .inventory import Inventory, free_memory
+from .inventory import Inventory, declared_inventory, discover_nvml, free_memory
 
 ALIVE_STATES = ("created", "running", "restarting", "paused")
+
+
+def hub_inventory(declared: list[dict[str, Any]], discovery: bool) -> Inventory:
+    """The GPUs a hub hands out: declared in its config, or found with NVML (blocks)."""
+    if declared:
+        try:
+            return declared_inventory(declared)
+        except ValueError as e:
+            return Inventory((), "none", f"QuotaSpawner.gpu_inventory is invalid: {e}")
+    if not discovery:
+        return Inventory((), "none", "no gpu_inventory is declared and discovery is off")
+    return discover_nvml()
+
+
+def request_for(role: Role) -> GpuRequest | None:
+    """What a role asks of the pool; None for a CPU-only role."""
+    if not role.gpus:
+        return None
+    return GpuRequest(role.gpus, role.gpu_mode, role.gpu_share, role.gpu_memory)
 
 
 def mode_label(request: GpuRequest | None) -> str:
@@ -88,6 +108,11 @@ class GpuPool:
         self._task: asyncio.Task[None] | None = None
 
     # --- the spawners' side ---------------------------------------------------
+
+    @property
+    def capacity(self) -> GpuCapacity:
+        """What the quota table is checked against."""
+        return GpuCapacity(len(self.inventory.devices), self.inventory.smallest_memory())
 
     async def ready(self) -> None:
         """Holdings rebuilt from the containers; awaited before any spawn is served."""

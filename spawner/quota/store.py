@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+from ..registry import Registry
 from .loader import load_quota_table
 from .model import GpuCapacity, Problem, QuotaTable, QuotaTableError
 
@@ -20,8 +21,7 @@ from .model import GpuCapacity, Problem, QuotaTable, QuotaTableError
 class QuotaStore:
     """One per quota file, shared by all spawners of the hub process."""
 
-    _stores: ClassVar[dict[str, QuotaStore]] = {}
-    _stores_lock: ClassVar[threading.Lock] = threading.Lock()
+    _stores: ClassVar[Registry[str, QuotaStore]] = Registry()
 
     def __init__(self, path: str):
         self.path = path
@@ -36,10 +36,7 @@ class QuotaStore:
     @classmethod
     def for_path(cls, path: str) -> QuotaStore:
         path = os.path.abspath(path)
-        with cls._stores_lock:
-            if path not in cls._stores:
-                cls._stores[path] = cls(path)
-            return cls._stores[path]
+        return cls._stores.get(path, lambda: cls(path))
 
     @property
     def problems(self) -> list[Problem]:

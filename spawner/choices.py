@@ -1,0 +1,110 @@
+"""What a user may start: the quota table as it is now, the GPU pool's free
+counts, the spawn form, and the options the user chose, checked.
+
+A mixin of QuotaSpawner. It also holds what every spawner of the hub process
+shares: the GPU pool (one per inventory and hub id), the engine's info, and
+the images' framework labels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, ClassVar
+
+from tornado import web
+
+from . import refusals
+from .engine import FrameworkLabels, check_engine_info, warn_oversized_roles
+from .gpu.pool import GpuPool, hub_inventory, request_for
+from .quota.form import render_form
+from .quota.model import Choice, QuotaTableError
+from .quota.options import OptionsError, resolve_choice
+from .quota.store import QuotaStore
+from .registry import Registry
+
+
+class ChoicesMixin:
+    """Needs a DockerSpawner with QuotaSpawnerConfig's traits."""
+
+    _pools: ClassVar[Registry[str, GpuPool]] = Registry()
+    _engine_info: ClassVar[dict[str, Any] | None] = None
+    _engine_checked: ClassVar[bool] = False
+    _claimed: ClassVar[set[str]] = set()  # container names this hub process's servers hold
+    _frameworks: ClassVar[FrameworkLabels] = FrameworkLabels()
+
+    async def gpu_pool(self: Any) -> GpuPool:
+        """This hub's GPU pool, in step with the running containers."""
+        async def make() -> GpuPool:
+            inventory = await asyncio.to_thread(
+                hub_inventory, self.gpu_inventory, self.gpu_discovery)
+            (self.log.info if inventory.devices else self.log.warning)(
+                "GPU inventory: %s", inventory.describe())
+            return GpuPool(inventory, self.hub_id, self.client, self.log,
+                           sync_interval=self.gpu_sync_interval,
+                           zombie_grace=self.zombie_grace_period, known=ChoicesMixin._claimed)
+
+        key = json.dumps([self.gpu_inventory, self.gpu_discovery, self.hub_id], default=str)
+        pool = await ChoicesMixin._pools.aget(key, make)
+        await pool.ready()
+        return pool
+
+    async def _check_engine_once(self: Any) -> None:
+        if ChoicesMixin._engine_checked:
+            return
+        ChoicesMixin._engine_checked = True
+        try:
+            ChoicesMixin._engine_info = await self.docker("info")
+        except Exception as e:
+            self.log.warning("Could not read docker info: %s", e)
+        else:
+            check_engine_info(ChoicesMixin._engine_info, self.log)
+
+    async def choices(self: Any, pool: GpuPool | None = None) -> list[Choice]:
+        """What this user may start, from the table as it is now."""
+        pool = pool or await self.gpu_pool()
+        store = QuotaStore.for_path(self.quota_file)
+        try:
+            table = await asyncio.to_thread(store.get, self.log, pool.capacity)
+        except QuotaTableError:  # the store has logged every problem with its file and line
+            raise web.HTTPError(500, refusals.TABLE_BROKEN) from None
+        warn_oversized_roles(table, ChoicesMixin._engine_info, self.log)
+        return table.choices_for(self.user.name, [g.name for g in self.user.groups])
+
+    async def render_options_form(self: Any) -> str:
+        pool = await self.gpu_pool()
+        choices = await self.choices(pool)
+        free = {c.role.name: pool.allocator.available(request)
+                for c in choices if (request := request_for(c.role))}
+        contents = await ChoicesMixin._frameworks.get(
+            (c.image.image for c in choices), self.docker, self.log)
+        saved = self.orm_spawner.user_options if self.orm_spawner else None
+        try:
+            selected = resolve_choice(choices, saved).key if saved else None
+        except OptionsError:  # the saved choice is gone: show the form even for one choice,
+            selected = None   # or every Start would reuse it and fail
+        return render_form(choices, selected, always=bool(saved) and selected is None,
+                           gpus=(free, len(pool.inventory.devices)), contents=contents,
+                           template=self.form_template)
+
+    async def resolve(self: Any, choices: list[Choice]) -> Choice:
+        """The user's choice for this start, checked against the table."""
+        try:
+            return resolve_choice(choices, self.user_options)
+        except OptionsError as e:
+            raise web.HTTPError(e.status, e.message) from None
+
+    def _forget_refused_options(self: Any, choices: list[Choice]) -> None:
+        # JupyterHub saved these options as the user's default before the start; a plain
+        # start after a refused or failed one gets the last choice that started, if the
+        # user still holds it, else their first choice.
+        if self.orm_spawner is None:
+            return
+        kept = dict(self._started_options)
+        try:
+            resolve_choice(choices, kept)
+        except OptionsError:
+            kept = {}
+        self.orm_spawner.user_options = kept
+        if self.db is not None:
+            self.db.commit()

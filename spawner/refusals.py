@@ -1,0 +1,57 @@
+"""What a user is told when their server cannot start: one plain sentence or two.
+
+The details for the admin go to the hub's log, next to the refusal.
+"""
+
+from __future__ import annotations
+
+from .gpu.allocator import NoGpuFree
+from .quota.model import Choice, Role
+
+SETTING_REFUSED = (
+    "Your server cannot start because the hub's configuration asks for a container "
+    "setting that the quota does not allow. An admin has been told; please try again later."
+)
+TABLE_BROKEN = (
+    "The hub's quota table has a mistake, so no server can start until an admin fixes it. "
+    "The details are in the hub's log."
+)
+CPU_LIMIT_FAILED = (
+    "Your server started but could not be given its CPU limit, so it was stopped. "
+    "Please try again; if this happens again, tell an admin."
+)
+OTHER_HUB = (
+    "Your server cannot start: a container with its name belongs to another hub on this "
+    "machine. An admin has to fix the hub's configuration."
+)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def no_gpu(role: Role, error: NoGpuFree, no_gpus_reason: str, choices: list[Choice]) -> str:
+    """Why no GPU was given (``no_gpus_reason``: why the inventory is empty, if it is),
+    and what the user can do now."""
+    usage = error.usage
+    wanted = _plural(role.gpus, "GPU")
+    if usage.total == 0:
+        reason = no_gpus_reason or "none were found"
+        text = f"The role '{role.name}' needs {wanted}, but this hub has no GPUs ({reason})."
+    elif role.gpus > usage.total:
+        text = (f"The role '{role.name}' needs {wanted}, but this hub has only "
+                f"{usage.total}; an admin must fix the quota table.")
+    else:
+        held = usage.total - usage.free
+        text = (
+            f"No GPU is free for the role '{role.name}', which needs {wanted} "
+            f"({role.gpu_mode}): this hub has {_plural(usage.total, 'GPU')} and {held} "
+            f"{'is' if held == 1 else 'are'} held ({usage.exclusive} exclusively, "
+            f"{usage.shared} shared)."
+        )
+    cpu_roles = list(dict.fromkeys(c.role.name for c in choices if not c.role.gpus))
+    if cpu_roles:
+        text += f" You can start a CPU-only server now with the role '{cpu_roles[0]}'."
+    else:
+        text += " You have no CPU-only role; try again when a GPU is released."
+    return text
