@@ -12,15 +12,19 @@ import docker
 import pytest
 
 from spawner.container import (
+    ContainerPolicyError,
     ContainerSpec,
+    admin_problems,
     apply_quota,
     check_admin_create_kwargs,
     check_admin_environment,
     check_admin_host_config,
     check_admin_labels,
+    create_body,
     device_requests,
     environment,
     labels,
+    refuse_any,
     violations,
 )
 from spawner.contract import CONTRACT_ENV
@@ -473,3 +477,80 @@ def test_no_allocator_fraction_without_a_cap():
     b = quota_body(spec(), environment={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in b["Env"]
     assert violations(b, spec()) == []
+
+
+# --- the whole decision, as create_object runs it ------------------------------------
+
+DOCKERSPAWNER_CREATE = {"image": "quota-spawner/pytorch:latest",
+                        "command": ["jupyterhub-singleuser"],
+                        "environment": {"JUPYTERHUB_API_TOKEN": "t", "MEM_LIMIT": "99"},
+                        "volumes": ["/home/jovyan"], "ports": {"8888/tcp": None}}
+DOCKERSPAWNER_HOST = {"binds": {"quota-home-x": {"bind": "/home/jovyan", "mode": "rw"}},
+                      "network_mode": "quota-spawner",
+                      "port_bindings": {8888: ("127.0.0.1",)}}
+
+
+def decide(admin_host: dict | None = None, admin_create: dict | None = None,
+           environment: dict | None = None, extra_labels: dict | None = None,
+           network: str = "quota-spawner", s: ContainerSpec | None = None) -> dict:
+    """admin_problems, then create_body, then violations: create_object without the engine."""
+    s = s or spec()
+    admin_host, admin_create = admin_host or {}, admin_create or {}
+    refuse_any(admin_problems(s, host=admin_host, create=admin_create,
+                              environment=environment or {},
+                              extra_labels=extra_labels or {}, network=network))
+    b = create_body(API, s, DOCKERSPAWNER_CREATE, DOCKERSPAWNER_HOST, admin_create, admin_host)
+    refuse_any(violations(b, s))
+    return b
+
+
+def test_safe_admin_additions_are_kept_and_the_quota_wins():
+    b = decide(admin_host={"binds": {"/srv/data": {"bind": "/data", "mode": "ro"}},
+                           "dns": ["10.0.0.53"], "read_only": False},
+               admin_create={"labels": {"team": "vision"}, "working_dir": "/data"},
+               environment={"HTTP_PROXY": "http://proxy:3128"})
+    host = b["HostConfig"]
+    assert "/srv/data:/data:ro" in host["Binds"] and host["Dns"] == ["10.0.0.53"]
+    assert b["Labels"]["team"] == "vision" and b["WorkingDir"] == "/data"
+    assert "MEM_LIMIT=4294967296" in b["Env"] and "MEM_LIMIT=99" not in b["Env"]
+    assert host["PortBindings"] == {"8888/tcp": [{"HostIp": "127.0.0.1", "HostPort": ""}]}
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"admin_host": {"privileged": True, "cap_add": ["SYS_ADMIN"]}},
+     ["extra_host_config['privileged']", "extra_host_config['cap_add']"]),
+    ({"admin_host": {"mem_limit": "8g", "cpu_quota": 1_600_000, "pid_mode": "host"}},
+     ["'mem_limit'", "'cpu_quota'", "'pid_mode'"]),
+    ({"admin_create": {"user": "0", "host_config": {"Privileged": True}}},
+     ["extra_create_kwargs['user']", "extra_create_kwargs['host_config']"]),
+    ({"admin_create": {"environment": {"NVIDIA_VISIBLE_DEVICES": "all"}}},
+     ["extra_create_kwargs['environment']['NVIDIA_VISIBLE_DEVICES']"]),
+    ({"environment": {"GPU_MEMORY_LIMIT": "1"}}, ["environment['GPU_MEMORY_LIMIT']"]),
+    ({"extra_labels": {"quota-spawner.gpus": ""}}, ["extra_labels['quota-spawner.gpus']"]),
+    ({"network": "host"}, ["network_name = 'host' is refused"]),
+    ({"admin_host": {"network_mode": "host"}}, ["extra_host_config['network_mode']"]),
+])
+def test_hostile_admin_settings_are_refused_by_name(kwargs, words):
+    with pytest.raises(ContainerPolicyError) as info:
+        decide(**kwargs)
+    text = "\n".join(info.value.problems)
+    for word in words:
+        assert word in text, text
+
+
+def test_settings_docker_py_cannot_read_are_refused():
+    with pytest.raises(ContainerPolicyError, match="cannot be read"):
+        decide(admin_host={"ulimits": "not a list"})
+
+
+def test_create_body_never_changes_its_inputs():
+    create, host = copy.deepcopy(DOCKERSPAWNER_CREATE), copy.deepcopy(DOCKERSPAWNER_HOST)
+    admin = {"binds": {"/srv": {"bind": "/srv", "mode": "ro"}}}
+    create_body(API, spec(), create, host, {}, admin)
+    assert (create, host) == (DOCKERSPAWNER_CREATE, DOCKERSPAWNER_HOST)
+    assert admin == {"binds": {"/srv": {"bind": "/srv", "mode": "ro"}}}
+
+
+def test_a_socket_bind_is_refused_on_the_decided_body():
+    with pytest.raises(ContainerPolicyError, match="docker.sock"):
+        decide(admin_host={"binds": {"/var/run/docker.sock": {"bind": "/d", "mode": "rw"}}})

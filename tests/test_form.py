@@ -67,3 +67,20 @@ def test_form_escapes_gpu_role_text():
     assert "<script" not in html and "<img" not in html and "<b>" not in html
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert 'data-available="1"' in html
+
+
+def test_an_admin_template_replaces_the_form_and_keeps_escaping():
+    evil = Role("<script>x</script>", 1, G, ("pytorch",), display_name="<b>Evil</b>")
+    template = ('{% for c in choices %}<p data-key="{{ c.key }}">{{ c.role.title }} · '
+                '{{ c.limits }}{% if c.checked %} (chosen){% endif %}</p>{% endfor %}'
+                '<input name="{{ field }}">')
+    html = render_form([Choice(evil, IMAGE), Choice(CPU, IMAGE)], "cpu/pytorch",
+                       template=template)
+    assert "<script>" not in html and "&lt;b&gt;Evil&lt;/b&gt;" in html
+    assert "cpu · 2 CPUs · 4 GiB memory (chosen)" in html and '<input name="choice">' in html
+
+
+def test_the_shipped_template_is_the_default():
+    choices = [Choice(CPU, IMAGE), Choice(WHOLE, IMAGE)]
+    assert render_form(choices) == render_form(choices, template="") != ""
+    assert 'name="choice" value="cpu/pytorch" checked' in render_form(choices)
