@@ -7,7 +7,7 @@ admin can go straight to it. The loader never stops at the first problem.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,20 +176,11 @@ class _Reader:
             return None
         return float(value)
 
-    def positive_int(self, node: Node, where: str, maximum: int) -> int | None:
+    def whole_number(self, node: Node, where: str, maximum: int, minimum: int = 0) -> int | None:
         value = self.scalar(node) if isinstance(node, ScalarNode) else None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            self.problem(node, f"{where} must be a whole number of at least 1, not {_show(value)}")
-            return None
-        if value > maximum:
-            self.problem(node, f"{where} must be at most {maximum}, not {_written(node)}")
-            return None
-        return value
-
-    def whole_number(self, node: Node, where: str, maximum: int) -> int | None:
-        value = self.scalar(node) if isinstance(node, ScalarNode) else None
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            self.problem(node, f"{where} must be a whole number, 0 or more, not {_show(value)}")
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            rule = ", 0 or more" if minimum == 0 else f" of at least {minimum}"
+            self.problem(node, f"{where} must be a whole number{rule}, not {_show(value)}")
             return None
         if value > maximum:
             self.problem(node, f"{where} must be at most {maximum}, not {_written(node)}")
@@ -203,43 +194,69 @@ class _Reader:
             return None
         return value
 
-    def duration(self, node: Node, where: str) -> float | None:
+    def _measure(self, node: Node, where: str, parse: Callable[[Any], Any], kind: str,
+                 examples: str, low: tuple[float, str], high: tuple[float, str]) -> Any:
+        """``parse`` of the value, within ``low`` and ``high`` ((bound, as written in
+        messages)); None after a problem."""
         value = self.scalar(node) if isinstance(node, ScalarNode) else None
         if isinstance(value, float) and not math.isfinite(value):
-            self.problem(node, f"{where} must be a finite duration, not {_written(node)}")
+            self.problem(node, f"{where} must be a finite {kind}, not {_written(node)}")
             return None
         try:
-            seconds = parse_duration(value)
+            parsed = parse(value)
         except ValueError as e:
-            self.problem(node, f"{where}: {e} (durations look like 90, 45s, 30m or 72h)")
+            self.problem(node, f"{where}: {e} ({kind}s look like {examples})")
             return None
-        if seconds < 1:
-            self.problem(node, f"{where} must be at least 1 second, not {value}")
+        if parsed < low[0]:
+            self.problem(node, f"{where} must be at least {low[1]}, not {value}")
             return None
-        if seconds > MAX_DURATION:
-            self.problem(node, f"{where} must be at most {MAX_DURATION // 3600}h "
-                               f"({MAX_DURATION // 86400} days), not {_written(node)}")
+        if parsed > high[0]:
+            self.problem(node, f"{where} must be at most {high[1]}, not {_written(node)}")
             return None
-        return seconds
+        return parsed
+
+    def duration(self, node: Node, where: str) -> float | None:
+        most = f"{MAX_DURATION // 3600}h ({MAX_DURATION // 86400} days)"
+        return self._measure(node, where, parse_duration, "duration", "90, 45s, 30m or 72h",
+                             (1, "1 second"), (MAX_DURATION, most))
 
     def size(self, node: Node, where: str, minimum: int = 1) -> int | None:
-        value = self.scalar(node) if isinstance(node, ScalarNode) else None
-        if isinstance(value, float) and not math.isfinite(value):
-            self.problem(node, f"{where} must be a finite size, not {_written(node)}")
-            return None
-        try:
-            size = parse_size(value)
-        except ValueError as e:
-            self.problem(node, f"{where}: {e} (sizes look like 512M, 4G or 4GiB)")
-            return None
-        if size < minimum:
-            self.problem(node, f"{where} must be at least {minimum} bytes, not {value}")
-            return None
-        if size > MAX_SIZE:
-            self.problem(node, f"{where} must be at most {format_size(MAX_SIZE)}, "
-                               f"not {_written(node)}")
-            return None
-        return size
+        return self._measure(node, where, parse_size, "size", "512M, 4G or 4GiB",
+                             (minimum, f"{minimum} bytes"), (MAX_SIZE, format_size(MAX_SIZE)))
+
+    def entries(
+        self, node: Node, what: str, allowed: tuple[str, ...], declared: set[str]
+    ) -> Iterator[tuple[str, Node, Node, str, dict[str, tuple[Node, Node]]]]:
+        """(name, its node, its value, "role 'x'", its fields) for each well-named entry
+        of the images or roles section. ``declared`` gets every name written, refused
+        ones too, so that a quoted reference to one is not reported again as unknown."""
+        refused: set[str] = set()
+        kind = "image key" if what == "image" else f"{what} name"
+        found = self.mapping(node, f"{what}s", kind=kind, refused=refused)
+        declared.update(found, refused)
+        for name, (key_node, value) in found.items():
+            if self.name_key(key_node, name, what):
+                where = f"{what} '{name}'"
+                yield name, key_node, value, where, self.mapping(value, where, allowed)
+
+    def references(self, node: Node, where: str, list_where: str, what: str,
+                   known: set[str], needs_one: bool = False) -> list[str]:
+        """The names a list gives of images or roles: each known, none twice."""
+        held: list[str] = []
+        kind = "image key" if what == "image" else f"{what} name"
+        items = self.names(node, list_where, kind)
+        if needs_one and not items and isinstance(node, SequenceNode):
+            self.problem(node, f"{list_where} must name at least one {what}")
+        for item, name in items:
+            if name not in known:
+                listed = ", ".join(sorted(known)) or "none are defined"
+                self.problem(item, f"{where} names {what} '{name}', which is not under "
+                                   f"{what}s (known: {listed})")
+            elif name in held:
+                self.problem(item, f"{where} lists {what} '{name}' twice")
+            else:
+                held.append(name)
+        return held
 
     def name_key(self, key_node: Node, key: str, what: str) -> bool:
         if NAME_PATTERN.match(key):
@@ -276,13 +293,8 @@ TOP_FIELDS = ("images", "roles", "assignments")
 def _read_images(r: _Reader, node: Node) -> tuple[dict[str, ImageSpec], set[str]]:
     """The valid images, and every key declared (valid or not)."""
     images: dict[str, ImageSpec] = {}
-    refused: set[str] = set()
-    declared = r.mapping(node, "images", kind="image key", refused=refused)
-    for key, (key_node, value) in declared.items():
-        if not r.name_key(key_node, key, "image"):
-            continue
-        where = f"image '{key}'"
-        fields = r.mapping(value, where, IMAGE_FIELDS)
+    declared: set[str] = set()
+    for key, key_node, value, where, fields in r.entries(node, "image", IMAGE_FIELDS, declared):
         if isinstance(value, MappingNode) and "image" not in fields:
             r.problem(key_node, f"{where} needs an 'image' (the Docker image to run)")
             continue
@@ -297,9 +309,7 @@ def _read_images(r: _Reader, node: Node) -> tuple[dict[str, ImageSpec], set[str]
         ) else ""
         if image and display is not None and description is not None:
             images[key] = ImageSpec(key, image, display, description)
-    # Refused keys count as declared, so that a quoted reference to one is not
-    # reported a second time as unknown.
-    return images, set(declared) | refused
+    return images, declared
 
 
 _ROLE_READERS: dict[str, Callable[[_Reader, Node, str], Any]] = {
@@ -308,10 +318,10 @@ _ROLE_READERS: dict[str, Callable[[_Reader, Node, str], Any]] = {
     "cpus": lambda r, n, w: r.positive_number(n, w, MAX_CPUS),
     "memory": lambda r, n, w: r.size(n, w, DOCKER_MIN_MEMORY),
     "shm": lambda r, n, w: r.size(n, w),
-    "pids": lambda r, n, w: r.positive_int(n, w, MAX_PIDS),
+    "pids": lambda r, n, w: r.whole_number(n, w, MAX_PIDS, minimum=1),
     "gpus": lambda r, n, w: r.whole_number(n, w, MAX_GPUS),
     "gpu_mode": lambda r, n, w: r.choice(n, w, GPU_MODES),
-    "gpu_share": lambda r, n, w: r.positive_int(n, w, MAX_GPU_SHARE),
+    "gpu_share": lambda r, n, w: r.whole_number(n, w, MAX_GPU_SHARE, minimum=1),
     "gpu_memory": lambda r, n, w: r.size(n, w, DOCKER_MIN_MEMORY),
     "idle_timeout": lambda r, n, w: r.duration(n, w),
     "max_age": lambda r, n, w: r.duration(n, w),
@@ -358,13 +368,8 @@ def _read_roles(
 ) -> tuple[dict[str, Role], set[str]]:
     """The valid roles, and every name declared (valid or not)."""
     roles: dict[str, Role] = {}
-    refused: set[str] = set()
-    declared = r.mapping(node, "roles", kind="role name", refused=refused)
-    for name, (key_node, value) in declared.items():
-        if not r.name_key(key_node, name, "role"):
-            continue
-        where = f"role '{name}'"
-        fields = r.mapping(value, where, ROLE_FIELDS)
+    declared: set[str] = set()
+    for name, key_node, value, where, fields in r.entries(node, "role", ROLE_FIELDS, declared):
         if not isinstance(value, MappingNode):
             continue
         missing = [f for f in ("cpus", "memory", "images") if f not in fields]
@@ -377,18 +382,8 @@ def _read_roles(
                 values[key] = _ROLE_READERS[key](r, value_node, f"{where}: {key}")
         role_images: list[str] = []
         if "images" in fields:
-            items = r.names(fields["images"][1], f"{where}: images", "image key")
-            if not items and isinstance(fields["images"][1], SequenceNode):
-                r.problem(fields["images"][1], f"{where}: images must name at least one image")
-            for item, key in items:
-                if key not in image_keys:
-                    known = ", ".join(sorted(image_keys)) or "none are defined"
-                    r.problem(item, f"{where} names image '{key}', which is not under images "
-                                    f"(known: {known})")
-                elif key in role_images:
-                    r.problem(item, f"{where} lists image '{key}' twice")
-                else:
-                    role_images.append(key)
+            role_images = r.references(fields["images"][1], where, f"{where}: images", "image",
+                                       image_keys, needs_one=True)
         if len(r.problems) == before:
             _check_gpu_fields(r, where, fields, values)
         if missing or len(r.problems) > before:
@@ -398,24 +393,14 @@ def _read_roles(
         if values.get("gpu_mode") != "shared":
             values.pop("gpu_share", None)
         roles[name] = Role(name=name, images=tuple(role_images), **values)
-    return roles, set(declared) | refused
+    return roles, declared
 
 
 def _read_assignments(r: _Reader, node: Node, role_names: set[str]):
     fields = r.mapping(node, "assignments", ASSIGNMENT_FIELDS)
 
     def role_list(value: Node, where: str) -> tuple[str, ...]:
-        held = []
-        for item, name in r.names(value, where, "role name"):
-            if name not in role_names:
-                known = ", ".join(sorted(role_names)) or "none are defined"
-                r.problem(item, f"{where} names role '{name}', which is not under roles "
-                                f"(known: {known})")
-            elif name in held:
-                r.problem(item, f"{where} lists role '{name}' twice")
-            else:
-                held.append(name)
-        return tuple(held)
+        return tuple(r.references(value, where, where, "role", role_names))
 
     default = role_list(fields["default"][1], "assignments: default") if (
         "default" in fields
