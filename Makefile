@@ -20,7 +20,7 @@ test:
 	.venv/bin/python -m pytest -v tests
 
 lint:
-	.venv/bin/ruff check spawner tests bench hub_config labextension
+	.venv/bin/ruff check spawner tests bench hub_config labextension scripts images/common
 
 bench:
 	SETUP_ENGINE=test scripts/setup.sh
