@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +55,22 @@ def test_contract_is_cheap_to_import():
     imported |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
                  for a in n.names}
     assert imported <= {"__future__", "collections"}, imported
+
+
+def test_the_image_side_imports_stay_cheap():
+    """What the images import at every Python start (the .pth line) and in every
+    server (the monitor) pulls in nothing of the hub side."""
+    code = (
+        "import sys, json\n"
+        "import spawner.gpu.torch_cap\n"
+        "first = sorted(m for m in sys.modules if m.startswith('spawner'))\n"
+        "import spawner.monitor, spawner.monitor.report, spawner.quota.units\n"
+        "print(json.dumps([first, sorted(sys.modules)]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, cwd=PACKAGE.parent)
+    at_start, everything = json.loads(result.stdout)
+    assert at_start == ["spawner", "spawner.contract", "spawner.gpu", "spawner.gpu.torch_cap"]
+    hub_side = {"docker", "dockerspawner", "jupyterhub", "yaml", "sqlalchemy", "spawner.spawner",
+                "spawner.container", "spawner.quota.loader", "spawner.gpu.pool"}
+    assert not hub_side & set(everything)
