@@ -12,6 +12,7 @@ import asyncio
 import json
 from typing import Any, ClassVar
 
+import jinja2
 from tornado import web
 
 from . import refusals
@@ -83,9 +84,15 @@ class ChoicesMixin:
             selected = resolve_choice(choices, saved).key if saved else None
         except OptionsError:  # the saved choice is gone: show the form even for one choice,
             selected = None   # or every Start would reuse it and fail
-        return render_form(choices, selected, always=bool(saved) and selected is None,
-                           gpus=(free, len(pool.inventory.devices)), contents=contents,
-                           template=self.form_template)
+        args = dict(selected=selected, always=bool(saved) and selected is None,
+                    gpus=(free, len(pool.inventory.devices)), contents=contents)
+        try:
+            return render_form(choices, template=self.form_template, **args)
+        except jinja2.TemplateError as e:  # the admin's template: the shipped form instead
+            line = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+            self.log.error("QuotaSpawner.form_template cannot be rendered%s: %s; showing the "
+                           "shipped form instead", line, e)
+            return render_form(choices, **args)
 
     async def resolve(self: Any, choices: list[Choice]) -> Choice:
         """The user's choice for this start, checked against the table."""

@@ -57,3 +57,44 @@ def test_login_pick_role_and_image_reach_lab(hub, docker_client, page):
     assert c.labels["quota-spawner.role"] == "pipeline"
     assert c.attrs["HostConfig"]["Memory"] == 2 * 2**30
     hub.stop_server(name)
+
+
+ADMIN_FORM = '''
+c.QuotaSpawner.form_template = """
+<div class="lab-form"><h3>Lab 3: pick one</h3>
+{%- for c in choices %}
+<label class="quota-choice"><input type="radio" name="{{ field }}" value="{{ c.key }}"
+  {%- if c.checked %} checked{% endif %}> {{ c.role.title }} ({{ c.limits }})</label>
+{%- endfor %}</div>
+"""
+'''
+
+
+@pytest.mark.parametrize("template, shipped", [(ADMIN_FORM, False), (
+    'c.QuotaSpawner.form_template = "{% for c in choices %}{{ c.role.title"', True)])
+def test_an_admin_form_template_or_the_shipped_form_when_it_is_broken(
+        docker_client, tmp_path, page, template, shipped):
+    """What a person sees on the spawn page with the admin's template, and with a
+    template that cannot be rendered: the shipped form, and the error in the log."""
+    from harness import Hub, teardown
+
+    hub = Hub(tmp_path, prefix=f"qsform{int(shipped)}", extra_config=template).start()
+    try:
+        hub.create_user("form-fay", ["ml-platform"])
+        log_in(page, hub, "form-fay")
+        page.goto(f"{hub.url}/hub/spawn")
+        # ml-platform: senior-engineer x 2 images, pipeline, gpu-training x 2
+        assert page.locator(".quota-choice").count() == 5
+        if shipped:
+            assert page.locator(".quota-spawner-form").count() == 1
+            assert "QuotaSpawner.form_template cannot be rendered (line 1)" in hub.log()
+        else:
+            assert page.locator(".lab-form h3").inner_text() == "Lab 3: pick one"
+            page.locator(".quota-choice", has_text="pipeline").click()
+            page.click("form#spawn_form input[type=submit], "
+                       "form#spawn_form button[type=submit]")
+            page.wait_for_selector(".jp-Launcher", timeout=120_000)
+            assert container_for(docker_client, "form-fay").labels[
+                "quota-spawner.role"] == "pipeline"
+    finally:
+        teardown(hub, docker_client, f"form-{int(shipped)}")
