@@ -21,6 +21,7 @@ from spawner.quota.model import QuotaTableError
 from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_duration
 from spawner.rbac import instructor_roles
+from spawner.watchdog.service import watchdog_service
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 
@@ -131,6 +132,17 @@ if IDLE_TIMEOUT > 0:
     )
     c.JupyterHub.services = [culler]
     c.JupyterHub.load_roles.append(culler_role)
+
+# --- the watchdog --------------------------------------------------------------
+# GPU and memory alerts to admins and instructors, and per-server gauges for
+# Prometheus on 127.0.0.1:9835 (spawner/watchdog; docs/watchdog.md). Its
+# channels and rules are in WATCHDOG_CONFIG. "0" turns it off, e.g. where
+# the watchdog runs as its own compose service with the host's PIDs.
+if env("WATCHDOG", "1") != "0":
+    watchdog, watchdog_role = watchdog_service(
+        c.JupyterHub.bind_url, config_file=env("WATCHDOG_CONFIG", str(HERE / "watchdog_config.py")))
+    c.JupyterHub.services = [*c.JupyterHub.services, watchdog]
+    c.JupyterHub.load_roles.append(watchdog_role)
 
 # At hub start: report a broken quota table now rather than at the first
 # spawn, and roles larger than this engine.

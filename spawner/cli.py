@@ -109,10 +109,25 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a JupyterHub group the user is in (repeatable)")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(func=cmd_show)
+    watchdog = sub.add_parser(
+        "watchdog", add_help=False,
+        help="run the GPU and memory watchdog beside the hub (docs/watchdog.md); "
+             "'quota-spawner watchdog --help-all' lists its settings")
+    watchdog.set_defaults(func=None)  # main() hands its arguments to the watchdog app
     return parser
 
 
+def run_watchdog(argv: list[str]) -> int:
+    from .watchdog.app import QuotaWatchdog  # the other commands never load it
+
+    QuotaWatchdog.launch_instance(argv)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["watchdog"]:  # its settings are traitlets', not argparse's
+        return run_watchdog(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "gpu_memory", None) is not None and args.gpus is None:

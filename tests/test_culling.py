@@ -120,7 +120,8 @@ def test_hub_config_runs_the_culler_with_30_minutes(tmp_path, monkeypatch):
     from test_hub_config import load_hub_config
 
     c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
-    [culler] = c.JupyterHub.services
+    culler, watchdog = c.JupyterHub.services
+    assert culler["name"] == "idle-culler" and watchdog["name"] == "gpu-watchdog"
     assert "--timeout=1800" in culler["command"] and "--cull-every=60" in culler["command"]
     assert c.JupyterHub.last_activity_interval == 60
     assert c.Spawner.environment["JUPYTERHUB_ACTIVITY_INTERVAL"] == "60"

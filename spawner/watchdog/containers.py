@@ -1,0 +1,147 @@
+"""The notebook containers on this host's engine, as the watchdog needs them.
+
+``Containers.servers()`` lists the running containers that carry the
+spawner's labels and describes each as a ``Server``: who, which role and
+image, which GPUs, and its limits. Limits and the main PID do not change
+while a container runs, except the CPU quota at the end of the start boost,
+so each container is inspected when first seen and again every
+``refresh`` seconds. ``OomEvents`` follows the engine's event stream for
+the OOM kills that take a whole container with them (its cgroup is gone
+before the next cycle could read the counter).
+
+Blocking: the watchdog calls these in threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from ..contract import (
+    GPU_MODE_LABEL,
+    GPUS_LABEL,
+    HUB_LABEL,
+    IMAGE_LABEL,
+    ROLE_LABEL,
+    USER_LABEL,
+    gpu_memory_limit,
+)
+from .model import Server
+
+
+def _started(stamp: str | None) -> float | None:
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    try:  # "2026-11-30T18:10:01.123456789Z": Python reads at most microseconds
+        head, _, rest = stamp.partition(".")
+        fraction = "".join(ch for ch in rest if ch.isdigit())[:6]
+        text = f"{head}.{fraction or '0'}+00:00" if stamp.endswith("Z") else stamp
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def server_from_inspect(info: Mapping[str, Any]) -> Server | None:
+    """A ``Server`` from ``docker inspect``; None for a container without the user label."""
+    config = info.get("Config") or {}
+    labels = config.get("Labels") or {}
+    if USER_LABEL not in labels:
+        return None
+    host = info.get("HostConfig") or {}
+    env = dict(e.partition("=")[::2] for e in config.get("Env") or [])
+    quota, period = host.get("CpuQuota") or 0, host.get("CpuPeriod") or 100_000
+    state = info.get("State") or {}
+    return Server(
+        container_id=str(info.get("Id") or ""),
+        name=str(info.get("Name") or "").lstrip("/"),
+        user=labels[USER_LABEL],
+        role=labels.get(ROLE_LABEL, ""),
+        image=labels.get(IMAGE_LABEL, ""),
+        hub_id=labels.get(HUB_LABEL, ""),
+        gpus=tuple(u for u in (labels.get(GPUS_LABEL) or "").split(",") if u),
+        gpu_mode=labels.get(GPU_MODE_LABEL, ""),
+        memory_limit=host.get("Memory") or None,
+        cpus=quota / period if quota > 0 else None,
+        gpu_memory_limit=gpu_memory_limit(env),
+        pid=int(state.get("Pid") or 0),
+        started=_started(state.get("StartedAt")),
+    )
+
+
+class Containers:
+    """This host's notebook containers, for one hub (``hub_id``) or for all."""
+
+    def __init__(self, client: Any, hub_id: str = "", refresh: float = 60.0):
+        self.client = client  # a docker APIClient
+        self.hub_id = hub_id
+        self.refresh = refresh
+        self._seen: dict[str, tuple[float, Server]] = {}  # id -> (when inspected, server)
+
+    def servers(self, now: float | None = None) -> list[Server]:
+        now = time.monotonic() if now is None else now
+        listed = self.client.containers(filters={"label": USER_LABEL, "status": "running"})
+        found: dict[str, tuple[float, Server]] = {}
+        for entry in listed:
+            labels = entry.get("Labels") or {}
+            if self.hub_id and labels.get(HUB_LABEL) != self.hub_id:
+                continue
+            cid = entry["Id"]
+            cached = self._seen.get(cid)
+            if cached is None or now - cached[0] >= self.refresh:
+                try:
+                    server = server_from_inspect(self.client.inspect_container(cid))
+                except Exception:  # gone between the list and the inspect
+                    continue
+                if server is None or not server.pid:
+                    continue
+                cached = (now, server)
+            found[cid] = cached
+        self._seen = found
+        return [server for _, server in found.values()]
+
+
+class OomEvents:
+    """The engine's OOM events for notebook containers, collected by a daemon thread."""
+
+    def __init__(self, client: Any, hub_id: str, log: logging.Logger | logging.LoggerAdapter):
+        self.client, self.hub_id, self.log = client, hub_id, log
+        self._events: list[Server] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._follow, name="oom-events", daemon=True)
+        self._thread.start()
+
+    def take(self) -> list[Server]:
+        """The OOM-killed servers since the last call."""
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def _follow(self) -> None:
+        while True:
+            try:
+                stream = self.client.events(decode=True,
+                                            filters={"event": "oom", "label": USER_LABEL})
+                for event in stream:
+                    self._record(event)
+            except Exception as e:  # the engine restarted: follow it again
+                self.log.warning("Lost the engine's event stream (%s); following it again", e)
+                time.sleep(5)
+
+    def _record(self, event: Mapping[str, Any]) -> None:
+        actor = event.get("Actor") or {}
+        labels = dict(actor.get("Attributes") or {})
+        if self.hub_id and labels.get(HUB_LABEL) != self.hub_id:
+            return
+        info = {"Id": actor.get("ID", ""), "Name": labels.get("name", ""),
+                "Config": {"Labels": labels}}
+        server = server_from_inspect(info)
+        if server is not None:
+            with self._lock:
+                self._events.append(server)

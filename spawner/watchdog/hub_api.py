@@ -1,0 +1,68 @@
+"""What the watchdog asks the hub: each user's groups (for routing) and servers (for zombies).
+
+Read through the hub's REST API with the service token JupyterHub gives a
+managed service (JUPYTERHUB_API_TOKEN); the scopes it needs are
+``list:users``, ``read:users:groups`` and ``read:servers`` (docs/watchdog.md).
+Asynchronous, on the watchdog's event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from urllib.parse import urlencode
+
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+PAGINATION = "application/jupyterhub-pagination+json"
+
+
+class HubDirectory:
+    """The users of the hub, read at most once a ``ttl``; empty until the hub answers."""
+
+    def __init__(self, api_url: str, token: str, log: logging.Logger | logging.LoggerAdapter,
+                 ttl: float = 30.0):
+        self.api_url = api_url.rstrip("/")
+        self.token = token
+        self.log = log
+        self.ttl = ttl
+        self.known = False  # whether the hub has answered at least once
+        self._groups: dict[str, list[str]] = {}
+        self._servers: dict[str, set[str]] = {}
+        self._read_at = float("-inf")
+
+    def groups_of(self, user: str) -> list[str]:
+        return self._groups.get(user, [])
+
+    def has_server(self, user: str) -> bool:
+        """Whether the hub knows a server of this user (running, starting or stopping)."""
+        return bool(self._servers.get(user))
+
+    async def refresh(self, force: bool = False) -> None:
+        if not self.api_url or (not force and time.monotonic() - self._read_at < self.ttl):
+            return
+        groups: dict[str, list[str]] = {}
+        servers: dict[str, set[str]] = {}
+        offset = 0
+        client = AsyncHTTPClient()
+        try:
+            while True:
+                query = urlencode({"offset": offset, "limit": 200})
+                response = await client.fetch(HTTPRequest(
+                    f"{self.api_url}/users?{query}", request_timeout=10,
+                    headers={"Authorization": f"token {self.token}", "Accept": PAGINATION}))
+                page = json.loads(response.body)
+                for user in page.get("items", []):
+                    groups[user["name"]] = list(user.get("groups") or [])
+                    servers[user["name"]] = set((user.get("servers") or {}).keys())
+                following = (page.get("_pagination") or {}).get("next")
+                if not following:
+                    break
+                offset = int(following.get("offset", offset + 200))
+        except Exception as e:  # the hub restarting: keep what was known
+            self.log.warning("Could not read the hub's users (%s); routing by group and the "
+                             "zombie check use what was read before", e)
+            return
+        self._groups, self._servers = groups, servers
+        self.known, self._read_at = True, time.monotonic()

@@ -1,0 +1,70 @@
+"""What one watchdog cycle sees: the notebook servers of this host and their usage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Server:
+    """A notebook container of a hub, as its labels, host config and environment say."""
+
+    container_id: str  # the engine's full id
+    name: str  # the container name, e.g. "quota-alice"
+    user: str  # quota-spawner.user
+    role: str  # quota-spawner.role
+    image: str  # quota-spawner.image (the table's image key)
+    hub_id: str  # quota-spawner.hub
+    gpus: tuple[str, ...] = ()  # quota-spawner.gpus
+    gpu_mode: str = ""  # quota-spawner.gpu-mode: "exclusive", "shared:N" or ""
+    memory_limit: int | None = None  # HostConfig.Memory, bytes
+    cpus: float | None = None  # HostConfig.CpuQuota / CpuPeriod
+    gpu_memory_limit: int | None = None  # GPU_MEMORY_LIMIT (shared roles), bytes
+    pid: int = 0  # the main process's PID on the host
+    started: float | None = None  # when the container started, epoch seconds
+
+    @property
+    def shared_gpu(self) -> bool:
+        return self.gpu_mode.startswith("shared")
+
+
+@dataclass
+class GpuProcess:
+    pid: int  # on the host
+    used_memory: int | None  # bytes; None when NVML does not know it (MIG)
+
+
+@dataclass
+class GpuSample:
+    """One GPU on the host, as NVML reads it."""
+
+    uuid: str
+    index: int
+    name: str = "GPU"
+    memory_used: int | None = None
+    memory_total: int | None = None
+    utilization: float | None = None  # 0 to 1
+    lost: str | None = None  # why NVML cannot read it (e.g. "GPU is lost"); None when fine
+    processes: list[GpuProcess] = field(default_factory=list)
+    xids: list[int] = field(default_factory=list)  # XID errors since the last cycle
+
+
+@dataclass
+class ServerSample:
+    """One server's usage in this cycle."""
+
+    server: Server
+    gpu_memory: dict[str, int] = field(default_factory=dict)  # its own processes, per GPU
+    memory_working_set: int | None = None  # usage minus inactive file cache, bytes
+    cpu_used: float | None = None  # CPUs (cores) used over the cycle
+    oom_kills: int = 0  # the cgroup's OOM-kill counter, cumulative
+
+
+@dataclass
+class Snapshot:
+    time: float  # epoch seconds
+    host: str
+    gpus: dict[str, GpuSample] = field(default_factory=dict)  # by UUID
+    servers: dict[str, ServerSample] = field(default_factory=dict)  # by container id
+    # Containers of this hub that hold GPUs but that no running hub server claims.
+    zombies: list[Server] = field(default_factory=list)
