@@ -136,11 +136,18 @@ if IDLE_TIMEOUT > 0:
 # --- the watchdog --------------------------------------------------------------
 # GPU and memory alerts to admins and instructors, and per-server gauges for
 # Prometheus on 127.0.0.1:9835 (spawner/watchdog; docs/watchdog.md). Its
-# channels and rules are in WATCHDOG_CONFIG. "0" turns it off, e.g. where
-# the watchdog runs as its own compose service with the host's PIDs.
-if env("WATCHDOG", "1") != "0":
+# channels and rules are in WATCHDOG_CONFIG. WATCHDOG=1: the hub runs it;
+# "external": it runs on its own (the compose service, with the host's PIDs)
+# and logs in with WATCHDOG_TOKEN; "0": off.
+WATCHDOG = env("WATCHDOG", "1")
+if WATCHDOG != "0":
     watchdog, watchdog_role = watchdog_service(
         c.JupyterHub.bind_url, config_file=env("WATCHDOG_CONFIG", str(HERE / "watchdog_config.py")))
+    if WATCHDOG == "external":
+        if len(env("WATCHDOG_TOKEN", "")) < 32:
+            sys.exit("QUOTA_SPAWNER_WATCHDOG=external needs QUOTA_SPAWNER_WATCHDOG_TOKEN, "
+                     "at least 32 characters (e.g. openssl rand -hex 32)")
+        watchdog = {"name": watchdog["name"], "api_token": env("WATCHDOG_TOKEN", "")}
     c.JupyterHub.services = [*c.JupyterHub.services, watchdog]
     c.JupyterHub.load_roles.append(watchdog_role)
 

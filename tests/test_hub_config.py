@@ -99,3 +99,42 @@ def test_compose_faces_only_loopback_and_needs_passwords():
     assert ":?" in env["QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD"]
     assert "QUOTA_SPAWNER_HUB_ID" in env
     assert not any("HUB_IP" in key for key in env)  # the config binds the gateway
+
+
+def test_the_hub_runs_the_watchdog_with_the_fewest_scopes(tmp_path, monkeypatch):
+    from spawner.watchdog.service import WATCHDOG_SCOPES
+
+    c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
+    watchdog = next(s for s in c.JupyterHub.services if s["name"] == "gpu-watchdog")
+    assert watchdog["command"][1:] == ["-m", "spawner.watchdog"]
+    assert watchdog["environment"]["JUPYTERHUB_PUBLIC_URL"] == "http://127.0.0.1:8000"
+    assert watchdog["environment"]["QUOTA_SPAWNER_WATCHDOG_CONFIG"].endswith(
+        "hub_config/watchdog_config.py")
+    role = next(r for r in c.JupyterHub.load_roles if r["name"] == "gpu-watchdog")
+    assert role["scopes"] == WATCHDOG_SCOPES == ["list:users", "read:users:groups",
+                                                 "read:servers"]
+    off = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1",
+                          QUOTA_SPAWNER_WATCHDOG="0")
+    assert [s["name"] for s in off.JupyterHub.services] == ["idle-culler"]
+
+
+def test_an_external_watchdog_needs_a_real_token(tmp_path, monkeypatch):
+    with pytest.raises(SystemExit, match="QUOTA_SPAWNER_WATCHDOG_TOKEN"):
+        load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1",
+                        QUOTA_SPAWNER_WATCHDOG="external", QUOTA_SPAWNER_WATCHDOG_TOKEN="short")
+    token = "f" * 64
+    c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1",
+                        QUOTA_SPAWNER_WATCHDOG="external", QUOTA_SPAWNER_WATCHDOG_TOKEN=token)
+    assert {"name": "gpu-watchdog", "api_token": token} in c.JupyterHub.services
+
+
+def test_compose_runs_the_watchdog_with_the_hosts_pids_and_cgroups():
+    compose = yaml.safe_load((HUB_CONFIG / "compose.yaml").read_text())
+    hub, watchdog = compose["services"]["hub"], compose["services"]["watchdog"]
+    assert hub["environment"]["QUOTA_SPAWNER_WATCHDOG"] == "external"
+    assert ":?" in hub["environment"]["QUOTA_SPAWNER_WATCHDOG_TOKEN"]
+    assert watchdog["command"] == ["quota-spawner", "watchdog"]
+    assert (watchdog["pid"], watchdog["cgroup"], watchdog["network_mode"]) == ("host",) * 3
+    assert "/sys/fs/cgroup:/sys/fs/cgroup:ro" in watchdog["volumes"]
+    devices = watchdog["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["utility"]}]
