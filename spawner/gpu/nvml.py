@@ -20,6 +20,10 @@ What "start once" means for each user:
   process, since NVML counts its inits and shutdowns. A long-lived hub thus
   never holds the driver open (a driver update can unload it) and never
   reads through handles a driver reload made stale.
+- The watchdog (spawner.watchdog) keeps one ``Nvml`` started like the monitor,
+  and reads the whole host each cycle: ``host_gpus()`` (every device with its
+  processes' host PIDs) and an ``XidWatcher`` (the XID errors since its last
+  poll, through NVML events).
 
 Cheap to import: the standard library only. ``pynvml`` is imported on the
 first ``start()``, so a notebook server without a GPU never loads it.
@@ -28,6 +32,7 @@ Blocking: call it in a thread.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -103,6 +108,54 @@ class Device(NamedTuple):
     parent: str | None = None  # the GPU's UUID, for a MIG instance
 
 
+# --- what the watchdog reads: the whole host ------------------------------------------
+
+
+class HostProcess(NamedTuple):
+    """A process with a context on a device, as NVML lists it."""
+
+    pid: int  # on the host: /proc/PID/cgroup names its container
+    used_memory: int | None  # bytes; None where NVML does not know it (MIG, WDDM)
+
+
+class HostGpu(TypedDict):
+    """One device of the host: a whole GPU, or a MIG instance when MIG is on.
+
+    ``lost`` is NVML's reason when the device could not be read at all ("GPU is
+    lost", "Not Found"); its values are then None. A field that one device does
+    not give (utilisation of a MIG instance) is None with its reason in errors.
+    """
+
+    uuid: str  # a lost GPU never read before: "unknown:<index>"
+    index: int  # the GPU's index on the host (its parent's for a MIG instance); -1 unknown
+    mig: int | None  # the MIG slot on that GPU; None for a whole GPU
+    parent: str | None  # the GPU's UUID, for a MIG instance
+    gpu_instance: int | None  # a MIG instance's GPU instance id, as XID events name it
+    name: str | None
+    memory_used: int | None  # bytes
+    memory_total: int | None  # bytes
+    utilization: float | None  # 0 to 1
+    # Compute and graphics processes, each PID once; None: NVML would not list them.
+    processes: list[HostProcess] | None
+    errors: dict[str, str]  # field -> reason
+    lost: str | None
+
+
+class HostScan(NamedTuple):
+    """One read of the host; ``error`` says why there is none (NVML down), gpus then []."""
+
+    gpus: list[HostGpu]
+    error: str | None = None
+
+
+class XidEvent(NamedTuple):
+    """An XID error NVML reported for a GPU."""
+
+    uuid: str  # the whole GPU's, also when MIG is on
+    xid: int  # e.g. 79: the GPU has fallen off the bus
+    gpu_instance: int | None = None  # the MIG GPU instance id (HostGpu's), when NVML names one
+
+
 class Nvml:
     """A ``pynvml`` module (imported when first needed), started once, failing as reasons."""
 
@@ -112,6 +165,9 @@ class Nvml:
         self._module = module  # pynvml, or a fake with its names; None: import pynvml
         self.retry_seconds = retry_seconds
         self.initialized = False
+        # Counts the starts: handles and event sets of an earlier start are stale.
+        self.generation = 0
+        self._last: dict[int, list[HostGpu]] = {}  # host_gpus: the last good records per GPU
         self._lock = threading.RLock()
         self._failure: NvmlError | None = None  # why NVML is down, until _next_try
         self._next_try = 0.0
@@ -146,6 +202,7 @@ class Nvml:
                 self._down(failure)
                 raise failure from e
             self.initialized, self._failure = True, None
+            self.generation += 1
 
     def stop(self) -> None:
         """Shut NVML down if this wrapper started it; a failing shutdown is ignored."""
@@ -197,6 +254,10 @@ class Nvml:
 
     def constant(self, name: str, default: int) -> int:
         return getattr(self.module, name, default)
+
+    def is_error(self, error: NvmlError, name: str, default: int) -> bool:
+        """Whether ``error`` came from NVML's error code ``name`` (e.g. NVML_ERROR_TIMEOUT)."""
+        return getattr(error.__cause__, "value", None) == self.constant(name, default)
 
     def count(self) -> int:
         """How many GPUs NVML sees. Failing here means NVML itself is gone (the driver
@@ -309,9 +370,247 @@ class Nvml:
         )
 
 
+    # --- the watchdog: every device of the host, with host PIDs ----------------------
+
+    def host_gpus(self, expected: Iterable[str] = ()) -> HostScan:
+        """Every device NVML sees (MIG instances in place of their GPU when MIG is on),
+        with the host PIDs of the processes on it. Starts NVML and keeps it started
+        (after a failure, tried again only once retry_seconds passed). Never raises:
+        NVML down is ``HostScan([], reason)``; a GPU that cannot be read is in the list
+        with ``lost``, under the UUIDs it had at its last good read, so its servers
+        can be told. ``expected``: UUIDs the caller knows of (from its containers'
+        labels) that must not vanish silently: one NVML no longer lists is reported
+        lost too. Blocking: call it in a thread."""
+        try:
+            self.start()
+            count = self.count()
+        except NvmlError as e:
+            return HostScan([], str(e))
+        gpus: list[HostGpu] = []
+        for i in range(count):
+            try:  # one lost GPU must not take the others out
+                records = self._host_gpu_records(i)
+            except NvmlError as e:
+                records = [_lost(gpu, str(e)) for gpu in self._last.get(i, [])] or [
+                    _lost(_blank(f"unknown:{i}", i), str(e))]
+            else:
+                self._last[i] = records
+            gpus.extend(records)
+        listed = {gpu["uuid"] for gpu in gpus}
+        for uuid in dict.fromkeys(expected):
+            if uuid not in listed:
+                gpus.append(self._unlisted(uuid))
+        return HostScan(gpus)
+
+    def _host_gpu_records(self, i: int) -> list[HostGpu]:
+        """GPU ``i`` (or its MIG instances); raises NvmlError when the GPU cannot be read."""
+        handle = self.call("nvmlDeviceGetHandleByIndex", i)
+        uuid = self.call("nvmlDeviceGetUUID", handle)  # a GPU off the bus fails here first
+        mode = self.query("nvmlDeviceGetMigMode", handle)  # NotSupported without MIG
+        if mode is None or mode[0] != self.constant("NVML_DEVICE_MIG_ENABLE", 1):
+            return [self._host_gpu(handle, uuid, i)]
+        records = []
+        for j in range(self.call("nvmlDeviceGetMaxMigDeviceCount", handle)):
+            mig = self.query("nvmlDeviceGetMigDeviceHandleByIndex", handle, j)
+            if mig is not None:  # None: NotFound, this slot holds no instance
+                mig_uuid = self.call("nvmlDeviceGetUUID", mig)
+                records.append(self._host_gpu(mig, mig_uuid, i, j, uuid))
+        return records
+
+    def _host_gpu(self, handle: Any, uuid: str, index: int, mig: int | None = None,
+                  parent: str | None = None) -> HostGpu:
+        gpu = _blank(uuid, index, mig, parent)
+        errors = gpu["errors"]
+
+        def get(field: str, function: str) -> Any:
+            try:
+                return self.call(function, handle)
+            except NvmlError as e:
+                errors[field] = str(e)
+                if self.is_error(e, "NVML_ERROR_GPU_IS_LOST", 15) and gpu["lost"] is None:
+                    gpu["lost"] = str(e)  # it fell off the bus between two calls
+                return None
+
+        gpu["name"] = get("name", "nvmlDeviceGetName")
+        if mig is not None:
+            gpu["gpu_instance"] = get("gpu_instance", "nvmlDeviceGetGpuInstanceId")
+        memory = get("memory", "nvmlDeviceGetMemoryInfo")
+        if memory is not None:
+            gpu["memory_used"], gpu["memory_total"] = int(memory.used), int(memory.total)
+        rates = get("utilization", "nvmlDeviceGetUtilizationRates")  # not for MIG instances
+        if rates is not None:
+            gpu["utilization"] = rates.gpu / 100
+        compute = get("processes", "nvmlDeviceGetComputeRunningProcesses")
+        if compute is not None:
+            # Graphics contexts are rare in notebooks but hold memory all the same;
+            # datacenter GPUs answer NotSupported. A PID in both lists counts once.
+            graphics = get("graphics_processes", "nvmlDeviceGetGraphicsRunningProcesses")
+            gpu["processes"] = _host_processes([*compute, *(graphics or [])])
+        return gpu
+
+    def _unlisted(self, uuid: str) -> HostGpu:
+        """An expected device that the host's list lacks: lost, unless NVML finds it."""
+        try:
+            handle = self.call("nvmlDeviceGetHandleByUUID", uuid)
+        except NvmlError as e:
+            known = [g for gpus in self._last.values() for g in gpus if g["uuid"] == uuid]
+            return _lost(known[0] if known else _blank(uuid, -1), str(e))
+        index = self.query("nvmlDeviceGetIndex", handle)
+        return self._host_gpu(handle, uuid, index if isinstance(index, int) else -1)
+
 def _processes(procs: list[Any]) -> ProcessSummary:
     # NVML gives host PIDs, which mean nothing inside the container, and on a
     # shared GPU other users' processes: only how many and how much.
     used = [getattr(p, "usedGpuMemory", None) for p in procs]
     known = all(isinstance(u, int) for u in used)  # not known under MIG
     return ProcessSummary(count=len(used), used_memory=sum(used) if known else None)
+
+
+def _blank(uuid: str, index: int, mig: int | None = None, parent: str | None = None) -> HostGpu:
+    return HostGpu(uuid=uuid, index=index, mig=mig, parent=parent, gpu_instance=None, name=None,
+                   memory_used=None, memory_total=None, utilization=None, processes=None,
+                   errors={}, lost=None)
+
+
+def _lost(gpu: HostGpu, why: str) -> HostGpu:
+    """A device as it was last read, now lost: its names kept, its values unknown."""
+    lost = _blank(gpu["uuid"], gpu["index"], gpu["mig"], gpu["parent"])
+    lost.update(gpu_instance=gpu["gpu_instance"], name=gpu["name"],
+                memory_total=gpu["memory_total"], lost=why)
+    return lost
+
+
+def _host_processes(procs: list[Any]) -> list[HostProcess]:
+    seen: dict[int, HostProcess] = {}
+    for p in procs:
+        used = getattr(p, "usedGpuMemory", None)  # pynvml: None when not available
+        used = used if isinstance(used, int) else None
+        seen.setdefault(int(p.pid), HostProcess(int(p.pid), used))
+    return list(seen.values())
+
+
+# --- XID errors, through NVML events ---------------------------------------------------
+
+
+class XidWatcher:
+    """The XID errors NVML reported since the last ``poll()``, for the GPUs that give them.
+
+    One NVML event set, registered for XID critical errors on every whole GPU that
+    supports them (a GPU that does not is skipped, its reason logged once), made
+    again after NVML restarted (its handles are stale then) or after a wait failed.
+    NVML queues events while nobody waits, so a poll each cycle with ``timeout_ms``
+    0 misses none. Never raises; ``error`` says why the last poll fell short.
+    Blocking: call it in a thread, the one that uses ``nvml`` for the host reads.
+    """
+
+    def __init__(self, nvml: Nvml, timeout_ms: int = 0, limit: int = 1000,
+                 log: logging.Logger | None = None):
+        self.nvml = nvml
+        self.timeout_ms = timeout_ms
+        self.limit = limit  # events read per poll at most: a storm must not hold a cycle up
+        self.log = log or logging.getLogger(__name__)
+        self.watched: dict[str, int] = {}  # UUID -> GPU index, XIDs registered for
+        self.skipped: dict[str, str] = {}  # UUID (or "GPU <index>") -> why not watched
+        self.error: str | None = None
+        self._set: Any = None
+        self._generation = 0  # the nvml start the set belongs to
+        self._uuids: dict[Any, str] = {}  # handle address -> UUID
+        self._told: set[tuple[str, str]] = set()
+
+    def poll(self) -> list[XidEvent]:
+        """The XID events since the last poll, oldest first; [] when NVML is down."""
+        self.error = None
+        try:
+            self.nvml.start()
+        except NvmlError as e:
+            self.error = str(e)
+            return []
+        if self._set is None or self._generation != self.nvml.generation:
+            self._watch()
+            if self._set is None:
+                return []
+        xid_type = self.nvml.constant("nvmlEventTypeXidCriticalError", 8)
+        events: list[XidEvent] = []
+        while len(events) < self.limit:
+            try:
+                data = self.nvml.call("nvmlEventSetWait", self._set, self.timeout_ms)
+            except NvmlError as e:
+                if not self.nvml.is_error(e, "NVML_ERROR_TIMEOUT", 10):  # timeout: no more
+                    self.error = str(e)
+                    self._tell("waiting for XID events failed", str(e))
+                    self._free()  # a lost GPU can fail every wait: register anew next time
+                break
+            if int(data.eventType) & xid_type:
+                instance = getattr(data, "gpuInstanceId", None)
+                events.append(XidEvent(
+                    self._uuid_of(data.device), int(data.eventData),
+                    instance if isinstance(instance, int) and instance < 0xFFFFFFFF else None))
+        return events
+
+    def close(self) -> None:
+        """Free the event set (NVML stays started: it is the caller's)."""
+        self._free()
+
+    def _watch(self) -> None:
+        self._free()
+        self.watched.clear()
+        self.skipped.clear()
+        self._uuids.clear()
+        try:
+            event_set = self.nvml.call("nvmlEventSetCreate")
+            count = self.nvml.count()
+        except NvmlError as e:
+            self.error = str(e)
+            self._tell("XID errors are not watched", str(e))
+            return
+        self._set, self._generation = event_set, self.nvml.generation
+        xid_type = self.nvml.constant("nvmlEventTypeXidCriticalError", 8)
+        for i in range(count):
+            name = f"GPU {i}"
+            try:
+                handle = self.nvml.call("nvmlDeviceGetHandleByIndex", i)
+                name = self.nvml.call("nvmlDeviceGetUUID", handle)
+                if not self.nvml.call("nvmlDeviceGetSupportedEventTypes", handle) & xid_type:
+                    raise NvmlError("it does not report XID errors as events")
+                self.nvml.call("nvmlDeviceRegisterEvents", handle, xid_type, event_set)
+            except NvmlError as e:
+                self.skipped[name] = str(e)
+                self._tell(f"XID errors of {name} are not watched", str(e))
+                continue
+            self.watched[name] = i
+            self._uuids[_handle_key(handle)] = name
+
+    def _free(self) -> None:
+        event_set, self._set = self._set, None
+        # A set of an earlier NVML start went with its shutdown.
+        if event_set is not None and self._generation == self.nvml.generation \
+                and self.nvml.initialized:
+            try:
+                self.nvml.call("nvmlEventSetFree", event_set)
+            except NvmlError:
+                pass
+
+    def _uuid_of(self, device: Any) -> str:
+        uuid = self._uuids.get(_handle_key(device))
+        if uuid is None:
+            try:
+                uuid = self.nvml.call("nvmlDeviceGetUUID", device)
+            except NvmlError:
+                uuid = "unknown"
+        return uuid
+
+    def _tell(self, what: str, why: str) -> None:
+        if (what, why) not in self._told:  # once: the watchdog polls every few seconds
+            self._told.add((what, why))
+            self.log.warning("%s: %s", what, why)
+
+
+def _handle_key(handle: Any) -> Any:
+    """What identifies a device handle: pynvml gives a new pointer object each time,
+    to the same address; a fake's handles are objects."""
+    import ctypes
+
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
