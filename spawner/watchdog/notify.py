@@ -1,0 +1,660 @@
+"""The watchdog's messages and the channels they go to.
+
+An event of the rules ("open", "remind" or "resolve" of one incident) becomes
+one plain-text message (``format_message``): who (user, role, image), where
+(the server's link, GPU index and UUID, host), what (used, limit, percent,
+for how long) and what to do. ``Notifier`` sends it to every channel whose
+routing takes it (``routes``), each channel in its own thread with a timeout
+and retries, so a dead or slow channel never holds up or fails the others.
+
+Channels are URLs. apprise sends most of them (``mailto://``, ``wecombot://``,
+``slack://``, ``json://``, ``jsons://`` and every other apprise scheme). Three
+are sent here, because apprise cannot sign them as the services document:
+
+- ``feishu://<token>[/<secret>]`` posts to
+  https://open.feishu.cn/open-apis/bot/v2/hook/<token>, and
+  ``lark://<token>[/<secret>]`` to https://open.larksuite.com/open-apis/bot/v2/hook/<token>,
+  with ``timestamp`` (epoch seconds) and ``sign`` = base64(HMAC-SHA256 keyed
+  with "<timestamp>\\n<secret>" over an empty message) in the JSON body.
+- ``dingtalk://[<secret>@]<token>`` (apprise's own form) posts to
+  https://oapi.dingtalk.com/robot/send?access_token=<token> with ``timestamp``
+  (epoch milliseconds) and ``sign`` = base64(HMAC-SHA256 keyed with the secret
+  over "<timestamp>\\n<secret>") as query parameters, URL-encoded once. apprise
+  2.3's DingTalk plugin encodes ``sign`` twice (it quotes it, then requests
+  quotes the ``%``), which DingTalk answers with "sign not match"; and it takes
+  DingTalk's HTTP 200 with a non-zero ``errcode`` for success.
+
+These three take ``?base=<scheme://host[:port][/prefix]>`` to post somewhere
+else than the service's own host (an HTTP proxy that forwards paths, or a
+test receiver): ``feishu://TOKEN/SECRET?base=http://127.0.0.1:8080`` posts to
+http://127.0.0.1:8080/open-apis/bot/v2/hook/TOKEN. All three check the reply's
+``code``/``errcode``, since these services answer refusals with HTTP 200.
+
+Logs name a channel by its ``name`` and never show its URL: the URL holds
+the tokens and secrets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Protocol
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
+
+import requests
+from traitlets import Dict, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets.config import LoggingConfigurable
+
+from ..quota.units import format_human
+from .model import Server
+
+# --- what the rules hand over ------------------------------------------------------
+
+
+class Incident(Protocol):
+    """What the rule engine knows about one incident (spawner.watchdog.rules.Incident)."""
+
+    key: str
+    rule: str  # "gpu_memory", "memory", "oom", "gpu_lost", "xid", "gpu_idle", "zombie"
+    severity: str  # "critical", "warning" or "info"
+    server: Server | None
+    gpu_uuid: str | None
+    gpu_index: int | None
+    value: float | None  # bytes for the memory rules; a count, a utilisation, an XID code
+    limit: float | None  # bytes for the memory rules
+    percent: float | None  # value against limit, 0 to 100 (or more)
+    since: float  # epoch seconds: the first crossing
+    opened: float | None  # when it was announced
+    resolved: float | None  # when it ended
+    what: str  # a short sentence of the rules': what is wrong, with the numbers
+    host: str  # where; "" for the Notifier's own host name
+    reason: str  # why it ended, once resolved
+
+
+class Event(Protocol):
+    kind: str  # "open", "remind" or "resolve"
+    incident: Incident
+
+
+GroupsOf = Callable[[str], list[str]] | Mapping[str, list[str]]
+
+KINDS = ("open", "remind", "resolve")
+IDLE_RULES = ("gpu_idle", "idle_gpu")
+# Incidents that only admin channels get by default: waste and stray containers
+# are for whoever runs the host, not for a class's instructor.
+ADMIN_ONLY_RULES = (*IDLE_RULES, "zombie")
+# One event, not a state: announced once, with no duration to speak of.
+INSTANT_RULES = ("oom", "xid")
+_BYTE_RULES = ("gpu_memory", "memory")
+
+# --- the message ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Message:
+    title: str
+    body: str
+
+    @property
+    def text(self) -> str:
+        """Title and body as one text, for the services without a title field."""
+        return f"{self.title}\n\n{self.body}"
+
+
+def format_duration(seconds: float) -> str:
+    """'45s', '3m20s', '2h10m', '1d4h': the two largest units, for people."""
+    seconds = max(0, int(round(seconds)))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h" if hours else f"{days}d"
+    if hours:
+        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
+    if minutes:
+        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
+    return f"{secs}s"
+
+
+def server_url(hub_url: str, user: str) -> str:
+    """The user's server on the hub: <hub_url>/user/<name>/, the name URL-quoted."""
+    return f"{hub_url.rstrip('/')}/user/{quote(user, safe='')}/"
+
+
+def _percent(incident: Incident) -> float | None:
+    if incident.percent is not None:
+        return float(incident.percent)
+    if incident.value is not None and incident.limit:
+        return 100.0 * float(incident.value) / float(incident.limit)
+    return None
+
+
+def _gpu(incident: Incident) -> str:
+    if incident.gpu_index is None and not incident.gpu_uuid:
+        return ""
+    index = "?" if incident.gpu_index is None else str(incident.gpu_index)
+    return f"GPU {index}" + (f" ({incident.gpu_uuid})" if incident.gpu_uuid else "")
+
+
+def _headline(incident: Incident, numbers: bool = True) -> str:
+    """The title's subject, without the kind; ``numbers``: with the percent."""
+    server = incident.server
+    user = server.user if server else None
+    percent = _percent(incident)
+    pct = f" at {percent:.0f}%" if percent is not None and numbers else ""
+    of = " of its limit" if pct else " high"
+    gpu = f"GPU {incident.gpu_index}" if incident.gpu_index is not None else "a GPU"
+    rule = incident.rule
+    if rule == "gpu_memory":
+        return f"{user}'s GPU memory{pct}{of}" if user else f"GPU memory{pct}{of}"
+    if rule == "memory":
+        return f"{user}'s container memory{pct}{of}" if user else f"container memory{pct}{of}"
+    if rule == "oom":
+        return f"{user}'s server: a process was killed, out of memory" if user \
+            else "a process was killed, out of memory"
+    if rule == "gpu_lost":
+        return f"{gpu} lost" + (f" under {user}'s server" if user else "")
+    if rule == "xid":
+        code = f" {int(incident.value)}" if incident.value is not None else ""
+        return f"{gpu} reported XID error{code}" + (f" under {user}'s server" if user else "")
+    if rule in IDLE_RULES:
+        return f"{gpu} reserved by {user} is idle" if user else f"{gpu} reserved and idle"
+    if rule == "zombie":
+        name = server.name if server else "a container"
+        return f"container {name} holds GPUs but no hub server claims it"
+    return incident.what or rule
+
+
+def _numbers(incident: Incident) -> str | None:
+    """Used, limit and percent of the memory rules, in human units."""
+    if incident.rule not in _BYTE_RULES or incident.value is None:
+        return None
+    if incident.rule == "gpu_memory":
+        shared = incident.server is not None and incident.server.shared_gpu
+        kind, of = "GPU memory", " of its GPU memory cap" if shared else " of the card"
+    else:
+        kind, of = "Container memory (working set)", " of its limit"
+    used = format_human(int(incident.value))
+    limit = f"{of}, {format_human(int(incident.limit))}" if incident.limit else ""
+    percent = _percent(incident)
+    pct = f" ({percent:.0f}%)" if percent is not None else ""
+    return f"{kind} {used}{pct}{limit}"
+
+
+def _what(incident: Incident, duration: str) -> str:
+    """What is wrong: the numbers and for how long, or the rules' own sentence."""
+    numbers = _numbers(incident)
+    if numbers:
+        return f"{numbers}, for {duration}."
+    if incident.rule in IDLE_RULES:
+        return f"No GPU utilisation for {duration}."
+    if incident.what:
+        return incident.what
+    if incident.rule == "oom":
+        count = int(incident.value) if incident.value else 1
+        killed = "1 process" if count == 1 else f"{count} processes"
+        return f"The kernel's OOM killer ended {killed}."
+    if incident.rule == "zombie":
+        return "The container holds GPUs but no hub server claims it."
+    return incident.rule
+
+
+# What to do, by rule, for the open and remind messages.
+ADVICE = {
+    "gpu_memory": (
+        "Save your work; free GPU memory (del tensors you no longer need, then "
+        "torch.cuda.empty_cache()), use smaller batches, or ask for a larger role. "
+        "At the limit the next allocation fails with CUDA out of memory."),
+    "memory": (
+        "Save your work; free memory (del large objects, shut down kernels you do not use, "
+        "load data in chunks) or ask for a larger role. At the limit the kernel is killed."),
+    "oom": (
+        "A kernel or job was killed and unsaved work in it is lost: restart it with less "
+        "memory (smaller batches, data in chunks) or ask for a larger role."),
+    "gpu_lost": (
+        "Admins: drain the host, check dmesg and nvidia-smi, and reset or replace the GPU. "
+        "Users on it: save what you can; the server needs a restart."),
+    "xid": (
+        "Admins: look the XID code up in NVIDIA's XID catalogue and dmesg; some need a GPU "
+        "reset. Users: if your job failed, restart it."),
+    "gpu_idle": (
+        "Stop the server if the GPU is no longer needed, so that others can use it; "
+        "admins may stop it from the hub's admin page."),
+    "zombie": (
+        "Admins: check that nobody uses the container, then remove it "
+        "(docker rm -f <name>) to free its GPUs."),
+}
+ADVICE["idle_gpu"] = ADVICE["gpu_idle"]
+
+
+def format_message(event: Event, hub_url: str, host: str, now: float | None = None) -> Message:
+    """The plain-text title and body of one event. Nothing is escaped: no HTML.
+
+    ``host`` names the host when the incident does not.
+    """
+    incident = event.incident
+    now = time.time() if now is None else now
+    if event.kind == "resolve":
+        ended = incident.resolved if incident.resolved is not None else now
+        lasted = format_duration(ended - incident.since)
+        title = f"[resolved] {_headline(incident, numbers=False)}: resolved after {lasted}"
+    elif event.kind == "remind":
+        lasted = format_duration(now - incident.since)
+        title = f"[{incident.severity}] still: {_headline(incident)}, for {lasted}"
+    else:
+        lasted = format_duration(now - incident.since)
+        title = f"[{incident.severity}] {_headline(incident)}"
+    server = incident.server
+    lines = []
+    if event.kind == "resolve":
+        why = (getattr(incident, "reason", "") or "it no longer applies").rstrip(".")
+        lines.append(f"Resolved after {lasted}: {why}.")
+        numbers = _numbers(incident)
+        if numbers:
+            lines.append(f"Now: {numbers}.")
+    elif event.kind == "remind":
+        lines.append(f"Still going on: {_what(incident, lasted)}")
+    else:
+        lines.append(f"What: {_what(incident, lasted)}")
+    if server is not None:
+        lines.append(f"Who: {server.user} (role {server.role or '?'}, image {server.image or '?'})")
+        lines.append(f"Server: {server_url(hub_url, server.user)}")
+        lines.append(f"Container: {server.name}")
+    gpu = _gpu(incident)
+    if gpu:
+        lines.append(f"GPU: {gpu}")
+    lines.append(f"Host: {getattr(incident, 'host', '') or host}")
+    since = datetime.fromtimestamp(incident.since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if incident.rule in INSTANT_RULES or incident.rule == "test":
+        lines.append(f"At: {since}")
+    else:
+        lines.append(f"Since: {since} ({lasted})")
+    if event.kind != "resolve":
+        advice = ADVICE.get(incident.rule)
+        if advice:
+            lines.append(f"What to do: {advice}")
+    lines.append(f"Incident: {incident.key}")
+    return Message(title=title, body="\n".join(lines))
+
+
+# --- routing ---------------------------------------------------------------------------
+
+
+def is_admin_channel(channel: Mapping[str, Any]) -> bool:
+    """A channel without groups, roles or users gets every incident."""
+    return not (channel.get("groups") or channel.get("roles") or channel.get("users"))
+
+
+def routes(channel: Mapping[str, Any], incident: Incident, groups: list[str],
+           admin_only_rules: tuple[str, ...] | list[str] = ADMIN_ONLY_RULES) -> bool:
+    """Whether this channel gets this incident; ``groups`` are the server's user's groups.
+
+    A channel's optional ``rules`` list narrows it to those rules.
+    """
+    rules = channel.get("rules")
+    if rules and incident.rule not in rules:
+        return False
+    if is_admin_channel(channel):
+        return True
+    server = incident.server
+    if server is None or incident.rule in admin_only_rules:
+        return False
+    return (server.user in (channel.get("users") or ())
+            or server.role in (channel.get("roles") or ())
+            or bool(set(groups) & set(channel.get("groups") or ())))
+
+
+# --- sending ---------------------------------------------------------------------------
+
+
+class SendError(Exception):
+    """A channel's attempt failed; the text is safe to log (no URL, no secret)."""
+
+
+_NATIVE = {
+    "feishu": "https://open.feishu.cn",
+    "lark": "https://open.larksuite.com",
+    "dingtalk": "https://oapi.dingtalk.com",
+}
+
+
+def feishu_sign(timestamp: str, secret: str) -> str:
+    """Feishu's and Lark's: base64(HMAC-SHA256(key="<timestamp>\\n<secret>", msg=b""))."""
+    key = f"{timestamp}\n{secret}".encode()
+    return base64.b64encode(hmac.new(key, b"", hashlib.sha256).digest()).decode()
+
+
+def dingtalk_sign(timestamp: str, secret: str) -> str:
+    """DingTalk's, before URL-encoding: base64(HMAC-SHA256(key=secret, msg="<ts>\\n<secret>"))."""
+    mac = hmac.new(secret.encode(), f"{timestamp}\n{secret}".encode(), hashlib.sha256)
+    return base64.b64encode(mac.digest()).decode()
+
+
+@dataclass(frozen=True)
+class NativeChannel:
+    """A Feishu, Lark or DingTalk bot, signed here."""
+
+    scheme: str
+    token: str
+    secret: str
+    base: str
+
+    @classmethod
+    def parse(cls, url: str) -> NativeChannel:
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        query = parse_qs(parts.query)
+        base = (query.get("base") or [_NATIVE[scheme]])[0].rstrip("/")
+        if scheme == "dingtalk":  # apprise's form: dingtalk://[secret@]token[/...]
+            token, secret = parts.hostname or "", parts.username or ""
+            if not secret and query.get("secret"):
+                secret = query["secret"][0]
+            # urlsplit lower-cases the host; the token is case-sensitive.
+            netloc = parts.netloc.rsplit("@", 1)[-1]
+            token = netloc.split(":", 1)[0] or token
+        else:
+            path = [p for p in parts.path.split("/") if p]
+            token, secret = parts.netloc, (path[0] if path else "")
+        if not token:
+            raise ValueError(f"a {scheme}:// channel needs its bot's token")
+        if not urlsplit(base).scheme.startswith("http"):
+            raise ValueError(f"base= must be an http(s) URL, not {base!r}")
+        return cls(scheme, token, secret, base)
+
+    def secrets(self) -> list[str]:
+        return [s for s in (self.token, self.secret) if s]
+
+    def send(self, message: Message, timeout: float) -> None:
+        """Post the message; raises SendError. Blocks (network)."""
+        timestamp = str(int(time.time()))
+        if self.scheme == "dingtalk":
+            params = {"access_token": self.token}
+            if self.secret:
+                millis = str(int(time.time() * 1000))
+                params.update(timestamp=millis, sign=dingtalk_sign(millis, self.secret))
+            url = f"{self.base}/robot/send?{urlencode(params)}"
+            payload: dict[str, Any] = {"msgtype": "text", "text": {"content": message.text}}
+            code_key = "errcode"
+        else:
+            url = f"{self.base}/open-apis/bot/v2/hook/{quote(self.token, safe='')}"
+            payload = {"msg_type": "text", "content": {"text": message.text}}
+            if self.secret:
+                payload = {"timestamp": timestamp, "sign": feishu_sign(timestamp, self.secret),
+                           **payload}
+            code_key = "code"
+        try:
+            reply = requests.post(url, data=json.dumps(payload, ensure_ascii=False).encode(),
+                                  headers={"Content-Type": "application/json; charset=utf-8"},
+                                  timeout=timeout)
+        except requests.RequestException as error:
+            raise SendError(f"cannot reach it ({type(error).__name__})") from None
+        if reply.status_code != 200:
+            raise SendError(f"it answered HTTP {reply.status_code}")
+        try:
+            answer = reply.json()
+        except ValueError:
+            raise SendError("it answered something other than JSON") from None
+        # Feishu's older bots answer StatusCode; every refusal comes with HTTP 200.
+        code = answer.get(code_key, answer.get("StatusCode", 0)) if isinstance(answer, dict) \
+            else None
+        if code not in (0, None):
+            text = answer.get("msg") or answer.get("errmsg") or answer.get("StatusMessage") or ""
+            raise SendError(f"it refused the message: {code_key} {code} {str(text)[:200]}")
+
+
+class AppriseChannel:
+    """Any apprise URL: mailto://, wecombot://, slack://, json://, jsons:// and the rest."""
+
+    def __init__(self, url: str, timeout: float):
+        import apprise
+
+        self._apprise = apprise
+        parts = urlsplit(url)
+        query = parse_qs(parts.query)
+        # apprise's own connect and read timeouts, unless the URL sets them
+        extra = {k: f"{timeout:g}" for k in ("cto", "rto") if k not in query}
+        if extra:
+            url += ("&" if parts.query else ("" if url.endswith("?") else "?")) + urlencode(extra)
+        self.url = url
+        self.asset = apprise.AppriseAsset(app_id="quota-spawner watchdog",
+                                          app_desc="GPU and memory watchdog")
+        probe = apprise.Apprise(asset=self.asset)
+        if not probe.add(url):
+            raise ValueError(f"apprise does not accept this {parts.scheme}:// URL")
+
+    def secrets(self) -> list[str]:
+        parts = urlsplit(self.url)
+        return [s for s in (parts.password, parts.username, parts.hostname)
+                if s and len(s) >= 8] + [p for p in parts.path.split("/") if len(p) >= 8]
+
+    def send(self, message: Message, timeout: float, severity: str, kind: str) -> None:
+        apprise = self._apprise
+        notify_type = (apprise.NotifyType.SUCCESS if kind == "resolve"
+                       else apprise.NotifyType.FAILURE if severity == "critical"
+                       else apprise.NotifyType.INFO if severity == "info"
+                       else apprise.NotifyType.WARNING)
+        # a fresh object per attempt: apprise objects are not shared between threads
+        sender = apprise.Apprise(asset=self.asset)
+        sender.add(self.url)
+        result = sender.notify(body=message.body, title=message.title, notify_type=notify_type,
+                               body_format=apprise.NotifyFormat.TEXT)
+        if not result:
+            raise SendError("apprise could not deliver it (its log says why)")
+
+
+def _redact(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
+
+
+def _run_in_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
+    """fn in a new daemon thread: one stuck channel never holds a shared pool's workers."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Any] = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if future.done():  # given up on after the timeout
+            return
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
+
+    def target() -> None:
+        try:
+            value = fn()
+        except BaseException as error:  # handed to the awaiting task
+            loop.call_soon_threadsafe(settle, False, error)
+        else:
+            loop.call_soon_threadsafe(settle, True, value)
+
+    threading.Thread(target=target, name="watchdog-notify", daemon=True).start()
+    return future
+
+
+class Notifier(LoggingConfigurable):
+    """Sends the watchdog's events to its channels; configure with ``c.Notifier.<name>``."""
+
+    channels = List(Dict(), config=True, help="""
+        The channels, each {"url": ..., "name": ..., "groups": [...], "roles": [...],
+        "users": [...], "rules": [...]}. url is an apprise URL (mailto://, dingtalk://,
+        wecombot://, slack://, json://, jsons://) or feishu://TOKEN/SECRET or lark://TOKEN/SECRET.
+        A channel without groups, roles and users is an admin channel and gets every
+        incident; with them, the incidents of servers whose user is in one of the groups,
+        has one of the roles or is one of the users. rules (optional) narrows a channel
+        to those rules. docs/watchdog.md has an example of each.""")
+    hub_url = Unicode(config=True, help="The hub's public URL, for the server links.")
+    host = Unicode(config=True, help="This host's name in the messages.")
+    timeout = Float(10.0, config=True, help="Seconds one try of one channel may take.")
+    tries = Integer(3, config=True, help="Tries per channel and message.")
+    retry_delay = Float(2.0, config=True,
+                        help="Seconds before the second try; doubled before each next one.")
+    admin_only_rules = List(Unicode(), list(ADMIN_ONLY_RULES), config=True,
+                            help="Rules whose incidents only admin channels get.")
+
+    @default("hub_url")
+    def _hub_url_default(self) -> str:
+        parent_url = getattr(self.parent, "hub_url", "")
+        return parent_url or os.environ.get("JUPYTERHUB_PUBLIC_URL", "http://127.0.0.1:8000")
+
+    @default("host")
+    def _host_default(self) -> str:
+        return getattr(self.parent, "host_name", "") or socket.gethostname()
+
+    @validate("channels")
+    def _check_channels(self, proposal: dict[str, Any]) -> list[dict[str, Any]]:
+        checked = []
+        for number, channel in enumerate(proposal["value"], 1):
+            channel = dict(channel)
+            url = channel.get("url")
+            if not isinstance(url, str) or "://" not in url:
+                raise TraitError(f"channel {number} needs a url such as mailto://... "
+                                 "or feishu://TOKEN/SECRET")
+            scheme = url.split("://", 1)[0].lower()
+            channel.setdefault("name", f"{scheme}-{number}")
+            for key in ("groups", "roles", "users", "rules"):
+                value = channel.get(key) or []
+                if isinstance(value, str) or not all(isinstance(v, str) for v in value):
+                    raise TraitError(f"channel {channel['name']}: {key} must be a list of names")
+                channel[key] = list(value)
+            try:
+                self._sender(url)
+            except ValueError as error:
+                raise TraitError(f"channel {channel['name']}: {error}") from None
+            checked.append(channel)
+        return checked
+
+    def _sender(self, url: str) -> NativeChannel | AppriseChannel:
+        scheme = url.split("://", 1)[0].lower()
+        if scheme in _NATIVE:
+            return NativeChannel.parse(url)
+        return AppriseChannel(url, self.timeout)
+
+    def message(self, event: Event, now: float | None = None) -> Message:
+        return format_message(event, self.hub_url, self.host, now)
+
+    def channels_for(self, incident: Incident, groups: list[str]) -> list[dict[str, Any]]:
+        return [c for c in self.channels
+                if routes(c, incident, groups, tuple(self.admin_only_rules))]
+
+    def _attempt(self, sender: NativeChannel | AppriseChannel, message: Message,
+                 event: Event) -> None:
+        """One try (blocking: network)."""
+        if isinstance(sender, NativeChannel):
+            sender.send(message, self.timeout)
+        else:
+            sender.send(message, self.timeout, event.incident.severity, event.kind)
+
+    async def _deliver(self, channel: Mapping[str, Any], message: Message, event: Event) -> bool:
+        """Tries one channel up to ``tries`` times; True when it took the message."""
+        name = channel["name"]
+        try:
+            sender = self._sender(channel["url"])
+        except ValueError as error:
+            self.log.error("Channel %s: %s", name, error)
+            return False
+        secrets = sender.secrets()
+        delay = self.retry_delay
+        for attempt in range(1, self.tries + 1):
+            try:
+                await asyncio.wait_for(
+                    _run_in_thread(lambda: self._attempt(sender, message, event)), self.timeout)
+            except asyncio.TimeoutError:
+                reason = f"no answer within {self.timeout:g}s"
+            except SendError as error:
+                reason = str(error)
+            except Exception as error:  # a plugin's own bug: logged, never raised
+                reason = f"{type(error).__name__}: {error}"
+            else:
+                self.log.info("Channel %s: sent %s of %s", name, event.kind, event.incident.key)
+                return True
+            reason = _redact(reason, secrets)
+            if attempt < self.tries:
+                self.log.warning("Channel %s: try %d of %d failed (%s); again in %gs",
+                                 name, attempt, self.tries, reason, delay)
+                await asyncio.sleep(delay)
+                delay *= 2
+            else:
+                self.log.error("Channel %s: gave up on %s of %s after %d tries (%s)",
+                               name, event.kind, event.incident.key, self.tries, reason)
+        return False
+
+    async def send(self, event: Event,
+                   groups_of: GroupsOf | Callable[[str], Awaitable[list[str]]] | None = None,
+                   now: float | None = None) -> dict[str, bool]:
+        """Send one event to every channel that routes it, all at once.
+
+        ``groups_of`` gives a user's groups (a dict, or a function answering from
+        a cache: it is called on the event loop). Returns {channel name: delivered};
+        never raises for a channel's failure.
+        """
+        if event.kind not in KINDS:
+            raise ValueError(f"unknown event kind {event.kind!r}; expected one of {KINDS}")
+        incident = event.incident
+        groups: list[str] = []
+        if incident.server is not None and groups_of is not None:
+            try:
+                if isinstance(groups_of, Mapping):
+                    found: Any = groups_of.get(incident.server.user, [])
+                else:
+                    found = groups_of(incident.server.user)
+                    if asyncio.iscoroutine(found) or isinstance(found, asyncio.Future):
+                        found = await found
+                groups = list(found or [])
+            except Exception as error:  # admins still get it
+                self.log.warning("Cannot read %s's groups (%s): only admin and role channels "
+                                 "get %s", incident.server.user, error, incident.key)
+        channels = self.channels_for(incident, groups)
+        if not channels:
+            return {}
+        message = self.message(event, now)
+        results = await asyncio.gather(*(self._deliver(c, message, event) for c in channels))
+        return {c["name"]: ok for c, ok in zip(channels, results, strict=True)}
+
+    def test_channel(self, url: str, name: str = "test") -> bool:
+        """Send a test message to one channel URL, with the usual tries; blocks.
+
+        For ``quota-spawner watchdog --test-channel URL``: True when it was delivered;
+        the log says why not.
+        """
+        channel = {"url": url, "name": name}
+        self._sender(url)  # ValueError for a URL no sender takes
+        now = time.time()
+        event = _TestEvent(kind="open", incident=_TestIncident(since=now, opened=now))
+        return asyncio.run(self._deliver(channel, self.message(event, now), event))
+
+
+@dataclass
+class _TestIncident:
+    since: float
+    opened: float
+    key: str = "test"
+    rule: str = "test"
+    severity: str = "info"
+    server: Server | None = None
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    value: float | None = None
+    limit: float | None = None
+    percent: float | None = None
+    resolved: float | None = None
+    what: str = "A test message from the quota-spawner watchdog: this channel works."
+    host: str = ""
+    reason: str = ""
+
+
+@dataclass
+class _TestEvent:
+    kind: str
+    incident: _TestIncident
