@@ -431,3 +431,17 @@ def test_unknown_kinds_are_refused():
     with pytest.raises(ValueError, match="unknown event kind"):
         import asyncio
         asyncio.run(notifier([ADMIN]).send(replace(FakeEvent("open", incident()), kind="x"), {}))
+
+
+def test_the_hub_link_and_host_come_from_the_watchdog_app():
+    from traitlets import Unicode
+    from traitlets.config import Configurable
+
+    class App(Configurable):
+        hub_url = Unicode("https://hub.example.edu/")
+        host_name = Unicode("gpu42")
+
+    child = Notifier(parent=App())
+    assert (child.hub_url, child.host) == ("https://hub.example.edu/", "gpu42")
+    body = child.message(FakeEvent("open", incident()), now=NOW).body
+    assert "Server: https://hub.example.edu/user/alice/" in body and "Host: gpu42" in body
