@@ -10,6 +10,6 @@ c = get_config()  # noqa: F821 (provided by traitlets)
 #     {"name": "ml", "url": "dingtalk://SECRET@TOKEN/", "roles": ["gpu-training"]},
 # ]
 
-# The defaults, as the issue of record set them:
-# c.Rules.gpu_memory_high = 0.90   # of the server's own GPU limit, held 60 s
-# c.Rules.memory_high = 0.80       # of the container's memory limit, held 60 s
+# The rules' defaults (docs/watchdog.md#rules):
+# c.WatchdogRules.gpu_memory_high = 0.90   # of the server's own GPU limit, held 60 s
+# c.WatchdogRules.memory_high = 0.80       # of the container's memory limit, held 60 s

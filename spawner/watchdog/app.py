@@ -1,0 +1,222 @@
+"""``quota-spawner watchdog``: the loop that reads, judges, tells and exports.
+
+Each cycle (``interval``, 5 s by default):
+
+1. in a thread: the notebook containers (``containers.py``), NVML on the
+   host (``spawner.gpu.nvml``), each GPU process mapped to its container by
+   PID and each container's cgroup (``host.py``), as one ``Snapshot``;
+2. on the loop: the hub's users (``hub_api.py``), for routing and for
+   zombies; the rules (``rules.py``) turn the snapshot into events;
+3. each event goes to its channels (``notify.py``) in the background, so a
+   slow channel never delays the next cycle; the gauges (``metrics.py``) and
+   dcgm-exporter's job mapping are updated, and the incidents saved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from traitlets import Float, Integer, Unicode, default
+from traitlets.config import Application
+
+from ..gpu.nvml import Nvml, XidWatcher
+from .containers import Containers, OomEvents
+from .host import CgroupReader, CpuMeter, gpu_memory_by_container
+from .hub_api import HubDirectory
+from .metrics import WatchdogMetrics, serve_metrics, write_dcgm_mapping
+from .model import GpuProcess, GpuSample, Server, ServerSample, Snapshot
+from .notify import Notifier
+from .rules import RULES, Event, IncidentBook, WatchdogRules
+
+
+class QuotaWatchdog(Application):
+    name = "quota-spawner-watchdog"
+    description = "Watch this host's notebook servers: GPU and memory alerts, Prometheus gauges."
+    classes = [WatchdogRules, Notifier]
+    aliases = {
+        "config-file": "QuotaWatchdog.config_file",
+        "test-channel": "QuotaWatchdog.test_channel",
+        "interval": "QuotaWatchdog.interval",
+        "log-level": "Application.log_level",
+    }
+
+    config_file = Unicode(
+        os.environ.get("QUOTA_SPAWNER_WATCHDOG_CONFIG", ""), config=True,
+        help="A Python config file: c.QuotaWatchdog, c.WatchdogRules, c.Notifier "
+             "(docs/watchdog.md).")
+    interval = Float(5.0, config=True, help="Seconds between cycles.")
+    hub_id = Unicode(
+        os.environ.get("QUOTA_SPAWNER_HUB_ID", ""), config=True,
+        help="Watch only the containers of this hub (their quota-spawner.hub label); "
+             "empty: every notebook container on the engine.")
+    hub_api_url = Unicode(os.environ.get("JUPYTERHUB_API_URL", ""), config=True,
+                          help="The hub's API, for users' groups and servers.")
+    api_token = Unicode(os.environ.get("JUPYTERHUB_API_TOKEN", ""), config=True,
+                        help="A token with list:users, read:users:groups, read:servers.")
+    hub_url = Unicode(config=True, help="The hub's public URL, for the links in messages.")
+    docker_host = Unicode(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"),
+                          config=True, help="The engine the notebook containers run on.")
+    state_file = Unicode(config=True, help="Where open incidents are kept across restarts.")
+    host_name = Unicode(socket.gethostname(), config=True, help="This host, in messages.")
+    metrics_ip = Unicode("127.0.0.1", config=True, help="Address of /metrics.")
+    metrics_port = Integer(9835, config=True, help="Port of /metrics; 0: no /metrics.")
+    metrics_token = Unicode(os.environ.get("QUOTA_SPAWNER_METRICS_TOKEN", ""), config=True,
+                            help="Bearer token /metrics asks for; empty: none.")
+    dcgm_mapping_dir = Unicode(
+        os.environ.get("DCGM_HPC_JOB_MAPPING_DIR", ""), config=True,
+        help="Write dcgm-exporter's HPC job mapping here (one file per GPU index).")
+    test_channel = Unicode(
+        "", config=True,
+        help="Send one test message to this channel URL, say whether it arrived, and exit.")
+    proc_root = Unicode("/proc", config=True, help="The host's /proc (mounted, in a container).")
+    cgroup_root = Unicode("/sys/fs/cgroup", config=True, help="The host's cgroup tree.")
+
+    @default("log_level")
+    def _log_level_default(self) -> int:
+        return logging.INFO
+
+    @default("log_format")
+    def _log_format_default(self) -> str:
+        return "[%(levelname)1.1s %(asctime)s %(name)s] %(message)s"
+
+    @default("hub_url")
+    def _hub_url_default(self) -> str:
+        return os.environ.get("JUPYTERHUB_PUBLIC_URL", "http://127.0.0.1:8000")
+
+    @default("state_file")
+    def _state_file_default(self) -> str:
+        state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", ".")
+        return str(Path(state) / "watchdog-incidents.json")
+
+    def initialize(self, argv: list[str] | None = None) -> None:
+        self.parse_command_line(argv)
+        if self.config_file:
+            self.load_config_file(self.config_file)
+            self.parse_command_line(argv)  # the command line wins over the file
+        import docker
+
+        client = docker.APIClient(base_url=self.docker_host, version="auto")
+        self.rules = WatchdogRules(parent=self)
+        self.notifier = Notifier(parent=self, log=self.log)
+        self.containers = Containers(client, self.hub_id)
+        self.oom_events = OomEvents(client, self.hub_id, self.log)
+        self.nvml = Nvml()
+        self.xids = XidWatcher(self.nvml, log=self.log)
+        self._last_gpus: dict[str, GpuSample] = {}
+        self.cgroups = CgroupReader(root=Path(self.cgroup_root), proc=Path(self.proc_root))
+        self.cpu = CpuMeter()
+        self.hub = HubDirectory(self.hub_api_url, self.api_token, self.log)
+        self.metrics = WatchdogMetrics()
+        self.book = IncidentBook.load(Path(self.state_file), self.log)
+
+    # --- one cycle ---------------------------------------------------------------
+
+    def collect(self) -> Snapshot:
+        """Everything this cycle reads (blocking: NVML, the engine, /proc and cgroups)."""
+        now, tick = time.time(), time.monotonic()
+        servers = self.containers.servers()
+        gpus = self.read_gpus(servers)
+        by_container = gpu_memory_by_container(gpus.values(), Path(self.proc_root))
+        samples = {}
+        for server in servers:
+            usage = self.cgroups.read(server)
+            samples[server.container_id] = ServerSample(
+                server=server,
+                gpu_memory=by_container.get(server.container_id, {}),
+                memory_working_set=usage.working_set,
+                cpu_used=self.cpu.rate(server.container_id, usage.cpu_seconds, tick),
+                oom_kills=usage.oom_kills or 0,
+            )
+        self.cpu.prune(samples)
+        self.cgroups.prune(samples)
+        return Snapshot(time=now, host=self.host_name, gpus=gpus, servers=samples)
+
+    def read_gpus(self, servers: list[Server]) -> dict[str, GpuSample]:
+        """Every GPU of the host; the ones a server holds or that were seen before are
+        reported lost, with NVML's reason, when NVML cannot read them (or at all)."""
+        expected = {uuid for s in servers for uuid in s.gpus} | set(self._last_gpus)
+        scan = self.nvml.host_gpus(expected)
+        xids = self.xids.poll() if not scan.error else []
+        found: dict[str, GpuSample] = {}
+        for gpu in scan.gpus:
+            found[gpu["uuid"]] = GpuSample(
+                uuid=gpu["uuid"], index=gpu["index"], name=gpu["name"] or "GPU",
+                memory_used=gpu["memory_used"], memory_total=gpu["memory_total"],
+                utilization=gpu["utilization"], lost=gpu["lost"],
+                processes=[GpuProcess(p.pid, p.used_memory) for p in gpu["processes"] or []],
+                xids=[e.xid for e in xids if e.uuid in (gpu["uuid"], gpu["parent"])],
+            )
+        if scan.error:  # NVML itself is down: every GPU a server holds is out of reach
+            for uuid in sorted(expected):
+                last = self._last_gpus.get(uuid)
+                found[uuid] = GpuSample(uuid=uuid, index=last.index if last else -1,
+                                        name=last.name if last else "GPU", lost=scan.error)
+        self._last_gpus = {u: g for u, g in found.items() if not u.startswith("unknown:")}
+        return found
+
+    def zombies(self, snapshot: Snapshot) -> list[Server]:
+        """Containers holding GPUs whose user has no server in the hub (once it answered)."""
+        if not self.hub.known:
+            return []
+        return [s.server for s in snapshot.servers.values()
+                if s.server.gpus and not self.hub.has_server(s.server.user)]
+
+    async def cycle(self) -> None:
+        began = time.monotonic()
+        snapshot = await asyncio.to_thread(self.collect)
+        await self.hub.refresh()
+        snapshot.zombies = self.zombies(snapshot)
+        events = self.book.evaluate(snapshot, self.rules, self.oom_events.take())
+        for event in events:
+            task = asyncio.ensure_future(self.notify(event))
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
+        opened = Counter(i.rule for i in self.book.open.values())
+        self.metrics.update(snapshot, {rule: opened.get(rule, 0) for rule in RULES})
+        if self.dcgm_mapping_dir:
+            await asyncio.to_thread(write_dcgm_mapping, Path(self.dcgm_mapping_dir), snapshot)
+        await asyncio.to_thread(self.book.save, Path(self.state_file))
+        self.metrics.cycle_done(time.monotonic() - began)
+
+    async def notify(self, event: Event) -> None:
+        """One event to its channels; every event is in the log too, channels or not."""
+        message = self.notifier.message(event)
+        self.log.warning("%s | %s", message.title, message.body.replace("\n", " | "))
+        results = await self.notifier.send(event, self.hub.groups_of)
+        for channel, delivered in results.items():
+            if delivered:
+                self.metrics.notification_sent(channel)
+            else:
+                self.metrics.notification_failed(channel)
+
+    async def run(self) -> None:
+        self._sending: set[asyncio.Task[Any]] = set()
+        self.oom_events.start()
+        if self.metrics_port:
+            serve_metrics(self.metrics, self.metrics_ip, self.metrics_port, self.metrics_token)
+        self.log.info("Watching %s every %gs (hub %s); incidents in %s",
+                      self.docker_host, self.interval, self.hub_id or "any", self.state_file)
+        while True:
+            began = time.monotonic()
+            try:
+                await self.cycle()
+            except Exception:  # one bad cycle must not end the watch
+                self.log.exception("Watchdog cycle failed")
+            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - began)))
+
+    def start(self) -> None:
+        if self.test_channel:
+            delivered = self.notifier.test_channel(self.test_channel)
+            print("delivered" if delivered else "NOT delivered; the log above says why")
+            self.exit(0 if delivered else 1)
+        asyncio.run(self.run())
+
+
+main = QuotaWatchdog.launch_instance

@@ -1,0 +1,220 @@
+"""The watchdog against a real hub, proxy, engine and containers, and real receivers.
+
+Only NVML is FAKE, at the host's NVML boundary: the watchdog process imports
+tests/fake_nvml_container/pynvml.py by name, and its process list holds the
+host PIDs of real processes inside the real notebook containers, so the
+PID-to-container mapping runs for real. Channels: a JSON webhook and a Feishu
+bot (the receiver checks the signature) and SMTP, all local and real, and a
+channel nobody listens on, which must not stop the others.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from receivers import HttpReceiver, SmtpReceiver, refused_url_base
+
+from harness import (
+    ARTIFACTS,
+    ROOT,
+    Hub,
+    container_for,
+    fake_nvml_config,
+    install_fake_nvml,
+    teardown,
+    write_fake_nvml_state,
+)
+
+pytestmark = pytest.mark.e2e
+
+PREFIX = "qswd"
+HUB_ID = "qswd-hub"
+GPU = "GPU-wd-0000-0000-0000-000000000001"
+G = 2**30
+HOLD = 3.0  # the rules' hold times in this test, seconds
+QUOTAS = """\
+images:
+  base:
+    image: quota-spawner/pytorch:latest
+    display_name: Base
+roles:
+  small:
+    cpus: 0.5
+    memory: 256M
+    images: [base]
+  lab:
+    cpus: 0.5
+    memory: 512M
+    gpus: 1
+    gpu_mode: shared
+    gpu_share: 2
+    gpu_memory: 8G
+    images: [base]
+assignments:
+  default: [small]
+  users:
+    wd-gpu: [lab]
+"""
+
+
+class Watchdog:
+    """``python -m spawner.watchdog`` as a process, with the FAKE NVML first on its path."""
+
+    def __init__(self, workdir: Path, hub: Hub, fake: Path, config: str):
+        self.workdir, self.hub, self.fake = workdir, hub, fake
+        self.config = workdir / "watchdog_config.py"
+        self.config.write_text(config)
+        self.log_path = workdir / "watchdog.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Watchdog:
+        env = dict(os.environ,
+                   PYTHONPATH=str(self.fake),  # the FAKE pynvml shadows the real binding
+                   FAKE_NVML_STATE=str(self.fake / "state.json"),
+                   JUPYTERHUB_API_URL=f"{self.hub.url}/hub/api",
+                   JUPYTERHUB_API_TOKEN=self.hub.token,
+                   JUPYTERHUB_PUBLIC_URL=self.hub.url,
+                   QUOTA_SPAWNER_STATE_DIR=str(self.workdir),
+                   QUOTA_SPAWNER_HUB_ID=HUB_ID)
+        env.setdefault("DOCKER_HOST", "unix:///run/quota-spawner-test/docker.sock")
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "spawner.watchdog", f"--config-file={self.config}",
+             "--QuotaWatchdog.interval=0.5", "--QuotaWatchdog.metrics_port=0"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def setup(docker_client, tmp_path_factory):
+    work = tmp_path_factory.mktemp("watchdog")
+    container_fake = install_fake_nvml(work / "container-nvml")
+    hub = Hub(work / "hub", quota_text=QUOTAS, prefix=PREFIX,
+              extra_config=fake_nvml_config(container_fake, PREFIX, gpus=(GPU,))
+              + f"c.QuotaSpawner.hub_id = {HUB_ID!r}\n").start()
+    host_fake = install_fake_nvml(work / "host-nvml")
+    gpus = [{"uuid": GPU, "name": "Fake GPU", "memory": 16 * G, "utilization": 50}]
+    write_fake_nvml_state(host_fake, {"gpus": gpus})
+    with HttpReceiver(feishu_secrets={"tok": "s3cret"}) as http, SmtpReceiver() as smtp:
+        config = f"""
+c.WatchdogRules.gpu_memory_hold = {HOLD}
+c.WatchdogRules.memory_hold = {HOLD}
+c.Notifier.retry_delay = 0.2
+c.Notifier.timeout = 3
+c.Notifier.channels = [
+    {{"name": "broken", "url": "json://{refused_url_base()[len('http://'):]}/hook"}},
+    {{"name": "webhook", "url": "json://{http.base()[len('http://'):]}/hook"}},
+    {{"name": "feishu", "url": "feishu://tok/s3cret?base={http.base()}"}},
+    {{"name": "mail", "url": "{smtp.url()}"}},
+]
+"""
+        watchdog = Watchdog(work, hub, host_fake, config).start()
+        try:
+            yield hub, watchdog, http, smtp, host_fake, gpus
+        finally:
+            watchdog.stop()
+            ARTIFACTS.mkdir(exist_ok=True)
+            (ARTIFACTS / "watchdog.log").write_text(watchdog.log())
+            teardown(hub, docker_client, "watchdog")
+
+
+def kind_of(body: dict) -> str:
+    title = body.get("title", "")
+    if title.startswith("[resolved]"):
+        return "resolve"
+    return "remind" if "] still:" in title else "open"
+
+
+def hooks(http: HttpReceiver, rule: str, kind: str, user: str, count: int = 1,
+          timeout: float = 30) -> list:
+    """The JSON webhook's messages (apprise's json://) of this kind about ``user``'s ``rule``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [r.body for r in list(http.requests)
+                 if r.kind == "json" and isinstance(r.body, dict)
+                 and f"Incident: {rule}:" in r.body.get("message", "")
+                 and f"Who: {user} (" in r.body.get("message", "")
+                 and kind_of(r.body) == kind]
+        if len(found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def test_memory_alert_and_resolve_on_every_channel(setup, docker_client):
+    hub, watchdog, http, smtp, *_ = setup
+    hub.create_user("wd-mem")
+    hub.start_server("wd-mem")
+    c = container_for(docker_client, "wd-mem")
+    # a process holding 220 MiB of the role's 256 MiB (86%), in the background
+    c.exec_run(["python3", "-c", "import time; b = bytearray(220 * 2**20); "
+                "b[::4096] = b'x' * len(b[::4096]); time.sleep(600)"], detach=True, user="1000")
+    opened = hooks(http, "memory", "open", "wd-mem")
+    assert len(opened) == 1, watchdog.log()[-3000:]
+    text = opened[0]["message"]
+    assert "wd-mem" in text and "small" in text and f"{hub.url}/user/wd-mem/" in text
+    http.wait(1, timeout=15, kind="feishu", accepted=True)
+    mails = smtp.wait(1, timeout=15)
+    assert any("wd-mem" in m[2].as_string() for m in mails)
+    assert "broken" in watchdog.log()  # the dead channel was tried, and logged
+    c.exec_run(["pkill", "-f", "bytearray"], user="1000")
+    assert len(hooks(http, "memory", "resolve", "wd-mem")) == 1, watchdog.log()[-3000:]
+    assert len(hooks(http, "memory", "open", "wd-mem", timeout=0)) == 1  # no second alert
+
+
+def test_an_oom_kill_is_told_at_once(setup, docker_client):
+    hub, watchdog, http, *_ = setup
+    c = container_for(docker_client, "wd-mem")
+    code, _ = c.exec_run(["python3", "-c", "b = bytearray(400 * 2**20); "
+                          "b[::4096] = b'x' * len(b[::4096])"], user="1000")
+    assert code == 137
+    assert len(hooks(http, "oom", "open", "wd-mem")) == 1, watchdog.log()[-3000:]
+    hub.stop_server("wd-mem")
+
+
+def test_gpu_memory_hold_hysteresis_and_restart(setup, docker_client, tmp_path):
+    hub, watchdog, http, _, host_fake, gpus = setup
+    hub.create_user("wd-gpu")
+    hub.start_server("wd-gpu")
+    pid = container_for(docker_client, "wd-gpu").attrs["State"]["Pid"]
+
+    def use(fraction_of_cap: float) -> None:
+        used = int(fraction_of_cap * 8 * G)  # the role's gpu_memory cap is 8G
+        write_fake_nvml_state(host_fake, {"gpus": [
+            {**gpus[0], "used": used, "processes": [[pid, used]]}]})
+
+    use(0.95)
+    time.sleep(HOLD / 2)  # above 90% for less than the hold time: nothing
+    use(0.80)
+    time.sleep(HOLD + 2)
+    assert hooks(http, "gpu_memory", "open", "wd-gpu", timeout=0) == []
+    use(0.95)  # longer than the hold: exactly one message
+    opened = hooks(http, "gpu_memory", "open", "wd-gpu")
+    assert len(opened) == 1, watchdog.log()[-3000:]
+    assert f"{GPU}" in opened[0]["message"]
+    use(0.875)  # hovering between 85% and 90%: nothing more
+    time.sleep(HOLD + 2)
+    watchdog.stop()  # a restart announces nothing again
+    watchdog.start()
+    time.sleep(HOLD + 3)
+    assert len(hooks(http, "gpu_memory", "open", "wd-gpu", timeout=0)) == 1
+    assert hooks(http, "gpu_memory", "resolve", "wd-gpu", timeout=0) == []
+    use(0.80)
+    assert len(hooks(http, "gpu_memory", "resolve", "wd-gpu")) == 1, watchdog.log()[-3000:]
+    hub.stop_server("wd-gpu")
