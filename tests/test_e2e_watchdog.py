@@ -30,6 +30,8 @@ from harness import (
     teardown,
     write_fake_nvml_state,
 )
+from spawner.watchdog.containers import server_from_inspect
+from spawner.watchdog.host import CgroupReader
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +48,7 @@ images:
 roles:
   small:
     cpus: 0.5
-    memory: 256M
+    memory: 512M
     images: [base]
   lab:
     cpus: 0.5
@@ -105,6 +107,8 @@ class Watchdog:
 @pytest.fixture(scope="module")
 def setup(docker_client, tmp_path_factory):
     work = tmp_path_factory.mktemp("watchdog")
+    (work / "container-nvml").mkdir()
+    (work / "host-nvml").mkdir()
     container_fake = install_fake_nvml(work / "container-nvml")
     hub = Hub(work / "hub", quota_text=QUOTAS, prefix=PREFIX,
               extra_config=fake_nvml_config(container_fake, PREFIX, gpus=(GPU,))
@@ -120,8 +124,8 @@ c.Notifier.retry_delay = 0.2
 c.Notifier.timeout = 3
 c.Notifier.channels = [
     {{"name": "broken", "url": "json://{refused_url_base()[len('http://'):]}/hook"}},
-    {{"name": "webhook", "url": "json://{http.base()[len('http://'):]}/hook"}},
-    {{"name": "feishu", "url": "feishu://tok/s3cret?base={http.base()}"}},
+    {{"name": "webhook", "url": "json://{http.base[len('http://'):]}/hook"}},
+    {{"name": "feishu", "url": "feishu://tok/s3cret?base={http.base}"}},
     {{"name": "mail", "url": "{smtp.url()}"}},
 ]
 """
@@ -162,9 +166,15 @@ def test_memory_alert_and_resolve_on_every_channel(setup, docker_client):
     hub.create_user("wd-mem")
     hub.start_server("wd-mem")
     c = container_for(docker_client, "wd-mem")
-    # a process holding 220 MiB of the role's 256 MiB (86%), in the background
-    c.exec_run(["python3", "-c", "import time; b = bytearray(220 * 2**20); "
-                "b[::4096] = b'x' * len(b[::4096]); time.sleep(600)"], detach=True, user="1000")
+    # a process that brings the working set to 86% of the role's 512 MiB, and holds it
+    server = server_from_inspect(docker_client.api.inspect_container(c.id))
+    used = CgroupReader().read(server).working_set
+    grow = int(0.86 * 512 * 2**20) - used
+    assert grow > 64 * 2**20, used
+    c.exec_run(["python3", "-c", f"import os, time; b = bytearray({grow}); "
+                "b[::4096] = b'x' * len(b[::4096]); "
+                "open('/tmp/alloc.pid', 'w').write(str(os.getpid())); time.sleep(600)"],
+               detach=True, user="1000")
     opened = hooks(http, "memory", "open", "wd-mem")
     assert len(opened) == 1, watchdog.log()[-3000:]
     text = opened[0]["message"]
@@ -173,7 +183,8 @@ def test_memory_alert_and_resolve_on_every_channel(setup, docker_client):
     mails = smtp.wait(1, timeout=15)
     assert any("wd-mem" in m[2].as_string() for m in mails)
     assert "broken" in watchdog.log()  # the dead channel was tried, and logged
-    c.exec_run(["pkill", "-f", "bytearray"], user="1000")
+    code, out = c.exec_run(["sh", "-c", "kill $(cat /tmp/alloc.pid)"], user="1000")
+    assert code == 0, out
     assert len(hooks(http, "memory", "resolve", "wd-mem")) == 1, watchdog.log()[-3000:]
     assert len(hooks(http, "memory", "open", "wd-mem", timeout=0)) == 1  # no second alert
 
@@ -181,7 +192,7 @@ def test_memory_alert_and_resolve_on_every_channel(setup, docker_client):
 def test_an_oom_kill_is_told_at_once(setup, docker_client):
     hub, watchdog, http, *_ = setup
     c = container_for(docker_client, "wd-mem")
-    code, _ = c.exec_run(["python3", "-c", "b = bytearray(400 * 2**20); "
+    code, _ = c.exec_run(["python3", "-c", "b = bytearray(700 * 2**20); "
                           "b[::4096] = b'x' * len(b[::4096])"], user="1000")
     assert code == 137
     assert len(hooks(http, "oom", "open", "wd-mem")) == 1, watchdog.log()[-3000:]
