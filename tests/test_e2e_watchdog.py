@@ -11,6 +11,7 @@ channel nobody listens on, which must not stop the others.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -29,6 +30,14 @@ from harness import (
     install_fake_nvml,
     teardown,
     write_fake_nvml_state,
+)
+from spawner.contract import (
+    GPU_MODE_LABEL,
+    GPUS_LABEL,
+    HUB_LABEL,
+    IMAGE_LABEL,
+    ROLE_LABEL,
+    USER_LABEL,
 )
 from spawner.watchdog.containers import server_from_inspect
 from spawner.watchdog.host import CgroupReader
@@ -65,11 +74,22 @@ assignments:
 """
 
 
+TOKEN = secrets.token_hex(32)
+# The watchdog's service and role as the shipped config makes them (external mode):
+# it logs in with exactly the scopes it gets there.
+SERVICE = f"""
+from spawner.watchdog.service import watchdog_service
+_service, _role = watchdog_service("http://127.0.0.1:8000")
+c.JupyterHub.services.append({{"name": _service["name"], "api_token": {TOKEN!r}}})
+c.JupyterHub.load_roles.append(_role)
+"""
+
+
 class Watchdog:
     """``python -m spawner.watchdog`` as a process, with the FAKE NVML first on its path."""
 
-    def __init__(self, workdir: Path, hub: Hub, fake: Path, config: str):
-        self.workdir, self.hub, self.fake = workdir, hub, fake
+    def __init__(self, workdir: Path, hub: Hub, fake: Path, config: str, token: str):
+        self.workdir, self.hub, self.fake, self.token = workdir, hub, fake, token
         self.config = workdir / "watchdog_config.py"
         self.config.write_text(config)
         self.log_path = workdir / "watchdog.log"
@@ -80,7 +100,7 @@ class Watchdog:
                    PYTHONPATH=str(self.fake),  # the FAKE pynvml shadows the real binding
                    FAKE_NVML_STATE=str(self.fake / "state.json"),
                    JUPYTERHUB_API_URL=f"{self.hub.url}/hub/api",
-                   JUPYTERHUB_API_TOKEN=self.hub.token,
+                   JUPYTERHUB_API_TOKEN=self.token,
                    JUPYTERHUB_PUBLIC_URL=self.hub.url,
                    QUOTA_SPAWNER_STATE_DIR=str(self.workdir),
                    QUOTA_SPAWNER_HUB_ID=HUB_ID)
@@ -112,7 +132,7 @@ def setup(docker_client, tmp_path_factory):
     container_fake = install_fake_nvml(work / "container-nvml")
     hub = Hub(work / "hub", quota_text=QUOTAS, prefix=PREFIX,
               extra_config=fake_nvml_config(container_fake, PREFIX, gpus=(GPU,))
-              + f"c.QuotaSpawner.hub_id = {HUB_ID!r}\n").start()
+              + f"c.QuotaSpawner.hub_id = {HUB_ID!r}\n" + SERVICE).start()
     host_fake = install_fake_nvml(work / "host-nvml")
     gpus = [{"uuid": GPU, "name": "Fake GPU", "memory": 16 * G, "utilization": 50}]
     write_fake_nvml_state(host_fake, {"gpus": gpus})
@@ -127,9 +147,10 @@ c.Notifier.channels = [
     {{"name": "webhook", "url": "json://{http.base[len('http://'):]}/hook"}},
     {{"name": "feishu", "url": "feishu://tok/s3cret?base={http.base}"}},
     {{"name": "mail", "url": "{smtp.url()}"}},
+    {{"name": "class", "url": "json://{http.base[len('http://'):]}/class", "groups": ["wdclass"]}},
 ]
 """
-        watchdog = Watchdog(work, hub, host_fake, config).start()
+        watchdog = Watchdog(work, hub, host_fake, config, token=TOKEN).start()
         try:
             yield hub, watchdog, http, smtp, host_fake, gpus
         finally:
@@ -147,12 +168,12 @@ def kind_of(body: dict) -> str:
 
 
 def hooks(http: HttpReceiver, rule: str, kind: str, user: str, count: int = 1,
-          timeout: float = 30) -> list:
+          timeout: float = 30, path: str = "/hook") -> list:
     """The JSON webhook's messages (apprise's json://) of this kind about ``user``'s ``rule``."""
     deadline = time.monotonic() + timeout
     while True:
         found = [r.body for r in list(http.requests)
-                 if r.kind == "json" and isinstance(r.body, dict)
+                 if r.kind == "json" and isinstance(r.body, dict) and r.path == path
                  and f"Incident: {rule}:" in r.body.get("message", "")
                  and f"Who: {user} (" in r.body.get("message", "")
                  and kind_of(r.body) == kind]
@@ -163,7 +184,7 @@ def hooks(http: HttpReceiver, rule: str, kind: str, user: str, count: int = 1,
 
 def test_memory_alert_and_resolve_on_every_channel(setup, docker_client):
     hub, watchdog, http, smtp, *_ = setup
-    hub.create_user("wd-mem")
+    hub.create_user("wd-mem", ["wdclass"])
     hub.start_server("wd-mem")
     c = container_for(docker_client, "wd-mem")
     # a process that brings the working set to 86% of the role's 512 MiB, and holds it
@@ -183,6 +204,8 @@ def test_memory_alert_and_resolve_on_every_channel(setup, docker_client):
     mails = smtp.wait(1, timeout=15)
     assert any("wd-mem" in m[2].as_string() for m in mails)
     assert "broken" in watchdog.log()  # the dead channel was tried, and logged
+    # the instructor's channel of wd-mem's group gets it too, and nothing of other users
+    assert len(hooks(http, "memory", "open", "wd-mem", path="/class")) == 1
     code, out = c.exec_run(["sh", "-c", "kill $(cat /tmp/alloc.pid)"], user="1000")
     assert code == 0, out
     assert len(hooks(http, "memory", "resolve", "wd-mem")) == 1, watchdog.log()[-3000:]
@@ -228,4 +251,27 @@ def test_gpu_memory_hold_hysteresis_and_restart(setup, docker_client, tmp_path):
     assert hooks(http, "gpu_memory", "resolve", "wd-gpu", timeout=0) == []
     use(0.80)
     assert len(hooks(http, "gpu_memory", "resolve", "wd-gpu")) == 1, watchdog.log()[-3000:]
+    # an XID error on the GPU: told at once, naming its holder
+    used = int(0.8 * 8 * G)
+    write_fake_nvml_state(host_fake, {"gpus": [{**gpus[0], "used": used,
+                                                "processes": [[pid, used]]}],
+                                      "xids": [{"uuid": GPU, "xid": 79, "id": 1}]})
+    (xid,) = hooks(http, "xid", "open", "wd-gpu")
+    assert "79" in xid["message"] and GPU in xid["message"]
+    assert hooks(http, "gpu_memory", "open", "wd-gpu", path="/class", timeout=0) == []
     hub.stop_server("wd-gpu")
+
+
+def test_a_zombie_holding_a_gpu(setup, docker_client):
+    """A container of this hub that holds a GPU, with no server in the hub behind it."""
+    hub, watchdog, http, *_ = setup
+    zombie = docker_client.containers.run(
+        "quota-spawner/base:local", ["sleep", "600"], name=f"{PREFIX}-ghost", detach=True,
+        labels={USER_LABEL: "ghost", ROLE_LABEL: "lab", IMAGE_LABEL: "base", HUB_LABEL: HUB_ID,
+                GPUS_LABEL: GPU, GPU_MODE_LABEL: "shared:2"})
+    try:
+        (opened,) = hooks(http, "zombie", "open", "ghost")
+        assert f"{PREFIX}-ghost" in opened["message"]
+    finally:
+        zombie.remove(force=True)
+    assert len(hooks(http, "zombie", "resolve", "ghost")) == 1, watchdog.log()[-3000:]
