@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import apprise
 import pytest
@@ -33,6 +33,7 @@ from spawner.watchdog.notify import (
     routes,
     server_url,
 )
+from spawner.watchdog.rules import Event, Incident
 
 GiB = 2**30
 NOW = 1_700_000_000.0
@@ -46,36 +47,14 @@ def make_server(user: str = "alice", role: str = "gpu-large", **kw) -> Server:
                   gpu_mode="exclusive", memory_limit=8 * GiB, **kw)
 
 
-@dataclass
-class FakeIncident:
-    """What the rule engine hands over (spawner.watchdog.notify.Incident)."""
-
-    rule: str = "gpu_memory"
-    server: Server | None = None
-    key: str = "gpu_memory:c0ffee:GPU-4a1c"
-    severity: str = "warning"
-    gpu_uuid: str | None = UUID
-    gpu_index: int | None = 2
-    value: float | None = 14.88 * GiB
-    limit: float | None = 16 * GiB
-    percent: float | None = 93.0
-    since: float = NOW - 130
-    opened: float = NOW
-    resolved: float | None = None
-    what: str = "GPU memory at 93% of the card: 14.9 GiB of 16 GiB."
-    host: str = ""
-    reason: str = ""
-
-
-@dataclass
-class FakeEvent:
-    kind: str
-    incident: FakeIncident
-
-
-def incident(rule: str = "gpu_memory", user: str | None = "alice", **kw) -> FakeIncident:
-    return FakeIncident(rule=rule, server=make_server(user) if user else None,
-                        key=f"{rule}:{user}", **kw)
+def incident(rule: str = "gpu_memory", user: str | None = "alice", **kw) -> Incident:
+    """The rule engine's own Incident, with a GPU memory alert's numbers unless told."""
+    values = dict(severity="warning", gpu_uuid=UUID, gpu_index=2, value=14.88 * GiB,
+                  limit=16 * GiB, percent=93.0, since=NOW - 130, opened=NOW,
+                  what="GPU memory at 93% of the card: 14.9 GiB of 16 GiB.")
+    values.update(kw)
+    return Incident(rule=rule, server=make_server(user) if user else None,
+                    key=f"{rule}:{user}", **values)
 
 
 def notifier(channels: list[dict], **kw) -> Notifier:
@@ -101,7 +80,7 @@ def test_server_link_quotes_the_name():
 
 
 def test_gpu_memory_message_says_who_where_what_and_what_to_do():
-    message = format_message(FakeEvent("open", incident()), HUB, "gpu01", now=NOW)
+    message = format_message(Event("open", incident()), HUB, "gpu01", now=NOW)
     assert message.title == "[warning] alice's GPU memory at 93% of its limit"
     assert message.body.splitlines() == [
         "What: GPU memory 14.9 GiB (93%) of the card, 16 GiB, for 2m10s.",
@@ -118,13 +97,13 @@ def test_gpu_memory_message_says_who_where_what_and_what_to_do():
     ]
     shared = incident(host="gpu07")
     shared.server = replace(make_server(), gpu_mode="shared:4", gpu_memory_limit=16 * GiB)
-    body = format_message(FakeEvent("open", shared), HUB, "gpu01", now=NOW).body
+    body = format_message(Event("open", shared), HUB, "gpu01", now=NOW).body
     assert "of its GPU memory cap, 16 GiB" in body
     assert "Host: gpu07" in body  # the incident's own host wins
 
 
 def test_reminder_and_resolved_messages_say_so():
-    still = format_message(FakeEvent("remind", incident(percent=95.0)), HUB, "gpu01",
+    still = format_message(Event("remind", incident(percent=95.0)), HUB, "gpu01",
                            now=NOW - 130 + 4 * 3600 + 60)
     assert still.title == "[warning] still: alice's GPU memory at 95% of its limit, for 4h01m"
     assert still.body.startswith("Still going on: GPU memory 14.9 GiB (95%)")
@@ -132,13 +111,13 @@ def test_reminder_and_resolved_messages_say_so():
 
     ended = incident(resolved=NOW - 130 + 7800, value=12.8 * GiB, percent=80.0,
                      reason="GPU memory is down to 80% of the card.")
-    done = format_message(FakeEvent("resolve", ended), HUB, "gpu01", now=NOW + 10**6)
+    done = format_message(Event("resolve", ended), HUB, "gpu01", now=NOW + 10**6)
     assert done.title == "[resolved] alice's GPU memory high: resolved after 2h10m"
     assert done.body.splitlines()[:2] == [
         "Resolved after 2h10m: GPU memory is down to 80% of the card.",
         "Now: GPU memory 12.8 GiB (80%) of the card, 16 GiB."]
     assert "What to do:" not in done.body
-    gone = format_message(FakeEvent("resolve", incident("zombie", resolved=NOW)), HUB, "h")
+    gone = format_message(Event("resolve", incident("zombie", resolved=NOW)), HUB, "h")
     assert gone.body.startswith("Resolved after 2m10s: it no longer applies.\nWho: alice")
 
 
@@ -177,7 +156,7 @@ NO_NUMBERS = {"value": None, "limit": None, "percent": None}
      [f"What: The container quota-alice holds {UUID}", "docker rm -f"]),
 ])
 def test_each_rule_has_its_own_text(rule, kw, title, in_body):
-    message = format_message(FakeEvent("open", incident(rule, **kw)), HUB, "gpu01", now=NOW)
+    message = format_message(Event("open", incident(rule, **kw)), HUB, "gpu01", now=NOW)
     assert message.title == title
     for text in in_body:
         assert text in message.body
@@ -187,7 +166,7 @@ def test_each_rule_has_its_own_text(rule, kw, title, in_body):
 def test_a_gpu_event_without_a_server_still_says_where():
     lost = incident("gpu_lost", user=None, **NO_NUMBERS,
                     what="NVML cannot read the GPU: GPU is lost.")
-    message = format_message(FakeEvent("open", lost), HUB, "gpu01", now=NOW)
+    message = format_message(Event("open", lost), HUB, "gpu01", now=NOW)
     assert message.title == "[warning] GPU 2 lost"
     assert "Who:" not in message.body and f"GPU: GPU 2 ({UUID})" in message.body
 
@@ -233,7 +212,7 @@ async def test_send_routes_with_the_users_groups_from_the_hub():
         channels = [{"name": n, "url": f"json://127.0.0.1:{hub.base.rsplit(':', 1)[1]}/{n}", **extra}
                     for n, extra in (("admins", {}), ("cs101", {"groups": ["cs101"]}),
                                      ("cs202", {"groups": ["cs202"]}))]
-        sent = await notifier(channels).send(FakeEvent("open", incident()),
+        sent = await notifier(channels).send(Event("open", incident()),
                                              lambda user: {"alice": ["cs101"]}[user], now=NOW)
         assert sent == {"admins": True, "cs101": True}
         paths = sorted(r.path for r in hub.requests)
@@ -242,12 +221,12 @@ async def test_send_routes_with_the_users_groups_from_the_hub():
         assert body["title"] == "[warning] alice's GPU memory at 93% of its limit"
         assert "Server: https://hub.example.org/user/alice/" in body["message"]
         # a dict works as well; a failing lookup still reaches the admins
-        assert await notifier(channels).send(FakeEvent("open", incident()), {"alice": ["cs202"]}) \
+        assert await notifier(channels).send(Event("open", incident()), {"alice": ["cs202"]}) \
             == {"admins": True, "cs202": True}
 
         def broken(user):
             raise RuntimeError("hub down")
-        assert await notifier(channels).send(FakeEvent("open", incident()), broken) \
+        assert await notifier(channels).send(Event("open", incident()), broken) \
             == {"admins": True}
 
 
@@ -274,7 +253,7 @@ async def test_feishu_lark_dingtalk_json_and_email_all_arrive(caplog):
             {"name": "webhook", "url": f"json://127.0.0.1:{port}/hook"},
             {"name": "mail", "url": smtp.url()},
         ]
-        sent = await notifier(channels).send(FakeEvent("open", incident()), {}, now=NOW)
+        sent = await notifier(channels).send(Event("open", incident()), {}, now=NOW)
         assert sent == dict.fromkeys(("feishu", "lark", "dingtalk", "webhook", "mail"), True)
 
         feishu = http.wait(2, kind="feishu", accepted=True)
@@ -306,7 +285,7 @@ async def test_a_wrong_secret_is_refused_logged_and_retried(caplog):
             {"name": "feishu-unsigned", "url": f"feishu://fs-token?base={http.base}"},
             {"name": "ding-wrong", "url": f"dingtalk://SECwrong@dt-token?base={http.base}"},
         ]
-        sent = await notifier(channels).send(FakeEvent("open", incident()), {})
+        sent = await notifier(channels).send(Event("open", incident()), {})
         assert sent == {"feishu-wrong": False, "feishu-unsigned": False, "ding-wrong": False}
         refused = http.wait(9, accepted=False)
         assert {r.reason for r in refused} == {
@@ -376,7 +355,7 @@ async def test_a_refused_and_a_slow_channel_do_not_stop_the_others(caplog):
         ]
         began = time.monotonic()
         task_notifier = notifier(channels, timeout=0.5, tries=3, retry_delay=0.1)
-        sent = await task_notifier.send(FakeEvent("open", incident()), {})
+        sent = await task_notifier.send(Event("open", incident()), {})
         took = time.monotonic() - began
         assert sent == {"refused": False, "slow": False, "good": True, "mail": True}
         # the good ones were not held up: each channel runs on its own
@@ -395,7 +374,7 @@ async def test_a_failing_try_is_retried_until_it_works():
     with HttpReceiver(feishu_secrets={"tok": "sec"},
                       fail_first={"/open-apis/bot/v2/hook/tok": 2}) as http:
         sent = await notifier([{"name": "flaky", "url": f"feishu://tok/sec?base={http.base}"}]) \
-            .send(FakeEvent("resolve", incident(resolved=NOW)), {})
+            .send(Event("resolve", incident(resolved=NOW)), {})
         assert sent == {"flaky": True}
         assert [r.kind for r in http.requests] == ["failed", "failed", "feishu"]
         assert http.requests[-1].body["content"]["text"].startswith("[resolved]")
@@ -430,7 +409,7 @@ def test_channels_are_checked_when_configured():
 def test_unknown_kinds_are_refused():
     with pytest.raises(ValueError, match="unknown event kind"):
         import asyncio
-        asyncio.run(notifier([ADMIN]).send(replace(FakeEvent("open", incident()), kind="x"), {}))
+        asyncio.run(notifier([ADMIN]).send(replace(Event("open", incident()), kind="x"), {}))
 
 
 def test_the_hub_link_and_host_come_from_the_watchdog_app():
@@ -443,5 +422,5 @@ def test_the_hub_link_and_host_come_from_the_watchdog_app():
 
     child = Notifier(parent=App())
     assert (child.hub_url, child.host) == ("https://hub.example.edu/", "gpu42")
-    body = child.message(FakeEvent("open", incident()), now=NOW).body
+    body = child.message(Event("open", incident()), now=NOW).body
     assert "Server: https://hub.example.edu/user/alice/" in body and "Host: gpu42" in body

@@ -48,7 +48,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 import requests
@@ -56,46 +56,16 @@ from traitlets import Dict, Float, Integer, List, TraitError, Unicode, default, 
 from traitlets.config import LoggingConfigurable
 
 from ..quota.units import format_human
-from .model import Server
-
-# --- what the rules hand over ------------------------------------------------------
-
-
-class Incident(Protocol):
-    """What the rule engine knows about one incident (spawner.watchdog.rules.Incident)."""
-
-    key: str
-    rule: str  # "gpu_memory", "memory", "oom", "gpu_lost", "xid", "gpu_idle", "zombie"
-    severity: str  # "critical", "warning" or "info"
-    server: Server | None
-    gpu_uuid: str | None
-    gpu_index: int | None
-    value: float | None  # bytes for the memory rules; a count, a utilisation, an XID code
-    limit: float | None  # bytes for the memory rules
-    percent: float | None  # value against limit, 0 to 100 (or more)
-    since: float  # epoch seconds: the first crossing
-    opened: float | None  # when it was announced
-    resolved: float | None  # when it ended
-    what: str  # a short sentence of the rules': what is wrong, with the numbers
-    host: str  # where; "" for the Notifier's own host name
-    reason: str  # why it ended, once resolved
-
-
-class Event(Protocol):
-    kind: str  # "open", "remind" or "resolve"
-    incident: Incident
-
+from .rules import GPU_IDLE, GPU_MEMORY, INSTANT_RULES, MEMORY, ZOMBIE, Event, Incident
 
 GroupsOf = Callable[[str], list[str]] | Mapping[str, list[str]]
 
 KINDS = ("open", "remind", "resolve")
-IDLE_RULES = ("gpu_idle", "idle_gpu")
+IDLE_RULES = (GPU_IDLE,)
 # Incidents that only admin channels get by default: waste and stray containers
 # are for whoever runs the host, not for a class's instructor.
-ADMIN_ONLY_RULES = (*IDLE_RULES, "zombie")
-# One event, not a state: announced once, with no duration to speak of.
-INSTANT_RULES = ("oom", "xid")
-_BYTE_RULES = ("gpu_memory", "memory")
+ADMIN_ONLY_RULES = (GPU_IDLE, ZOMBIE)
+_BYTE_RULES = (GPU_MEMORY, MEMORY)  # value and limit in bytes
 
 # --- the message ---------------------------------------------------------------------
 
@@ -234,7 +204,6 @@ ADVICE = {
         "Admins: check that nobody uses the container, then remove it "
         "(docker rm -f <name>) to free its GPUs."),
 }
-ADVICE["idle_gpu"] = ADVICE["gpu_idle"]
 
 
 def format_message(event: Event, hub_url: str, host: str, now: float | None = None) -> Message:
@@ -631,30 +600,7 @@ class Notifier(LoggingConfigurable):
         channel = {"url": url, "name": name}
         self._sender(url)  # ValueError for a URL no sender takes
         now = time.time()
-        event = _TestEvent(kind="open", incident=_TestIncident(since=now, opened=now))
+        event = Event("open", Incident(
+            key="test", rule="test", severity="info", server=None, since=now, opened=now,
+            what="A test message from the quota-spawner watchdog: this channel works."))
         return asyncio.run(self._deliver(channel, self.message(event, now), event))
-
-
-@dataclass
-class _TestIncident:
-    since: float
-    opened: float
-    key: str = "test"
-    rule: str = "test"
-    severity: str = "info"
-    server: Server | None = None
-    gpu_uuid: str | None = None
-    gpu_index: int | None = None
-    value: float | None = None
-    limit: float | None = None
-    percent: float | None = None
-    resolved: float | None = None
-    what: str = "A test message from the quota-spawner watchdog: this channel works."
-    host: str = ""
-    reason: str = ""
-
-
-@dataclass
-class _TestEvent:
-    kind: str
-    incident: _TestIncident
