@@ -27,6 +27,7 @@ bench:
 	.venv/bin/python bench/spawn_bench.py
 	.venv/bin/python bench/gpu_bench.py
 	.venv/bin/python bench/monitor_bench.py
+	.venv/bin/python bench/watchdog_bench.py
 
 # The JupyterLab status-bar item: builds labextension/ into spawner/labextension/
 # (committed, installed with the package) and stamps it with its sources
