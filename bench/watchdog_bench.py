@@ -61,7 +61,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -82,7 +81,12 @@ from monitor_bench import spawn_cost  # noqa: E402
 from receivers import HttpReceiver, Request  # noqa: E402
 
 from fake_pynvml import FakeGpu, FakeNvml  # noqa: E402
-from harness import TEST_DOCKER_HOST, install_fake_nvml, write_fake_nvml_state  # noqa: E402
+from harness import (  # noqa: E402
+    TEST_DOCKER_HOST,
+    WatchdogProcess,
+    install_fake_nvml,
+    write_fake_nvml_state,
+)
 from spawner.contract import (  # noqa: E402
     GPU_MEMORY_LIMIT,
     GPU_MODE_LABEL,
@@ -449,46 +453,6 @@ time.sleep(3600)
 """
 
 
-class WatchdogProcess:
-    """``python -m spawner.watchdog``, no hub, the FAKE pynvml first on its path."""
-
-    def __init__(self, work: Path, fake: Path, config: str, interval: float):
-        self.config = work / "watchdog_config.py"
-        self.config.write_text(config)
-        self.log_path = work / "watchdog.log"
-        self.work, self.fake, self.interval = work, fake, interval
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(self.fake), FAKE_NVML_STATE=str(
-            self.fake / "state.json"), JUPYTERHUB_API_URL="", JUPYTERHUB_API_TOKEN="",
-            QUOTA_SPAWNER_STATE_DIR=str(self.work), QUOTA_SPAWNER_HUB_ID=HUB_ID,
-            DOCKER_HOST=TEST_DOCKER_HOST)
-        env.pop("QUOTA_SPAWNER_WATCHDOG_CONFIG", None)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "spawner.watchdog", f"--config-file={self.config}",
-                 f"--QuotaWatchdog.interval={self.interval}", "--QuotaWatchdog.metrics_port=0"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while "Watching" not in self.log():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"The watchdog did not start:\n{self.log()[-3000:]}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
 def allocation_done(container: Any, timeout: float = 60) -> tuple[float, float]:
     """(start, end) of the allocation, the container's clock (the host's)."""
     deadline = time.monotonic() + timeout
@@ -532,7 +496,8 @@ c.Notifier.channels = [{{"name": "webhook", "url": "json://{http.base[len('http:
             server = server_from_inspect(client.api.inspect_container(container.id))
             assert server is not None
             reader = CgroupReader()
-            watchdog = WatchdogProcess(work, fake, config, interval)
+            watchdog = WatchdogProcess(work, fake, config, interval,
+                                       env={"QUOTA_SPAWNER_HUB_ID": HUB_ID})
             watchdog.start()
             time.sleep(2 * interval)  # it has seen the container, and read its cgroup
             for r in range(1, rounds + 1):

@@ -343,3 +343,51 @@ def gpu_table(fields: str) -> str:
         "assignments:\n"
         "  default: [cpu, r]\n"
     )
+
+
+# --- the watchdog as a process ----------------------------------------------------
+
+
+class WatchdogProcess:
+    """``python -m spawner.watchdog`` with the FAKE pynvml of ``fake`` first on its path
+    (its state file is ``fake/state.json``), a config file, and its log in ``work``.
+    ``env`` adds to its environment: the hub's API URL and token, the hub id."""
+
+    def __init__(self, work: Path, fake: Path, config: str, interval: float = 0.5,
+                 env: dict[str, str] | None = None):
+        self.work, self.fake, self.interval = work, fake, interval
+        self.config = work / "watchdog_config.py"
+        self.config.write_text(config)
+        self.log_path = work / "watchdog.log"
+        self.env = {"JUPYTERHUB_API_URL": "", "JUPYTERHUB_API_TOKEN": "", **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> WatchdogProcess:
+        env = dict(os.environ, PYTHONPATH=str(self.fake),
+                   FAKE_NVML_STATE=str(self.fake / "state.json"),
+                   QUOTA_SPAWNER_STATE_DIR=str(self.work), **self.env)
+        env.pop("QUOTA_SPAWNER_WATCHDOG_CONFIG", None)
+        env.setdefault("DOCKER_HOST", TEST_DOCKER_HOST)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "spawner.watchdog", f"--config-file={self.config}",
+                 f"--QuotaWatchdog.interval={self.interval}", "--QuotaWatchdog.metrics_port=0"],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while "Watching" not in self.log():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"The watchdog did not start:\n{self.log()[-3000:]}")
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

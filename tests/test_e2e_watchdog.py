@@ -10,21 +10,16 @@ channel nobody listens on, which must not stop the others.
 
 from __future__ import annotations
 
-import os
 import secrets
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from receivers import HttpReceiver, SmtpReceiver, refused_url_base
 
 from harness import (
     ARTIFACTS,
-    ROOT,
     Hub,
+    WatchdogProcess,
     container_for,
     fake_nvml_config,
     install_fake_nvml,
@@ -85,45 +80,6 @@ c.JupyterHub.load_roles.append(_role)
 """
 
 
-class Watchdog:
-    """``python -m spawner.watchdog`` as a process, with the FAKE NVML first on its path."""
-
-    def __init__(self, workdir: Path, hub: Hub, fake: Path, config: str, token: str):
-        self.workdir, self.hub, self.fake, self.token = workdir, hub, fake, token
-        self.config = workdir / "watchdog_config.py"
-        self.config.write_text(config)
-        self.log_path = workdir / "watchdog.log"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> Watchdog:
-        env = dict(os.environ,
-                   PYTHONPATH=str(self.fake),  # the FAKE pynvml shadows the real binding
-                   FAKE_NVML_STATE=str(self.fake / "state.json"),
-                   JUPYTERHUB_API_URL=f"{self.hub.url}/hub/api",
-                   JUPYTERHUB_API_TOKEN=self.token,
-                   JUPYTERHUB_PUBLIC_URL=self.hub.url,
-                   QUOTA_SPAWNER_STATE_DIR=str(self.workdir),
-                   QUOTA_SPAWNER_HUB_ID=HUB_ID)
-        env.setdefault("DOCKER_HOST", "unix:///run/quota-spawner-test/docker.sock")
-        log = open(self.log_path, "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spawner.watchdog", f"--config-file={self.config}",
-             "--QuotaWatchdog.interval=0.5", "--QuotaWatchdog.metrics_port=0"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        return self
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-
 @pytest.fixture(scope="module")
 def setup(docker_client, tmp_path_factory):
     work = tmp_path_factory.mktemp("watchdog")
@@ -150,7 +106,9 @@ c.Notifier.channels = [
     {{"name": "class", "url": "json://{http.base[len('http://'):]}/class", "groups": ["wdclass"]}},
 ]
 """
-        watchdog = Watchdog(work, hub, host_fake, config, token=TOKEN).start()
+        watchdog = WatchdogProcess(work, host_fake, config, env={
+            "JUPYTERHUB_API_URL": f"{hub.url}/hub/api", "JUPYTERHUB_API_TOKEN": TOKEN,
+            "JUPYTERHUB_PUBLIC_URL": hub.url, "QUOTA_SPAWNER_HUB_ID": HUB_ID}).start()
         try:
             yield hub, watchdog, http, smtp, host_fake, gpus
         finally:

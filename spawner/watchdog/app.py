@@ -15,6 +15,7 @@ Each cycle (``interval``, 5 s by default):
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import socket
@@ -182,7 +183,10 @@ class QuotaWatchdog(Application):
         self.metrics.update(snapshot, {rule: opened.get(rule, 0) for rule in RULES})
         if self.dcgm_mapping_dir:
             await asyncio.to_thread(write_dcgm_mapping, Path(self.dcgm_mapping_dir), snapshot)
-        await asyncio.to_thread(self.book.save, Path(self.state_file))
+        saved = json.dumps(self.book.to_json(), sort_keys=True)
+        if saved != self._saved:  # most cycles change nothing: no write
+            await asyncio.to_thread(self.book.save, Path(self.state_file))
+            self._saved = saved
         self.metrics.cycle_done(time.monotonic() - began)
 
     async def notify(self, event: Event) -> None:
@@ -198,6 +202,7 @@ class QuotaWatchdog(Application):
 
     async def run(self) -> None:
         self._sending: set[asyncio.Task[Any]] = set()
+        self._saved = ""
         self.oom_events.start()
         if self.metrics_port:
             serve_metrics(self.metrics, self.metrics_ip, self.metrics_port, self.metrics_token)
