@@ -10,12 +10,29 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+from pathlib import Path
 from typing import Any
 
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
 from traitlets.config import Configurable
 
 from .quota.form import options_from_form
+
+
+def hub_id_from_secret(prefix: str, secret: str | bytes) -> str:
+    """The default hub id: stable across restarts, different per hub (its cookie secret)."""
+    if isinstance(secret, str):
+        secret = secret.encode()
+    digest = hashlib.sha256(b"quota-spawner hub id\0" + secret).hexdigest()[:12]
+    return f"{prefix}-{digest}"
+
+
+def hub_id_from_secret_file(prefix: str, path: str) -> str | None:
+    """The same, from JupyterHub's cookie_secret_file (hex); None when it cannot be read."""
+    try:
+        return hub_id_from_secret(prefix, bytes.fromhex(Path(path).read_text().strip()))
+    except (OSError, ValueError):
+        return None
 
 
 class QuotaSpawnerConfig(Configurable):
@@ -132,10 +149,7 @@ class QuotaSpawnerConfig(Configurable):
                              "Set QuotaSpawner.hub_id if another hub shares this engine.",
                              self.prefix)
             return self.prefix
-        if isinstance(secret, str):
-            secret = secret.encode()
-        digest = hashlib.sha256(b"quota-spawner hub id\0" + secret).hexdigest()[:12]
-        return f"{self.prefix}-{digest}"
+        return hub_id_from_secret(self.prefix, secret)
 
     async def admin_value(self, value: Any) -> dict[str, Any]:
         """An admin's dict setting as DockerSpawner reads it: called if callable,

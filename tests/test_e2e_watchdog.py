@@ -217,6 +217,8 @@ def test_gpu_memory_hold_hysteresis_and_restart(setup, docker_client, tmp_path):
     (xid,) = hooks(http, "xid", "open", "wd-gpu")
     assert "79" in xid["message"] and GPU in xid["message"]
     assert hooks(http, "gpu_memory", "open", "wd-gpu", path="/class", timeout=0) == []
+    # starting a GPU server never looked like a zombie to the watchdog
+    assert hooks(http, "zombie", "open", "wd-gpu", timeout=0) == []
     hub.stop_server("wd-gpu")
 
 

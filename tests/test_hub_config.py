@@ -138,3 +138,17 @@ def test_compose_runs_the_watchdog_with_the_hosts_pids_and_cgroups():
     assert "/sys/fs/cgroup:/sys/fs/cgroup:ro" in watchdog["volumes"]
     devices = watchdog["deploy"]["resources"]["reservations"]["devices"]
     assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["utility"]}]
+
+
+def test_the_watchdog_derives_the_hubs_own_id(tmp_path, monkeypatch):
+    from spawner.config import hub_id_from_secret, hub_id_from_secret_file
+
+    c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
+    env = next(s for s in c.JupyterHub.services if s["name"] == "gpu-watchdog")["environment"]
+    assert env["QUOTA_SPAWNER_HUB_SECRET_FILE"] == c.JupyterHub.cookie_secret_file
+    assert env["QUOTA_SPAWNER_STATE_DIR"] == str(tmp_path)
+    secret = bytes(range(32))
+    (tmp_path / "secret").write_text(secret.hex() + "\n")  # as JupyterHub writes it
+    assert hub_id_from_secret_file("quota", str(tmp_path / "secret")) == \
+        hub_id_from_secret("quota", secret)
+    assert hub_id_from_secret_file("quota", str(tmp_path / "missing")) is None

@@ -113,9 +113,11 @@ def test_reminder_and_resolved_messages_say_so():
                      reason="GPU memory is down to 80% of the card.")
     done = format_message(Event("resolve", ended), HUB, "gpu01", now=NOW + 10**6)
     assert done.title == "[resolved] alice's GPU memory high: resolved after 2h10m"
+    # the incident keeps its alert's numbers; the reading that ended it is the reason's
     assert done.body.splitlines()[:2] == [
-        "Resolved after 2h10m: GPU memory is down to 80% of the card.",
-        "Now: GPU memory 12.8 GiB (80%) of the card, 16 GiB."]
+        "Resolved after 2h10m: GPU memory is down to 80% of the card.", "Who: alice (role "
+        "gpu-large, image pytorch)"]
+    assert "Now:" not in done.body
     assert "What to do:" not in done.body
     gone = format_message(Event("resolve", incident("zombie", resolved=NOW)), HUB, "h")
     assert gone.body.startswith("Resolved after 2m10s: it no longer applies.\nWho: alice")

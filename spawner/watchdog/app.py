@@ -27,6 +27,7 @@ from typing import Any
 from traitlets import Float, Integer, Unicode, default
 from traitlets.config import Application
 
+from ..config import hub_id_from_secret_file
 from ..gpu.nvml import Nvml, XidWatcher
 from .containers import Containers, OomEvents
 from .host import CgroupReader, CpuMeter, gpu_memory_by_container
@@ -57,6 +58,12 @@ class QuotaWatchdog(Application):
         os.environ.get("QUOTA_SPAWNER_HUB_ID", ""), config=True,
         help="Watch only the containers of this hub (their quota-spawner.hub label); "
              "empty: every notebook container on the engine.")
+    hub_secret_file = Unicode(
+        os.environ.get("QUOTA_SPAWNER_HUB_SECRET_FILE", ""), config=True,
+        help="""With no hub_id: the hub's cookie_secret_file, from which the hub derives
+        its id (QuotaSpawner.hub_id's default), so the watchdog derives the same.""")
+    hub_prefix = Unicode(os.environ.get("QUOTA_SPAWNER_PREFIX", "quota"), config=True,
+                         help="QuotaSpawner.prefix, for the hub id derived from the secret.")
     hub_api_url = Unicode(os.environ.get("JUPYTERHUB_API_URL", ""), config=True,
                           help="The hub's API, for users' groups and servers.")
     api_token = Unicode(os.environ.get("JUPYTERHUB_API_TOKEN", ""), config=True,
@@ -66,7 +73,8 @@ class QuotaWatchdog(Application):
                           config=True, help="The engine the notebook containers run on.")
     state_file = Unicode(config=True, help="Where open incidents are kept across restarts.")
     host_name = Unicode(socket.gethostname(), config=True, help="This host, in messages.")
-    metrics_ip = Unicode("127.0.0.1", config=True, help="Address of /metrics.")
+    metrics_ip = Unicode(os.environ.get("QUOTA_SPAWNER_METRICS_IP", "127.0.0.1"), config=True,
+                         help="Address of /metrics.")
     metrics_port = Integer(9835, config=True, help="Port of /metrics; 0: no /metrics.")
     metrics_token = Unicode(os.environ.get("QUOTA_SPAWNER_METRICS_TOKEN", ""), config=True,
                             help="Bearer token /metrics asks for; empty: none.")
@@ -101,11 +109,20 @@ class QuotaWatchdog(Application):
         if self.config_file:
             self.load_config_file(self.config_file)
             self.parse_command_line(argv)  # the command line wins over the file
+        self.rules = WatchdogRules(parent=self)
+        self.rules.check()  # a clear threshold above its high one: refused at start
+        self.notifier = Notifier(parent=self, log=self.log)
+        # apprise says why a channel failed in its own log: into ours, warnings up
+        apprise_log = logging.getLogger("apprise")
+        apprise_log.handlers, apprise_log.propagate = list(self.log.handlers), False
+        apprise_log.setLevel(logging.WARNING)
+        if self.test_channel:
+            return  # start() sends the test message; no engine or NVML needed
+        if not self.hub_id and self.hub_secret_file:
+            self.hub_id = hub_id_from_secret_file(self.hub_prefix, self.hub_secret_file) or ""
         import docker
 
         client = docker.APIClient(base_url=self.docker_host, version="auto")
-        self.rules = WatchdogRules(parent=self)
-        self.notifier = Notifier(parent=self, log=self.log)
         self.containers = Containers(client, self.hub_id)
         self.oom_events = OomEvents(client, self.hub_id, self.log)
         self.nvml = Nvml()
@@ -162,18 +179,22 @@ class QuotaWatchdog(Application):
         self._last_gpus = {u: g for u, g in found.items() if not u.startswith("unknown:")}
         return found
 
-    def zombies(self, snapshot: Snapshot) -> list[Server]:
-        """Containers holding GPUs whose user has no server in the hub (once it answered)."""
-        if not self.hub.known:
-            return []
-        return [s.server for s in snapshot.servers.values()
-                if s.server.gpus and not self.hub.has_server(s.server.user)]
+    async def zombies(self, snapshot: Snapshot) -> list[Server]:
+        """Containers holding GPUs whose user has no server in the hub (once it answered),
+        after a fresh read: a server started since the last read is not a zombie."""
+        def unclaimed() -> list[Server]:
+            return [s.server for s in snapshot.servers.values()
+                    if s.server.gpus and not self.hub.has_server(s.server.user)]
+
+        if self.hub.known and unclaimed():
+            await self.hub.refresh(force=True)
+        return unclaimed() if self.hub.known else []
 
     async def cycle(self) -> None:
         began = time.monotonic()
         snapshot = await asyncio.to_thread(self.collect)
         await self.hub.refresh()
-        snapshot.zombies = self.zombies(snapshot)
+        snapshot.zombies = await self.zombies(snapshot)
         events = self.book.evaluate(snapshot, self.rules, self.oom_events.take())
         for event in events:
             task = asyncio.ensure_future(self.notify(event))
@@ -193,7 +214,7 @@ class QuotaWatchdog(Application):
         """One event to its channels; every event is in the log too, channels or not."""
         message = self.notifier.message(event)
         self.log.warning("%s | %s", message.title, message.body.replace("\n", " | "))
-        results = await self.notifier.send(event, self.hub.groups_of)
+        results = await self.notifier.send(event, self.hub.groups_for)
         for channel, delivered in results.items():
             if delivered:
                 self.metrics.notification_sent(channel)

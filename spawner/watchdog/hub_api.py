@@ -39,8 +39,17 @@ class HubDirectory:
         """Whether the hub knows a server of this user (running, starting or stopping)."""
         return bool(self._servers.get(user))
 
+    async def groups_for(self, user: str) -> list[str]:
+        """``user``'s groups, read again first when the last read did not know the user
+        (a user created since): routing must not miss an instructor's channel."""
+        if user not in self._groups:
+            await self.refresh(force=True)
+        return self.groups_of(user)
+
     async def refresh(self, force: bool = False) -> None:
-        if not self.api_url or (not force and time.monotonic() - self._read_at < self.ttl):
+        """Read the users again after ``ttl``, or now when ``force`` (at most every 2 s)."""
+        age = time.monotonic() - self._read_at
+        if not self.api_url or age < (2.0 if force else self.ttl):
             return
         groups: dict[str, list[str]] = {}
         servers: dict[str, set[str]] = {}

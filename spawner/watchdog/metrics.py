@@ -183,7 +183,7 @@ class WatchdogMetrics:
             ["channel"], registry=self.registry)
         self.notifications_failed = Counter(
             PREFIX + "watchdog_notifications_failed",
-            "Messages a channel failed to deliver (each try counts)", ["channel"],
+            "Messages a channel failed to deliver, after all its tries", ["channel"],
             registry=self.registry)
         self._incident_rules: set[str] = set()
         self._lock = threading.Lock()

@@ -228,9 +228,6 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
     if event.kind == "resolve":
         why = (getattr(incident, "reason", "") or "it no longer applies").rstrip(".")
         lines.append(f"Resolved after {lasted}: {why}.")
-        numbers = _numbers(incident)
-        if numbers:
-            lines.append(f"Now: {numbers}.")
     elif event.kind == "remind":
         lines.append(f"Still going on: {_what(incident, lasted)}")
     else:

@@ -10,16 +10,28 @@ from typing import Any
 WATCHDOG_SCOPES = ["list:users", "read:users:groups", "read:servers"]
 # Passed on from the hub's environment when set: JupyterHub gives a managed
 # service only a few variables of its own.
-PASSED_ON = ("DOCKER_HOST", "QUOTA_SPAWNER_STATE_DIR", "QUOTA_SPAWNER_HUB_ID",
-             "QUOTA_SPAWNER_METRICS_TOKEN", "DCGM_HPC_JOB_MAPPING_DIR")
+PASSED_ON = ("DOCKER_HOST", "QUOTA_SPAWNER_HUB_ID", "QUOTA_SPAWNER_METRICS_TOKEN",
+             "QUOTA_SPAWNER_METRICS_IP", "DCGM_HPC_JOB_MAPPING_DIR",
+             "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
 
 
 def watchdog_service(
     public_url: str, config_file: str = "", name: str = "gpu-watchdog",
+    state_dir: str = "", secret_file: str = "", prefix: str = "quota",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The managed service and its RBAC role, for c.JupyterHub.services / load_roles."""
+    """The managed service and its RBAC role, for c.JupyterHub.services / load_roles.
+
+    ``state_dir`` holds its incident file; ``secret_file`` (the hub's
+    cookie_secret_file) and ``prefix`` let it derive the hub's id, as the
+    spawner does, when QUOTA_SPAWNER_HUB_ID is not set.
+    """
     environment = {k: os.environ[k] for k in PASSED_ON if os.environ.get(k)}
     environment["JUPYTERHUB_PUBLIC_URL"] = public_url
+    if state_dir:
+        environment["QUOTA_SPAWNER_STATE_DIR"] = state_dir
+    if secret_file:
+        environment["QUOTA_SPAWNER_HUB_SECRET_FILE"] = secret_file
+        environment["QUOTA_SPAWNER_PREFIX"] = prefix
     if config_file:
         environment["QUOTA_SPAWNER_WATCHDOG_CONFIG"] = config_file
     service = {
