@@ -152,3 +152,14 @@ def test_the_watchdog_derives_the_hubs_own_id(tmp_path, monkeypatch):
     assert hub_id_from_secret_file("quota", str(tmp_path / "secret")) == \
         hub_id_from_secret("quota", secret)
     assert hub_id_from_secret_file("quota", str(tmp_path / "missing")) is None
+
+
+def test_a_secret_from_the_environment_becomes_the_watchdogs_hub_id(tmp_path, monkeypatch):
+    from spawner.config import hub_id_from_secret
+
+    secret = "ab" * 32
+    c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1",
+                        JUPYTERHUB_COOKIE_SECRET=secret)
+    env = next(s for s in c.JupyterHub.services if s["name"] == "gpu-watchdog")["environment"]
+    assert env["QUOTA_SPAWNER_HUB_ID"] == hub_id_from_secret("quota", bytes.fromhex(secret))
+    assert secret not in str(env)  # the id goes to the watchdog, never the secret

@@ -118,8 +118,7 @@ class QuotaWatchdog(Application):
         apprise_log.setLevel(logging.WARNING)
         if self.test_channel:
             return  # start() sends the test message; no engine or NVML needed
-        if not self.hub_id and self.hub_secret_file:
-            self.hub_id = hub_id_from_secret_file(self.hub_prefix, self.hub_secret_file) or ""
+        self.find_hub_id()
         import docker
 
         client = docker.APIClient(base_url=self.docker_host, version="auto")
@@ -133,6 +132,16 @@ class QuotaWatchdog(Application):
         self.hub = HubDirectory(self.hub_api_url, self.api_token, self.log)
         self.metrics = WatchdogMetrics()
         self.book = IncidentBook.load(Path(self.state_file), self.log)
+
+    def find_hub_id(self) -> None:
+        """The hub's id from its cookie secret, once the hub has written it (the first
+        start of a hub can come after the watchdog's); until then, every hub's containers."""
+        if self.hub_id or not self.hub_secret_file:
+            return
+        self.hub_id = hub_id_from_secret_file(self.hub_prefix, self.hub_secret_file) or ""
+        if self.hub_id and hasattr(self, "containers"):
+            self.containers.hub_id = self.oom_events.hub_id = self.hub_id
+            self.log.info("The hub's id is %s: watching only its containers", self.hub_id)
 
     # --- one cycle ---------------------------------------------------------------
 
@@ -192,6 +201,7 @@ class QuotaWatchdog(Application):
 
     async def cycle(self) -> None:
         began = time.monotonic()
+        self.find_hub_id()
         snapshot = await asyncio.to_thread(self.collect)
         await self.hub.refresh()
         snapshot.zombies = await self.zombies(snapshot)

@@ -6,6 +6,8 @@ import os
 import sys
 from typing import Any
 
+from ..config import hub_id_from_secret
+
 # What the watchdog reads from the hub, and nothing more (docs/watchdog.md).
 WATCHDOG_SCOPES = ["list:users", "read:users:groups", "read:servers"]
 # Passed on from the hub's environment when set: JupyterHub gives a managed
@@ -29,6 +31,12 @@ def watchdog_service(
     environment["JUPYTERHUB_PUBLIC_URL"] = public_url
     if state_dir:
         environment["QUOTA_SPAWNER_STATE_DIR"] = state_dir
+    secret = os.environ.get("JUPYTERHUB_COOKIE_SECRET", "")
+    if secret and "QUOTA_SPAWNER_HUB_ID" not in environment:
+        try:  # the hub takes its secret from here, not the file: pass the id, not the secret
+            environment["QUOTA_SPAWNER_HUB_ID"] = hub_id_from_secret(prefix, bytes.fromhex(secret))
+        except ValueError:
+            pass
     if secret_file:
         environment["QUOTA_SPAWNER_HUB_SECRET_FILE"] = secret_file
         environment["QUOTA_SPAWNER_PREFIX"] = prefix
