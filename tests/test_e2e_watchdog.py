@@ -52,7 +52,7 @@ images:
 roles:
   small:
     cpus: 0.5
-    memory: 512M
+    memory: 768M
     images: [base]
   lab:
     cpus: 0.5
@@ -86,14 +86,17 @@ def setup(docker_client, tmp_path_factory):
     (work / "container-nvml").mkdir()
     (work / "host-nvml").mkdir()
     container_fake = install_fake_nvml(work / "container-nvml")
-    hub = Hub(work / "hub", quota_text=QUOTAS, prefix=PREFIX,
-              extra_config=fake_nvml_config(container_fake, PREFIX, gpus=(GPU,))
-              + f"c.QuotaSpawner.hub_id = {HUB_ID!r}\n" + SERVICE).start()
     host_fake = install_fake_nvml(work / "host-nvml")
     gpus = [{"uuid": GPU, "name": "Fake GPU", "memory": 16 * G, "utilization": 50}]
     write_fake_nvml_state(host_fake, {"gpus": gpus})
-    with HttpReceiver(feishu_secrets={"tok": "s3cret"}) as http, SmtpReceiver() as smtp:
-        config = f"""
+    hub = Hub(work / "hub", quota_text=QUOTAS, prefix=PREFIX,
+              extra_config=fake_nvml_config(container_fake, PREFIX, gpus=(GPU,))
+              + f"c.QuotaSpawner.hub_id = {HUB_ID!r}\n" + SERVICE)
+    watchdog = None
+    try:  # whatever fails from here on, the hub and the watchdog are stopped
+        hub.start()
+        with HttpReceiver(feishu_secrets={"tok": "s3cret"}) as http, SmtpReceiver() as smtp:
+            config = f"""
 c.WatchdogRules.gpu_memory_hold = {HOLD}
 c.WatchdogRules.memory_hold = {HOLD}
 c.Notifier.retry_delay = 0.2
@@ -106,16 +109,17 @@ c.Notifier.channels = [
     {{"name": "class", "url": "json://{http.base[len('http://'):]}/class", "groups": ["wdclass"]}},
 ]
 """
-        watchdog = WatchdogProcess(work, host_fake, config, env={
-            "JUPYTERHUB_API_URL": f"{hub.url}/hub/api", "JUPYTERHUB_API_TOKEN": TOKEN,
-            "JUPYTERHUB_PUBLIC_URL": hub.url, "QUOTA_SPAWNER_HUB_ID": HUB_ID}).start()
-        try:
+            watchdog = WatchdogProcess(work, host_fake, config, env={
+                "JUPYTERHUB_API_URL": f"{hub.url}/hub/api", "JUPYTERHUB_API_TOKEN": TOKEN,
+                "JUPYTERHUB_PUBLIC_URL": hub.url, "QUOTA_SPAWNER_HUB_ID": HUB_ID})
+            watchdog.start()
             yield hub, watchdog, http, smtp, host_fake, gpus
-        finally:
+    finally:
+        if watchdog is not None:
             watchdog.stop()
             ARTIFACTS.mkdir(exist_ok=True)
             (ARTIFACTS / "watchdog.log").write_text(watchdog.log())
-            teardown(hub, docker_client, "watchdog")
+        teardown(hub, docker_client, "watchdog")
 
 
 def kind_of(body: dict) -> str:
@@ -145,10 +149,15 @@ def test_memory_alert_and_resolve_on_every_channel(setup, docker_client):
     hub.create_user("wd-mem", ["wdclass"])
     hub.start_server("wd-mem")
     c = container_for(docker_client, "wd-mem")
-    # a process that brings the working set to 86% of the role's 512 MiB, and holds it
+    # a process that brings the working set to 85% of the role's 768 MiB, and holds it
     server = server_from_inspect(docker_client.api.inspect_container(c.id))
-    used = CgroupReader().read(server).working_set
-    grow = int(0.86 * 512 * 2**20) - used
+    reader, used = CgroupReader(), 0
+    for _ in range(20):  # the notebook server settles first: it grows while it starts
+        time.sleep(0.5)
+        before, used = used, reader.read(server).working_set
+        if abs(used - before) < 4 * 2**20:
+            break
+    grow = int(0.85 * 768 * 2**20) - used
     assert grow > 64 * 2**20, used
     c.exec_run(["python3", "-c", f"import os, time; b = bytearray({grow}); "
                 "b[::4096] = b'x' * len(b[::4096]); "
@@ -173,7 +182,7 @@ def test_memory_alert_and_resolve_on_every_channel(setup, docker_client):
 def test_an_oom_kill_is_told_at_once(setup, docker_client):
     hub, watchdog, http, *_ = setup
     c = container_for(docker_client, "wd-mem")
-    code, _ = c.exec_run(["python3", "-c", "b = bytearray(700 * 2**20); "
+    code, _ = c.exec_run(["python3", "-c", "b = bytearray(900 * 2**20); "
                           "b[::4096] = b'x' * len(b[::4096])"], user="1000")
     assert code == 137
     assert len(hooks(http, "oom", "open", "wd-mem")) == 1, watchdog.log()[-3000:]
