@@ -49,7 +49,3 @@ class Registry(Generic[K, V]):
     def values(self) -> list[V]:
         with self._lock:
             return list(self._items.values())
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()

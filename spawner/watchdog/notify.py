@@ -61,7 +61,6 @@ from .rules import GPU_IDLE, GPU_MEMORY, INSTANT_RULES, MEMORY, ZOMBIE, Event, I
 GroupsOf = Callable[[str], list[str]] | Mapping[str, list[str]]
 
 KINDS = ("open", "remind", "resolve")
-IDLE_RULES = (GPU_IDLE,)
 # Incidents that only admin channels get by default: waste and stray containers
 # are for whoever runs the host, not for a class's instructor.
 ADMIN_ONLY_RULES = (GPU_IDLE, ZOMBIE)
@@ -137,7 +136,7 @@ def _headline(incident: Incident, numbers: bool = True) -> str:
     if rule == "xid":
         code = f" {int(incident.value)}" if incident.value is not None else ""
         return f"{gpu} reported XID error{code}" + (f" under {user}'s server" if user else "")
-    if rule in IDLE_RULES:
+    if rule == GPU_IDLE:
         return f"{gpu} reserved by {user} is idle" if user else f"{gpu} reserved and idle"
     if rule == "zombie":
         name = server.name if server else "a container"
@@ -166,7 +165,7 @@ def _what(incident: Incident, duration: str) -> str:
     numbers = _numbers(incident)
     if numbers:
         return f"{numbers}, for {duration}."
-    if incident.rule in IDLE_RULES:
+    if incident.rule == GPU_IDLE:
         return f"No GPU utilisation for {duration}."
     if incident.what:
         return incident.what
