@@ -57,6 +57,18 @@ CONTRACT_ENV = (CPU_LIMIT, MEM_LIMIT, QUOTA_ROLE, *THREAD_ENV, *NVIDIA_DEVICE_EN
                 *CAP_VARIABLES)
 
 
+# --- files the hub writes into a running container -------------------------------
+
+# A preemption notice (JSON, docs/preemption.md#the-notice): written by the hub, as
+# the notebook user, when the server is chosen to be preempted; read by the GPU
+# monitor (the banner) and by spawner.checkpoint.on_preempt. Removed if withdrawn.
+PREEMPT_DIR = "/tmp/quota-spawner"
+PREEMPT_NOTICE = PREEMPT_DIR + "/preemption.json"
+# Processes that asked for the SIGTERM (spawner.checkpoint.on_preempt) leave an
+# empty file named by their PID here; kernels are signalled without one.
+PREEMPT_PIDS_DIR = PREEMPT_DIR + "/pids"
+
+
 # --- reading them back, inside the container -------------------------------------
 
 

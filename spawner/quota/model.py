@@ -18,6 +18,14 @@ MAX_PIDS = 4_194_304  # the kernel's PID_MAX_LIMIT
 MAX_GPUS = 64
 MAX_GPU_SHARE = 64
 MAX_DURATION = 365 * 24 * 3600  # idle_timeout, max_age: 365 days, in seconds
+# Kubernetes' range for a user-defined PriorityClass value.
+MIN_PRIORITY = -2_147_483_648
+MAX_PRIORITY = 1_000_000_000
+PREEMPTS = ("lower", "never")
+# Defaults of the preemption and queue fields (docs/preemption.md).
+DEFAULT_GRACE_PERIOD = 120.0
+DEFAULT_MIN_RUNTIME = 600.0
+DEFAULT_QUEUE_TIMEOUT = 600.0
 
 
 @dataclass(frozen=True)
@@ -62,10 +70,31 @@ class Role:
     gpu_memory: int | None = None  # soft cap per user, shared mode only
     idle_timeout: float | None = None  # seconds; None: the culler's default (30m)
     max_age: float | None = None  # seconds; None: no limit
+    priority: int = 0
+    preempts: str | None = None  # "lower" or "never"; None: lower when priority > 0
+    preemptible: bool = True  # may this role's servers be pushed out
+    grace_period: float = DEFAULT_GRACE_PERIOD  # seconds a preempted server has to save
+    min_runtime: float = DEFAULT_MIN_RUNTIME  # no server is preempted younger than this
+    reclaim_after: float | None = None  # a protected server is preemptible after this age
+    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT  # most seconds a GPU request waits; 0: none
 
     @property
     def title(self) -> str:
         return self.display_name or self.name
+
+    @property
+    def may_preempt(self) -> bool:
+        """Whether this role's starts may push lower-priority servers out."""
+        if self.preempts is None:
+            return self.priority > 0
+        return self.preempts == "lower"
+
+    def protected_at(self, age: float) -> bool:
+        """Whether a server of this role, ``age`` seconds old, is shielded from preemption
+        by the role itself (``preemptible: false`` until ``reclaim_after``)."""
+        if self.preemptible:
+            return False
+        return self.reclaim_after is None or age < self.reclaim_after
 
 
 @dataclass(frozen=True)
