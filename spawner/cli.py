@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 from .quota.form import describe_limits
-from .quota.loader import load_quota_table
+from .quota.loader import load_quota_table, table_duration
 from .quota.model import GpuCapacity, QuotaTable, QuotaTableError, Role
 from .quota.units import format_size, parse_size
 
@@ -28,12 +28,44 @@ def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
         "gpu_memory": role.gpu_memory,
         "idle_timeout": role.idle_timeout,
         "max_age": role.max_age,
+        # priority and preemptible hold for any role; the rest only act on GPU roles,
+        # so a CPU-only role has null for them, as for its other GPU fields.
+        "priority": role.priority,
+        "preempts": ("lower" if role.may_preempt else "never") if role.gpus else None,
+        "preemptible": role.preemptible,
+        "grace_period": role.grace_period if role.gpus else None,
+        "min_runtime": role.min_runtime if role.gpus else None,
+        "reclaim_after": role.reclaim_after if role.gpus else None,
+        "queue_timeout": role.queue_timeout if role.gpus else None,
         "images": [
             {"key": key, "image": table.images[key].image,
              "display_name": table.images[key].display_name}
             for key in role.images
         ],
     }
+
+
+def describe_preemption(role: Role) -> str:
+    """One line on what a GPU role does when GPUs are short (docs/preemption.md):
+    'priority 500000 · preempts lower priorities · preemptible after 10m running,
+    with 2m to save · waits up to 10m for a GPU'."""
+    parts = [f"priority {role.priority}",
+             "preempts lower priorities" if role.may_preempt else "never preempts"]
+    grace = (f"with {table_duration(role.grace_period)} to save" if role.grace_period
+             else "stopped at once")
+    if role.preemptible:
+        when = (f"after {table_duration(role.min_runtime)} running" if role.min_runtime
+                else "at any age")
+        parts.append(f"preemptible {when}, {grace}")
+    elif role.reclaim_after is not None:
+        # min_runtime shields every server too, so the later of the two counts
+        until = max(role.reclaim_after, role.min_runtime)
+        parts.append(f"protected for {table_duration(until)}, then preemptible {grace}")
+    else:
+        parts.append("not preemptible")
+    parts.append(f"waits up to {table_duration(role.queue_timeout)} for a GPU"
+                 if role.queue_timeout else "no queue: refused when no GPU is free")
+    return " · ".join(parts)
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -76,6 +108,8 @@ def cmd_show(args: argparse.Namespace) -> int:
             extras.append(f"max age {role.max_age:g}s")
         extra = "".join(f", {e}" for e in extras)
         print(f"  {role.name}: {describe_limits(role)}{extra}; images: {images}")
+        if role.gpus:  # preemption and the queue only act on GPU roles
+            print(f"    {describe_preemption(role)}")
     return 0
 
 

@@ -22,9 +22,12 @@ from .model import (
     MAX_GPU_SHARE,
     MAX_GPUS,
     MAX_PIDS,
+    MAX_PRIORITY,
     MAX_SIZE,
+    MIN_PRIORITY,
     NAME_PATTERN,
     NAME_RULE,
+    PREEMPTS,
     GpuCapacity,
     ImageSpec,
     Problem,
@@ -179,11 +182,23 @@ class _Reader:
     def whole_number(self, node: Node, where: str, maximum: int, minimum: int = 0) -> int | None:
         value = self.scalar(node) if isinstance(node, ScalarNode) else None
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            rule = ", 0 or more" if minimum == 0 else f" of at least {minimum}"
+            if minimum < 0:  # a range that takes negatives: say both ends
+                rule = f" from {minimum} to {maximum}"
+            else:
+                rule = ", 0 or more" if minimum == 0 else f" of at least {minimum}"
             self.problem(node, f"{where} must be a whole number{rule}, not {_show(value)}")
             return None
         if value > maximum:
             self.problem(node, f"{where} must be at most {maximum}, not {_written(node)}")
+            return None
+        return value
+
+    def flag(self, node: Node, where: str) -> bool | None:
+        """A YAML true/false. Quoted "no" is text, and text would be true to Python."""
+        value = self.scalar(node) if isinstance(node, ScalarNode) else None
+        if not isinstance(value, bool):
+            hint = "; write true or false without quotes" if isinstance(value, str) else ""
+            self.problem(node, f"{where} must be true or false, not {_show(value)}{hint}")
             return None
         return value
 
@@ -215,10 +230,13 @@ class _Reader:
             return None
         return parsed
 
-    def duration(self, node: Node, where: str) -> float | None:
+    def duration(self, node: Node, where: str, minimum: float = 1) -> float | None:
+        """Seconds. The minimum is 1 where 0 would act at once (idle_timeout, max_age,
+        reclaim_after), 0 where 0 means "none" (no grace, no protection, no queue)."""
+        least = f"{minimum:g} second{'' if minimum == 1 else 's'}"
         most = f"{MAX_DURATION // 3600}h ({MAX_DURATION // 86400} days)"
         return self._measure(node, where, parse_duration, "duration", "90, 45s, 30m or 72h",
-                             (1, "1 second"), (MAX_DURATION, most))
+                             (minimum, least), (MAX_DURATION, most))
 
     def size(self, node: Node, where: str, minimum: int = 1) -> int | None:
         return self._measure(node, where, parse_size, "size", "512M, 4G or 4GiB",
@@ -273,6 +291,16 @@ def _written(node: Node) -> str:
     return node.value if isinstance(node, ScalarNode) else ""
 
 
+def table_duration(seconds: float) -> str:
+    """Seconds in the largest unit the table accepts that divides them: 259200 -> '72h',
+    600 -> '10m', 90 -> '90s'; so a message's figure can be written back as it is."""
+    if seconds and seconds % 3600 == 0:
+        return f"{seconds / 3600:g}h"
+    if seconds and seconds % 60 == 0:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s"
+
+
 def _show(value: Any) -> str:
     if value is None:
         return "nothing"
@@ -285,6 +313,8 @@ IMAGE_FIELDS = ("image", "display_name", "description")
 ROLE_FIELDS = (
     "description", "display_name", "cpus", "memory", "shm", "pids", "images",
     "gpus", "gpu_mode", "gpu_share", "gpu_memory", "idle_timeout", "max_age",
+    "priority", "preempts", "preemptible", "grace_period", "min_runtime", "reclaim_after",
+    "queue_timeout",
 )
 ASSIGNMENT_FIELDS = ("default", "groups", "users")
 TOP_FIELDS = ("images", "roles", "assignments")
@@ -325,7 +355,22 @@ _ROLE_READERS: dict[str, Callable[[_Reader, Node, str], Any]] = {
     "gpu_memory": lambda r, n, w: r.size(n, w, DOCKER_MIN_MEMORY),
     "idle_timeout": lambda r, n, w: r.duration(n, w),
     "max_age": lambda r, n, w: r.duration(n, w),
+    "priority": lambda r, n, w: r.whole_number(n, w, MAX_PRIORITY, minimum=MIN_PRIORITY),
+    "preempts": lambda r, n, w: r.choice(n, w, PREEMPTS),
+    "preemptible": lambda r, n, w: r.flag(n, w),
+    # 0 is meaningful for these three: stop at once, no protection, refuse at once.
+    "grace_period": lambda r, n, w: r.duration(n, w, minimum=0),
+    "min_runtime": lambda r, n, w: r.duration(n, w, minimum=0),
+    "queue_timeout": lambda r, n, w: r.duration(n, w, minimum=0),
+    "reclaim_after": lambda r, n, w: r.duration(n, w),
 }
+
+# Preemption and the queue are about GPUs: a CPU-only role never waits and never
+# pushes anyone out. priority and preemptible are allowed anywhere (a CPU role's
+# servers hold no GPU, so they are never chosen to be preempted either way).
+_GPU_ONLY_PREEMPTION_FIELDS = (
+    "preempts", "grace_period", "min_runtime", "reclaim_after", "queue_timeout",
+)
 
 
 def _check_gpu_fields(
@@ -363,6 +408,33 @@ def _check_gpu_fields(
                          f"memory ({format_human(capacity.smallest_memory)})")
 
 
+def _check_preemption_fields(
+    r: _Reader, where: str, fields: dict[str, tuple[Node, Node]], values: dict[str, Any]
+) -> None:
+    """Rules that span the preemption and queue fields (docs/preemption.md)."""
+
+    def at(key: str, message: str) -> None:
+        r.problem(fields[key][0], f"{where}: {message}")
+
+    if not values.get("gpus"):
+        for key in _GPU_ONLY_PREEMPTION_FIELDS:
+            if key in fields:
+                at(key, f"{key} applies only to a role with gpus of 1 or more")
+        return
+    reclaim = values.get("reclaim_after")
+    if reclaim is None:
+        return
+    if values.get("preemptible", True):
+        at("reclaim_after", "reclaim_after applies only to a role with preemptible: false; "
+                            "a preemptible role's servers can be preempted at any age past "
+                            "min_runtime")
+        return
+    max_age = values.get("max_age")
+    if max_age is not None and reclaim >= max_age:
+        at("reclaim_after", f"reclaim_after {table_duration(reclaim)} is never reached, "
+                            f"because max_age stops the server at {table_duration(max_age)}")
+
+
 def _read_roles(
     r: _Reader, node: Node, images: dict[str, ImageSpec], image_keys: set[str]
 ) -> tuple[dict[str, Role], set[str]]:
@@ -386,6 +458,7 @@ def _read_roles(
                                        image_keys, needs_one=True)
         if len(r.problems) == before:
             _check_gpu_fields(r, where, fields, values)
+            _check_preemption_fields(r, where, fields, values)
         if missing or len(r.problems) > before:
             continue
         if not all(k in images for k in role_images):
