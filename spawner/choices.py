@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import weakref
 from typing import Any, ClassVar
 
 import jinja2
@@ -17,12 +19,17 @@ from tornado import web
 
 from . import refusals
 from .engine import FrameworkLabels, check_engine_info, warn_oversized_roles
+from .events import EventLog
 from .gpu.pool import GpuPool, hub_inventory, request_for
+from .preempt import Evictor
 from .quota.form import render_form
 from .quota.model import Choice, QuotaTableError
 from .quota.options import OptionsError, resolve_choice
 from .quota.store import QuotaStore
 from .registry import Registry
+
+EVENTS_FILE = "quota-spawner-events.jsonl"
+PREEMPTIONS_FILE = "quota-spawner-preemptions.json"
 
 
 class ChoicesMixin:
@@ -32,6 +39,8 @@ class ChoicesMixin:
     _engine_info: ClassVar[dict[str, Any] | None] = None
     _engine_checked: ClassVar[bool] = False
     _claimed: ClassVar[set[str]] = set()  # container names this hub process's servers hold
+    # the same, to their spawners: a preempted server is stopped through its own
+    _spawners: ClassVar[weakref.WeakValueDictionary[str, Any]] = weakref.WeakValueDictionary()
     _frameworks: ClassVar[FrameworkLabels] = FrameworkLabels()
 
     async def gpu_pool(self: Any) -> GpuPool:
@@ -41,9 +50,16 @@ class ChoicesMixin:
                 hub_inventory, self.gpu_inventory, self.gpu_discovery)
             (self.log.info if inventory.devices else self.log.warning)(
                 "GPU inventory: %s", inventory.describe())
-            return GpuPool(inventory, self.hub_id, self.client, self.log,
+            state = self.state_dir or "."
+            pool = GpuPool(inventory, self.hub_id, self.client, self.log,
                            sync_interval=self.gpu_sync_interval,
-                           zombie_grace=self.zombie_grace_period, known=ChoicesMixin._claimed)
+                           zombie_grace=self.zombie_grace_period, known=ChoicesMixin._claimed,
+                           spawners=ChoicesMixin._spawners,
+                           events=EventLog(os.path.join(state, EVENTS_FILE)))
+            evictor = Evictor(pool, os.path.join(state, PREEMPTIONS_FILE), self.log)
+            pool.evictions = evictor
+            await evictor.recover()
+            return pool
 
         key = json.dumps([self.gpu_inventory, self.gpu_discovery, self.hub_id], default=str)
         pool = await ChoicesMixin._pools.aget(key, make)
@@ -70,6 +86,7 @@ class ChoicesMixin:
         except QuotaTableError:  # the store has logged every problem with its file and line
             raise web.HTTPError(500, refusals.TABLE_BROKEN) from None
         warn_oversized_roles(table, ChoicesMixin._engine_info, self.log)
+        pool.roles = table.roles  # for preemption: every holder's role as the table says now
         return table.choices_for(self.user.name, [g.name for g in self.user.groups])
 
     async def render_options_form(self: Any) -> str:

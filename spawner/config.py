@@ -90,6 +90,14 @@ class QuotaSpawnerConfig(Configurable):
         300.0, config=True,
         help="Seconds an unclaimed container of this hub may run before it is stopped.",
     )
+    state_dir = Unicode(
+        "", config=True,
+        help="""Where the spawner keeps its files: the event log
+        (quota-spawner-events.jsonl: preemptions and the GPU wait queue, read by the
+        watchdog and usage reports) and the preemptions in their grace period
+        (quota-spawner-preemptions.json, read back after a hub restart). Default: the
+        hub's working directory, where jupyterhub.sqlite is by default.""",
+    )
     cpu_boost = Bool(
         True,
         config=True,

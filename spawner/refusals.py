@@ -5,8 +5,9 @@ The details for the admin go to the hub's log, next to the refusal.
 
 from __future__ import annotations
 
-from .gpu.allocator import NoGpuFree
+from .gpu.allocator import NoGpuFree, Usage
 from .quota.model import Choice, Role
+from .quota.units import human_duration
 
 SETTING_REFUSED = (
     "Your server cannot start because the hub's configuration asks for a container "
@@ -49,9 +50,21 @@ def no_gpu(role: Role, error: NoGpuFree, no_gpus_reason: str, choices: list[Choi
             f"{'is' if held == 1 else 'are'} held ({usage.exclusive} exclusively, "
             f"{usage.shared} shared)."
         )
+    return text + _what_now(choices)
+
+
+def queue_timeout(role: Role, waited: float, place: int, usage: Usage,
+                  choices: list[Choice]) -> str:
+    """A GPU request that waited its role's queue_timeout without a GPU."""
+    held = usage.total - usage.free
+    return (f"No GPU became free for the role '{role.name}' ({_plural(role.gpus, 'GPU')}, "
+            f"{role.gpu_mode}) in the {human_duration(waited)} you waited in the queue "
+            f"(you were number {place}). This hub has {_plural(usage.total, 'GPU')} and "
+            f"{held} {'is' if held == 1 else 'are'} held." + _what_now(choices))
+
+
+def _what_now(choices: list[Choice]) -> str:
     cpu_roles = list(dict.fromkeys(c.role.name for c in choices if not c.role.gpus))
     if cpu_roles:
-        text += f" You can start a CPU-only server now with the role '{cpu_roles[0]}'."
-    else:
-        text += " You have no CPU-only role; try again when a GPU is released."
-    return text
+        return f" You can start a CPU-only server now with the role '{cpu_roles[0]}'."
+    return " You have no CPU-only role; try again when a GPU is released."

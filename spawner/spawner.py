@@ -10,6 +10,7 @@ docs/architecture.md follows one spawn through them.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,10 +33,13 @@ from .contract import HUB_LABEL
 from .engine import socket_probe_problems, volume_info
 from .gpu.allocator import NoGpuFree
 from .gpu.env import torch_reads_fraction
-from .gpu.pool import GpuPool, mode_label, request_for
+from .gpu.pool import GpuPool, Server, mode_label, request_for
+from .gpu.queue import Ticket
 from .mounts import bind_sources
 from .network import HostNetworkMixin, wait_for_port, warn_host_network
-from .quota.model import Choice
+from .preempt import STOP_TIMEOUT
+from .quota.model import Choice, Role
+from .quota.units import human_duration
 
 
 class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpawner):
@@ -56,6 +60,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         self._spec: ContainerSpec | None = None  # this start's, until the boost ends
         # The hub's network, as its config set it; an override or hook may not move one server.
         self._hub_network = self.network_name
+        self._start_timeout = self.start_timeout  # as configured; a queued start gets more
         if self.network_name == "host":
             warn_host_network(self.log)
 
@@ -135,23 +140,92 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                 sent += 1
             await asyncio.sleep(0.1)
 
-    def _assign_gpus(self, pool: GpuPool, owner: str, choices: list[Choice]) -> None:
+    async def _assign_gpus(self, pool: GpuPool, owner: str, choices: list[Choice]) -> None:
+        """Hold the role's GPUs: at once, after a wait in the queue, or after a preemption."""
         assert self.choice is not None
         role = self.choice.role
         self.gpu_uuids, self._gpu_memory = (), None
         request = request_for(role)
         if request is None:
             return
+        ticket = pool.join(owner, Server(self.user.name, role.name, time.time()), role)
         try:
-            self.gpu_uuids = pool.acquire(owner, request)
-        except NoGpuFree as e:
-            message = refusals.no_gpu(role, e, pool.inventory.reason, choices)
-            self.log.warning("Refused %s: %s", self._log_name, message)
-            raise web.HTTPError(503, message) from None
+            if not ticket.grant.done():
+                await self._wait_in_queue(pool, ticket, role, choices)
+            self.gpu_uuids = ticket.grant.result()
+            pool.servers[owner] = Server(self.user.name, role.name, time.time())
+        finally:
+            pool.leave(owner, f"{self.user.name} stopped waiting")
         self._gpu_memory = pool.inventory.smallest_memory(self.gpu_uuids)
         text = f"GPU {','.join(self.gpu_uuids)} assigned ({mode_label(request)})"
         self.log.info("%s: %s", self._log_name, text)
         self._progress(text, 30)
+
+    async def _wait_in_queue(self, pool: GpuPool, ticket: Ticket, role: Role,
+                             choices: list[Choice]) -> None:
+        """Wait for ``ticket``'s grant, saying where it stands; a 503 when the wait ends."""
+        arrived = time.monotonic()
+        if role.queue_timeout <= 0 and ticket.plan is None:
+            error = NoGpuFree(ticket.request, pool.allocator.usage(),
+                              pool.allocator.available(ticket.request))
+            message = refusals.no_gpu(role, error, pool.inventory.reason, choices)
+            self.log.warning("Refused %s: %s", self._log_name, message)
+            raise web.HTTPError(503, message)
+        pool.events.append("queued", hub=self.hub_id, user=self.user.name, role=role.name,
+                           priority=role.priority, container=ticket.owner,
+                           position=pool.queue.position(ticket.owner)[0])
+        said, place = "", 0
+        while not ticket.grant.done():
+            now = time.monotonic()
+            deadline = arrived + role.queue_timeout
+            if ticket.plan is not None:  # a preemption under way is waited for to its end
+                ends = [r["deadline"] for r in pool.evictions.waiting_on(ticket.owner)] \
+                    if pool.evictions else []
+                if ends:
+                    deadline = max(deadline, now + max(ends) - time.time() + STOP_TIMEOUT)
+            if now >= deadline:
+                waited = now - arrived
+                pool.events.append("queue-timeout", hub=self.hub_id, user=self.user.name,
+                                   role=role.name, priority=role.priority,
+                                   container=ticket.owner, waited=round(waited, 1))
+                message = refusals.queue_timeout(role, waited, place, pool.allocator.usage(),
+                                                 choices)
+                self.log.warning("Refused %s after %s in the GPU queue: %s", self._log_name,
+                                 human_duration(waited), message)
+                raise web.HTTPError(503, message)
+            place = pool.queue.position(ticket.owner)[0] or place
+            text = self._queue_message(pool, ticket, role)
+            if text != said:
+                self.log.info("%s: %s", self._log_name, text)
+                self._progress(text, 20)
+                said = text
+            try:
+                await asyncio.wait_for(asyncio.shield(ticket.grant), min(1.0, deadline - now))
+            except TimeoutError:
+                pass
+        waited = time.monotonic() - arrived
+        pool.events.append("queue-granted", hub=self.hub_id, user=self.user.name,
+                           role=role.name, priority=role.priority, container=ticket.owner,
+                           waited=round(waited, 1), preempted=bool(ticket.plan))
+        self._progress(f"A GPU is yours after {human_duration(waited)} in the queue", 25)
+
+    def _queue_message(self, pool: GpuPool, ticket: Ticket, role: Role) -> str:
+        """Where this start stands, for the spawn page: whom it waits for and how long."""
+        wanted = f"{role.gpus} {role.gpu_mode} GPU{'s' if role.gpus != 1 else ''}"
+        pending = pool.evictions.waiting_on(ticket.owner) if pool.evictions else []
+        if pending:
+            whom = ", ".join(f"{r['user']}'s server (role '{r['role']}')" for r in pending)
+            left = max(0.0, max(r["deadline"] for r in pending) - time.time())
+            return (f"Waiting for {whom} to save its work and stop: it was preempted for you "
+                    f"and stops in {human_duration(left)}. Its GPU is kept for you.")
+        place, total = pool.queue.position(ticket.owner)
+        text = (f"Waiting for {wanted} for the role '{role.name}': number {place} of {total} "
+                f"in the queue (by priority, then arrival).")
+        due = pool.next_release(ticket)
+        if due is not None:
+            left = human_duration(due[0] - time.time())
+            text += f" The next GPU may come free in about {left}, when {due[1]}."
+        return text
 
     async def _our_container(self) -> dict[str, Any] | None:
         """The container with this server's name, if this hub made it; others are left
@@ -167,6 +241,24 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                        "alone. Give each hub on one engine its own QuotaSpawner.prefix.",
                        self.object_name, owner, self.hub_id)
         raise web.HTTPError(500, refusals.OTHER_HUB)
+
+    async def run_pre_spawn_hook(self) -> None:
+        """Give a start that may wait for a GPU the time to wait, on top of the
+        configured start_timeout, which the hub reads just after this."""
+        await super().run_pre_spawn_hook()
+        self.start_timeout = self._start_timeout
+        try:
+            pool = await self.gpu_pool()
+            choices = await self.choices(pool)
+            role = (await self.resolve(choices)).role
+        except Exception:
+            return  # start() refuses the same, with its message
+        if request_for(role) is None:
+            return
+        extra = role.queue_timeout
+        if role.may_preempt:
+            extra += max((r.grace_period for r in pool.roles.values()), default=0) + STOP_TIMEOUT
+        self.start_timeout = self._start_timeout + int(extra)
 
     async def start(self) -> tuple[str, int]:
         self._events, self._spec = [], None
@@ -199,10 +291,10 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         self._progress(f"Role {role.name} with {choice.image.display_name}", 10)
         pool.starting.add(owner)
         try:
-            self._assign_gpus(pool, owner, choices)
+            await self._assign_gpus(pool, owner, choices)
             self._progress("Starting the container", 40)
             ip, port = await super().start()
-            pool.claim(owner)
+            pool.claim(owner, self)
             self._progress("Container started; waiting for the notebook server", 60)
             # The hub's own readiness check backs off to seconds; polling here is faster.
             await wait_for_port(ip, port, self.poll)
@@ -253,6 +345,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             # after a hub restart: this container is ours, not a zombie, and it runs
             # as the role it was started with, whatever was saved
             ChoicesMixin._claimed.add(self.object_name)
+            ChoicesMixin._spawners[self.object_name] = self
             self.user_options = {**(self.user_options or {}), **state.get("quota_choice", {})}
             self._started_options = dict(state.get("quota_choice", {}))
 

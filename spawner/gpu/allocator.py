@@ -9,7 +9,7 @@ microseconds (bench/gpu_bench.py).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .inventory import GpuDevice
@@ -66,6 +66,8 @@ class GpuAllocator:
         self._holders: dict[str, dict[str, GpuRequest]] = {d.uuid: {} for d in devices}
         self._holdings: dict[str, Holding] = {}
         self._free_memory: dict[str, int] = {}
+        # GPU -> the owner it is kept for (a preemption's grace): nobody else takes it
+        self._reserved: dict[str, str] = {}
 
     # --- reading ----------------------------------------------------------
 
@@ -94,6 +96,36 @@ class GpuAllocator:
         with self._lock:
             return len(self._candidates(request))
 
+    def candidates(self, request: GpuRequest, owner: str = "",
+                   exclude: Collection[str] = ()) -> list[str]:
+        """The GPUs ``owner`` could take for ``request`` now, best first."""
+        with self._lock:
+            return self._candidates(request, owner, exclude)
+
+    def snapshot(self) -> tuple[dict[str, dict[str, GpuRequest]], dict[str, str]]:
+        """Every GPU's holders, and the reservations, as copies (for preemption)."""
+        with self._lock:
+            return {u: dict(h) for u, h in self._holders.items()}, dict(self._reserved)
+
+    def reserve(self, owner: str, uuids: Iterable[str]) -> None:
+        """Keep ``uuids`` for ``owner``: no other owner's acquire gets them."""
+        with self._lock:
+            for uuid in uuids:
+                if uuid in self._devices:
+                    self._reserved[uuid] = owner
+
+    def unreserve(self, owner: str) -> tuple[str, ...]:
+        """End ``owner``'s reservations; returns the GPUs that were kept for it."""
+        with self._lock:
+            mine = tuple(u for u, o in self._reserved.items() if o == owner)
+            for uuid in mine:
+                del self._reserved[uuid]
+            return mine
+
+    def reserved(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._reserved)
+
     # --- deciding ---------------------------------------------------------
 
     def set_free_memory(self, free: Mapping[str, int]) -> None:
@@ -101,20 +133,25 @@ class GpuAllocator:
         with self._lock:
             self._free_memory = dict(free)
 
-    def acquire(self, owner: str, request: GpuRequest) -> tuple[str, ...]:
+    def acquire(self, owner: str, request: GpuRequest,
+                exclude: Collection[str] = ()) -> tuple[str, ...]:
         """Pick and hold ``request.count`` GPUs for ``owner``, or raise NoGpuFree.
 
+        GPUs reserved for ``owner`` are taken first, and its reservations end;
+        GPUs in ``exclude`` (wanted by someone ahead in the queue) are not taken.
         An owner holds one set at a time: what it held before is released first.
         """
         if request.count < 1:
             raise ValueError("a GPU request needs a count of at least 1")
         with self._lock:
             self._release(owner)
-            candidates = self._candidates(request)
+            candidates = self._candidates(request, owner, exclude)
             if len(candidates) < request.count:
                 raise NoGpuFree(request, self._usage(), len(candidates))
             uuids = tuple(candidates[: request.count])
             self._hold(Holding(owner, uuids, request))
+            for uuid in [u for u, o in self._reserved.items() if o == owner]:
+                del self._reserved[uuid]
             return uuids
 
     def adopt(self, owner: str, uuids: Iterable[str], request: GpuRequest) -> list[str]:
@@ -129,11 +166,7 @@ class GpuAllocator:
             conflicts = []
             for uuid in known:
                 others = self._holders[uuid]
-                if others and (
-                    not request.shared
-                    or any(not r.shared for r in others.values())
-                    or len(others) + 1 > min(request.share, *(r.share for r in others.values()))
-                ):
+                if not fits(request, others):
                     conflicts.append(f"{uuid} is held by {owner} and by {', '.join(others)}")
             if known:
                 self._hold(Holding(owner, known, request))
@@ -170,31 +203,36 @@ class GpuAllocator:
                 shared += 1
         return Usage(len(self._holders), exclusive, shared, free)
 
-    def _candidates(self, request: GpuRequest) -> list[str]:
+    def _candidates(self, request: GpuRequest, owner: str = "",
+                    exclude: Collection[str] = ()) -> list[str]:
         """GPUs the request may take, best first.
 
         Exclusive: only GPUs nobody holds. Shared: GPUs with no exclusive
-        holder and room under every holder's gpu_share. Shared requests fill
-        GPUs already being shared before opening an empty one, so whole GPUs
-        stay free for exclusive roles. Then fewest holders, then most free
-        memory (when NVML tells), then inventory order.
+        holder and room under every holder's gpu_share. Never a GPU reserved for
+        another owner, nor one in ``exclude``. GPUs reserved for ``owner`` come
+        first; then shared requests fill GPUs already being shared before
+        opening an empty one, so whole GPUs stay free for exclusive roles. Then
+        fewest holders, then most free memory (when NVML tells), then inventory
+        order.
         """
-        found = []
-        for uuid, holders in self._holders.items():
-            if not request.shared:
-                if holders:
-                    continue
-            elif holders:
-                if any(not r.shared for r in holders.values()):
-                    continue
-                if len(holders) + 1 > min(request.share, *(r.share for r in holders.values())):
-                    continue
-            found.append(uuid)
+        found = [uuid for uuid, holders in self._holders.items()
+                 if uuid not in exclude and self._reserved.get(uuid, owner) == owner
+                 and fits(request, holders)]
 
-        def rank(uuid: str) -> tuple[int, int, int, int]:
+        def rank(uuid: str) -> tuple[int, int, int, int, int]:
             n = len(self._holders[uuid])
+            mine = 0 if owner and self._reserved.get(uuid) == owner else 1
             opens_empty = 1 if request.shared and n == 0 else 0
-            return (opens_empty, n, -self._free_memory.get(uuid, 0), self._order[uuid])
+            return (mine, opens_empty, n, -self._free_memory.get(uuid, 0), self._order[uuid])
 
         found.sort(key=rank)
         return found
+
+
+def fits(request: GpuRequest, holders: Mapping[str, GpuRequest]) -> bool:
+    """Whether one more holder with ``request`` may join a GPU held by ``holders``."""
+    if not holders:
+        return True
+    if not request.shared or any(not r.shared for r in holders.values()):
+        return False
+    return len(holders) + 1 <= min(request.share, *(r.share for r in holders.values()))

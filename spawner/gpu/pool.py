@@ -20,13 +20,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from ..contract import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, USER_LABEL
+from ..contract import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, ROLE_LABEL, USER_LABEL
+from ..events import EventLog
 from ..quota.model import GpuCapacity, Role
 from .allocator import GpuAllocator, GpuRequest
 from .inventory import Inventory, declared_inventory, discover_nvml, free_memory
+from .preemption import Running
+from .queue import Dispatched, GpuQueue, Ticket
 
 ALIVE_STATES = ("created", "running", "restarting", "paused")
 
@@ -71,6 +76,22 @@ def request_from_labels(labels: dict[str, str]) -> tuple[tuple[str, ...], GpuReq
     return uuids, GpuRequest(len(uuids))
 
 
+@dataclass(frozen=True)
+class Server:
+    """Who holds a GPU holding, for preemption and the queue's estimates."""
+
+    user: str
+    role: str  # the quota table's role name
+    started: float  # epoch seconds
+
+
+class Evictions(Protocol):
+    """What carries out the queue's preemption decisions (spawner/preempt.py)."""
+
+    def start(self, ticket: Ticket) -> None: ...
+    def call_off(self, ticket: Ticket, victims: tuple[str, ...], why: str) -> None: ...
+
+
 def container_name(container: dict[str, Any]) -> str:
     names = container.get("Names") or ["/"]
     return names[0].lstrip("/")
@@ -88,6 +109,8 @@ class GpuPool:
         sync_interval: float = 30.0,
         zombie_grace: float = 300.0,
         known: set[str] | None = None,
+        spawners: weakref.WeakValueDictionary[str, Any] | None = None,
+        events: EventLog | None = None,
     ):
         self.inventory = inventory
         self.allocator = GpuAllocator(inventory.devices)
@@ -106,8 +129,22 @@ class GpuPool:
         self._ready = False
         self._sync_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self.queue = GpuQueue(self.allocator)
+        self.servers: dict[str, Server] = {}  # holder -> who, for preemption
+        self.roles: Mapping[str, Role] = {}  # the quota table's roles, as last read
+        # container name -> its spawner, to stop a preempted server the hub's way
+        self.spawners: weakref.WeakValueDictionary[str, Any] = (
+            spawners if spawners is not None else weakref.WeakValueDictionary())
+        self.events = events or EventLog("")
+        self.evictions: Evictions | None = None
+        self._queue_task: asyncio.Task[None] | None = None
 
     # --- the spawners' side ---------------------------------------------------
+
+    @property
+    def docker_client(self) -> Any:
+        """The docker APIClient (its methods block: call them in a thread)."""
+        return self._docker
 
     @property
     def capacity(self) -> GpuCapacity:
@@ -121,20 +158,108 @@ class GpuPool:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._loop())
 
-    def claim(self, name: str) -> None:
+    def claim(self, name: str, spawner: Any = None) -> None:
         self.known.add(name)
         self._suspects.pop(name, None)
+        if spawner is not None:
+            self.spawners[name] = spawner
 
     def acquire(self, owner: str, request: GpuRequest) -> tuple[str, ...]:
-        """Hold GPUs for a starting container (raises NoGpuFree)."""
+        """Hold GPUs at once, outside the queue (raises NoGpuFree)."""
         self._changed[owner] = time.monotonic()
         return self.allocator.acquire(owner, request)
+
+    def join(self, owner: str, server: Server, role: Role) -> Ticket:
+        """Ask for ``role``'s GPUs for ``owner``: served now, or queued (await
+        ``ticket.grant``). Whoever joins must ``leave`` if it stops waiting."""
+        request = request_for(role)
+        assert request is not None
+        self._changed[owner] = time.monotonic()
+        self.servers[owner] = server
+        ticket = self.queue.join(owner, server.user, role.name, role.priority,
+                                 role.may_preempt, request, time.monotonic())
+        self.dispatch()
+        if not ticket.grant.done() and self._queue_task is None:
+            self._queue_task = asyncio.ensure_future(self._queue_loop())
+        return ticket
+
+    def leave(self, owner: str, why: str) -> None:
+        """Take ``owner`` out of the queue (served, refused, timed out or cancelled)."""
+        ticket, victims = self.queue.leave(owner)
+        if self.allocator.holding(owner) is None:
+            self.servers.pop(owner, None)
+        if ticket is not None and victims and self.evictions is not None:
+            self.evictions.call_off(ticket, victims, why)
+        self.dispatch()
+
+    def next_release(self, ticket: Ticket) -> tuple[float, str] | None:
+        """When a GPU may next come free for ``ticket`` without anyone stopping: the
+        soonest max_age due, or (for a role that may preempt this holder) the soonest
+        min_runtime or reclaim_after passed. (epoch seconds, why); None if none is due."""
+        now = time.time()
+        due: list[tuple[float, str]] = []
+        for owner in self.allocator.holdings():
+            server = self.servers.get(owner)
+            role = self.roles.get(server.role) if server else None
+            if server is None or role is None:
+                continue
+            whose = f"{server.user}'s server"
+            if role.max_age:
+                due.append((server.started + role.max_age, f"{whose} reaches its max_age"))
+            if ticket.may_preempt and role.priority < ticket.priority:
+                if not role.preemptible and role.reclaim_after:
+                    due.append((server.started + role.reclaim_after,
+                                f"{whose} passes its reclaim_after and may be preempted"))
+                elif role.min_runtime:
+                    due.append((server.started + role.min_runtime,
+                                f"{whose} passes its min_runtime and may be preempted"))
+        future = [d for d in due if d[0] > now]
+        return min(future) if future else None
+
+    def running(self) -> dict[str, Running]:
+        """Every GPU holder that a preemption may consider, as it stands now."""
+        now = time.time()
+        found = {}
+        for owner in self.allocator.holdings():
+            server = self.servers.get(owner)
+            role = self.roles.get(server.role) if server else None
+            if server is None or role is None:
+                continue  # unknown: never a victim
+            age = max(0.0, now - server.started)
+            found[owner] = Running(owner, role.priority, age, role.min_runtime,
+                                   role.protected_at(age))
+        return found
+
+    def dispatch(self) -> Dispatched:
+        """Hand free GPUs to the queue in order, and start any preemption it plans."""
+        done = self.queue.dispatch(self.running()) if self.queue.waiting() else Dispatched()
+        for ticket in done.granted:
+            self._changed[ticket.owner] = time.monotonic()
+        if self.evictions is not None:
+            for ticket in done.planned:
+                self.evictions.start(ticket)
+            for ticket, victims in done.called_off:
+                self.evictions.call_off(ticket, victims, f"{ticket.user} got GPUs without "
+                                        "needing this server's")
+        return done
+
+    async def _queue_loop(self) -> None:
+        # min_runtime and reclaim_after expire with time, not with an event
+        try:
+            while self.queue.waiting():
+                await asyncio.sleep(1.0)
+                self.dispatch()
+        finally:
+            self._queue_task = None
 
     def release(self, owner: str, why: str) -> tuple[str, ...]:
         self._changed[owner] = time.monotonic()
         uuids = self.allocator.release(owner)
         if uuids:
             self.log.info("GPU %s released by %s: %s", ",".join(uuids), owner, why)
+            self.servers.pop(owner, None)
+            self.queue.victim_gone(owner)
+            self.dispatch()
         return uuids
 
     def forget(self, name: str, why: str) -> None:
@@ -181,6 +306,9 @@ class GpuPool:
                 holding = held.get(name)
                 if holding is None or holding.uuids != uuids:
                     self._adopt(name, uuids, request)
+                if name not in self.servers and labels.get(ROLE_LABEL):
+                    self.servers[name] = Server(labels.get(USER_LABEL, ""),
+                                                labels[ROLE_LABEL], float(c.get("Created") or 0))
             if labels.get(HUB_LABEL) == self.hub_id and USER_LABEL in labels:
                 self._check_claimed(name, labels, listed_at)
         for name in list(self._suspects):

@@ -82,3 +82,18 @@ def format_human(num_bytes: int) -> str:
             return f"{value:.3g} {unit}"
         value /= 1024
     return f"{value:.3g} TiB"
+
+
+def human_duration(seconds: float) -> str:
+    """'45s', '3m20s', '2h10m', '1d4h': the two largest units, for people."""
+    seconds = max(0, int(round(seconds)))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours}h" if hours else f"{days}d"
+    if hours:
+        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
+    if minutes:
+        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
+    return f"{secs}s"
