@@ -75,7 +75,11 @@ else:
         sys.exit(f"Cannot set up the notebook network {NETWORK!r} on the Docker engine: {e}")
     c.JupyterHub.hub_ip = env("HUB_IP", gateway)
 c.QuotaSpawner.pull_policy = env("PULL_POLICY", "ifnotpresent")
-c.QuotaSpawner.start_timeout = int(env("START_TIMEOUT", "300"))  # first pull of a CUDA image
+# first pull of a CUDA image; a start that may wait for a GPU gets its role's
+# queue_timeout (and a grace period, if it may preempt) on top (docs/preemption.md)
+c.QuotaSpawner.start_timeout = int(env("START_TIMEOUT", "300"))
+# the event log (preemptions, the GPU queue) and the preemptions in their grace
+c.QuotaSpawner.state_dir = str(STATE)
 c.QuotaSpawner.http_timeout = 60
 c.QuotaSpawner.poll_interval = int(env("POLL_INTERVAL", "10"))
 c.Spawner.default_url = "/lab"

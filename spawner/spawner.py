@@ -154,8 +154,15 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                 await self._wait_in_queue(pool, ticket, role, choices)
             self.gpu_uuids = ticket.grant.result()
             pool.servers[owner] = Server(self.user.name, role.name, time.time())
+        except asyncio.CancelledError:  # the start was stopped while it waited
+            pool.events.append("queue-left", hub=self.hub_id, user=self.user.name,
+                               role=role.name, priority=role.priority, container=owner,
+                               waited=round(time.monotonic() - ticket.arrived, 1))
+            self.log.info("%s left the GPU queue: its start was stopped", self._log_name)
+            raise
         finally:
-            pool.leave(owner, f"{self.user.name} stopped waiting")
+            pool.leave(owner, f"the start of {self.user.name}'s server no longer waits "
+                              "(stopped, refused or served)")
         self._gpu_memory = pool.inventory.smallest_memory(self.gpu_uuids)
         text = f"GPU {','.join(self.gpu_uuids)} assigned ({mode_label(request)})"
         self.log.info("%s: %s", self._log_name, text)
