@@ -185,6 +185,12 @@ class WatchdogMetrics:
             PREFIX + "watchdog_notifications_failed",
             "Messages a channel failed to deliver, after all its tries", ["channel"],
             registry=self.registry)
+        # From the hub's event log: no series until the first one, as for the channels.
+        self.preemptions = Counter(
+            PREFIX + "preemptions",
+            "Servers the hub chose to preempt (its notices, withdrawn ones included), by "
+            "the server's role and the role it was preempted for", ["role", "by_role"],
+            registry=self.registry)
         self._incident_rules: set[str] = set()
         self._lock = threading.Lock()
 
@@ -220,6 +226,10 @@ class WatchdogMetrics:
 
     def notification_failed(self, channel: str) -> None:
         self.notifications_failed.labels(channel=channel).inc()
+
+    def preemption(self, role: str, by_role: str) -> None:
+        """One preemption notice of the hub's, counted when the watchdog reads it."""
+        self.preemptions.labels(role=role, by_role=by_role).inc()
 
     def metric_names(self) -> set[str]:
         """The names of the series PromQL may select (a counter's is its ``…_total``)."""
