@@ -6,7 +6,8 @@ Each cycle (``interval``, 5 s by default):
    host (``spawner.gpu.nvml``), each GPU process mapped to its container by
    PID and each container's cgroup (``host.py``), as one ``Snapshot``;
 2. on the loop: the hub's users (``hub_api.py``), for routing and for
-   zombies; the rules (``rules.py``) turn the snapshot into events;
+   zombies; the rules (``rules.py``) turn the snapshot into events, and the
+   hub's event log (``hub_events.py``) adds its preemptions;
 3. each event goes to its channels (``notify.py``) in the background, so a
    slow channel never delays the next cycle; the gauges (``metrics.py``) and
    dcgm-exporter's job mapping are updated, and the incidents saved.
@@ -32,10 +33,14 @@ from ..gpu.nvml import Nvml, XidWatcher
 from .containers import Containers, OomEvents
 from .host import CgroupReader, CpuMeter, gpu_memory_by_container
 from .hub_api import HubDirectory
+from .hub_events import NOTICE, for_hub, preemption_events, read_new
 from .metrics import WatchdogMetrics, serve_metrics, write_dcgm_mapping
 from .model import GpuProcess, GpuSample, Server, ServerSample, Snapshot
 from .notify import Notifier
 from .rules import RULES, Event, IncidentBook, WatchdogRules
+
+# The hub's event log, in its state folder unless the hub's config says otherwise.
+EVENTS_FILE_NAME = "quota-spawner-events.jsonl"
 
 
 class QuotaWatchdog(Application):
@@ -48,6 +53,7 @@ class QuotaWatchdog(Application):
         "interval": "QuotaWatchdog.interval",
         "log-level": "Application.log_level",
     }
+    _events_error = ""  # why the hub's event log could not be read, logged once
 
     config_file = Unicode(
         os.environ.get("QUOTA_SPAWNER_WATCHDOG_CONFIG", ""), config=True,
@@ -72,6 +78,11 @@ class QuotaWatchdog(Application):
     docker_host = Unicode(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"),
                           config=True, help="The engine the notebook containers run on.")
     state_file = Unicode(config=True, help="Where open incidents are kept across restarts.")
+    events_file = Unicode(
+        config=True,
+        help=f"""The hub's event log, whose preemptions are told to the people of the
+        servers stopped. Default: $QUOTA_SPAWNER_EVENTS_FILE when set, else
+        {EVENTS_FILE_NAME} in $QUOTA_SPAWNER_STATE_DIR when set; empty: not read.""")
     host_name = Unicode(socket.gethostname(), config=True, help="This host, in messages.")
     metrics_ip = Unicode(os.environ.get("QUOTA_SPAWNER_METRICS_IP", "127.0.0.1"), config=True,
                          help="Address of /metrics.")
@@ -103,6 +114,14 @@ class QuotaWatchdog(Application):
     def _state_file_default(self) -> str:
         state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", ".")
         return str(Path(state) / "watchdog-incidents.json")
+
+    @default("events_file")
+    def _events_file_default(self) -> str:
+        if "QUOTA_SPAWNER_EVENTS_FILE" in os.environ:  # set empty: not read
+            return os.environ["QUOTA_SPAWNER_EVENTS_FILE"]
+        # Only in a state folder the hub named: "." would be a guess at the hub's.
+        state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", "")
+        return str(Path(state) / EVENTS_FILE_NAME) if state else ""
 
     def initialize(self, argv: list[str] | None = None) -> None:
         self.parse_command_line(argv)
@@ -207,9 +226,10 @@ class QuotaWatchdog(Application):
         snapshot.zombies = await self.zombies(snapshot)
         events = self.book.evaluate(snapshot, self.rules, self.oom_events.take())
         for event in events:
-            task = asyncio.ensure_future(self.notify(event))
-            self._sending.add(task)
-            task.add_done_callback(self._sending.discard)
+            self._spawn(self.notify(event))
+        told = await self.hub_events(snapshot)
+        if told:  # one after the other: a notice must not come after its follow-up
+            self._spawn(self.notify_in_order(told))
         opened = Counter(i.rule for i in self.book.open.values())
         self.metrics.update(snapshot, {rule: opened.get(rule, 0) for rule in RULES})
         if self.dcgm_mapping_dir:
@@ -219,6 +239,42 @@ class QuotaWatchdog(Application):
             await asyncio.to_thread(self.book.save, Path(self.state_file))
             self._saved = saved
         self.metrics.cycle_done(time.monotonic() - began)
+
+    def _spawn(self, sending: Any) -> None:
+        task = asyncio.ensure_future(sending)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def hub_events(self, snapshot: Snapshot) -> list[Event]:
+        """The messages for what the hub appended to its event log since the last cycle.
+
+        The book's position moves on (saved with it after the cycle). A log
+        that cannot be read is logged once, until it can be, and holds up nothing else.
+        """
+        if not self.events_file:
+            return []
+        try:
+            found, self.book.events = await asyncio.to_thread(
+                read_new, self.events_file, self.book.events)
+        except OSError as error:
+            if str(error) != self._events_error:
+                self.log.warning("Cannot read the hub's event log %s (%s); preemptions are "
+                                 "not told until it can be read", self.events_file, error)
+                self._events_error = str(error)
+            return []
+        if self._events_error:
+            self.log.info("The hub's event log %s can be read again", self.events_file)
+            self._events_error = ""
+        ours = for_hub(found, self.hub_id)
+        for event in ours:
+            if event.get("event") == NOTICE:  # counted whether or not the rule is on
+                self.metrics.preemption(str(event.get("role") or ""),
+                                        str(event.get("by_role") or ""))
+        return preemption_events(ours, self.rules, snapshot)
+
+    async def notify_in_order(self, events: list[Event]) -> None:
+        for event in events:
+            await self.notify(event)
 
     async def notify(self, event: Event) -> None:
         """One event to its channels; every event is in the log too, channels or not."""
@@ -237,8 +293,9 @@ class QuotaWatchdog(Application):
         self.oom_events.start()
         if self.metrics_port:
             serve_metrics(self.metrics, self.metrics_ip, self.metrics_port, self.metrics_token)
-        self.log.info("Watching %s every %gs (hub %s); incidents in %s",
-                      self.docker_host, self.interval, self.hub_id or "any", self.state_file)
+        self.log.info("Watching %s every %gs (hub %s); incidents in %s; hub events from %s",
+                      self.docker_host, self.interval, self.hub_id or "any", self.state_file,
+                      self.events_file or "nowhere")
         while True:
             began = time.monotonic()
             try:

@@ -56,7 +56,16 @@ from traitlets import Dict, Float, Integer, List, TraitError, Unicode, default, 
 from traitlets.config import LoggingConfigurable
 
 from ..quota.units import format_human
-from .rules import GPU_IDLE, GPU_MEMORY, INSTANT_RULES, MEMORY, ZOMBIE, Event, Incident
+from .rules import (
+    GPU_IDLE,
+    GPU_MEMORY,
+    INSTANT_RULES,
+    MEMORY,
+    PREEMPTION,
+    ZOMBIE,
+    Event,
+    Incident,
+)
 
 GroupsOf = Callable[[str], list[str]] | Mapping[str, list[str]]
 
@@ -115,6 +124,36 @@ def _gpu(incident: Incident) -> str:
     return f"GPU {index}" + (f" ({incident.gpu_uuid})" if incident.gpu_uuid else "")
 
 
+def _clock(epoch: float) -> str:
+    """'14:32 UTC': a time within minutes, for people."""
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%H:%M UTC")
+
+
+def _preemption(incident: Incident, whose: str) -> str:
+    """The title's subject of the hub's preemption events (hub_events.py)."""
+    event = incident.hub_event
+    by = event.get("by", "another user")
+    if event.get("event") == "preempted":
+        return f"{whose} was stopped: preempted by {by}"
+    if event.get("event") == "preemption-withdrawn":
+        return f"{whose} will not be stopped: the preemption by {by} was called off"
+    at = f" at {_clock(event['deadline'])}" if "deadline" in event else ""
+    return f"{whose} will be stopped{at}: preempted by {by}"
+
+
+def _when(incident: Incident, now: float) -> str | None:
+    """When a preempted server stops, against ``now``: the deadline is what counts."""
+    deadline = incident.hub_event.get("deadline")
+    if incident.hub_event.get("event") != "preemption" or deadline is None:
+        return None
+    left = deadline - now
+    grace = incident.hub_event.get("grace_period")
+    given = f" (a grace period of {format_duration(grace)})" if grace is not None else ""
+    if left <= 0:
+        return f"stopped at {_clock(deadline)}, {format_duration(-left)} ago{given}"
+    return f"stopped at {_clock(deadline)}, in {format_duration(left)}{given}"
+
+
 def _headline(incident: Incident, numbers: bool = True) -> str:
     """The title's subject, without the kind; ``numbers``: with the percent."""
     server = incident.server
@@ -141,6 +180,8 @@ def _headline(incident: Incident, numbers: bool = True) -> str:
     if rule == "zombie":
         name = server.name if server else "a container"
         return f"container {name} holds GPUs but no hub server claims it"
+    if rule == PREEMPTION:
+        return _preemption(incident, f"{user}'s server" if user else "a server")
     return incident.what or rule
 
 
@@ -202,7 +243,21 @@ ADVICE = {
     "zombie": (
         "Admins: check that nobody uses the container, then remove it "
         "(docker rm -f <name>) to free its GPUs."),
+    # by the hub's event, for the preemption rule; a withdrawn one needs nothing
+    "preemption": (
+        "Save your work now. Programs that called spawner.checkpoint.on_preempt() are "
+        "told now and save their checkpoints. At the deadline the server stops, with its "
+        "kernels and what they hold; the home folder is kept."),
+    "preempted": (
+        "Start the server again from the hub when a GPU is free; the home folder, with "
+        "the checkpoints saved in it, is as it was."),
 }
+
+
+def _advice(incident: Incident) -> str | None:
+    if incident.rule == PREEMPTION:
+        return ADVICE.get(incident.hub_event.get("event", ""))
+    return ADVICE.get(incident.rule)
 
 
 def format_message(event: Event, hub_url: str, host: str, now: float | None = None) -> Message:
@@ -231,21 +286,31 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
         lines.append(f"Still going on: {_what(incident, lasted)}")
     else:
         lines.append(f"What: {_what(incident, lasted)}")
+    when = _when(incident, now)
+    if when:
+        lines.append(f"When: {when}")
     if server is not None:
-        lines.append(f"Who: {server.user} (role {server.role or '?'}, image {server.image or '?'})")
+        # a stopped server's image is not known (its event does not say)
+        image = f", image {server.image}" if server.image else ""
+        lines.append(f"Who: {server.user} (role {server.role or '?'}{image})")
         lines.append(f"Server: {server_url(hub_url, server.user)}")
-        lines.append(f"Container: {server.name}")
+        if server.name:
+            lines.append(f"Container: {server.name}")
     gpu = _gpu(incident)
     if gpu:
         lines.append(f"GPU: {gpu}")
+    elif incident.rule == PREEMPTION:  # several, or a stopped server's: as the hub names them
+        gpus = incident.hub_event.get("gpus") or (server.gpus if server else ())
+        if gpus:
+            lines.append(f"GPUs: {', '.join(gpus)}")
     lines.append(f"Host: {getattr(incident, 'host', '') or host}")
     since = datetime.fromtimestamp(incident.since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    if incident.rule in INSTANT_RULES or incident.rule == "test":
+    if incident.rule in (*INSTANT_RULES, PREEMPTION, "test"):
         lines.append(f"At: {since}")
     else:
         lines.append(f"Since: {since} ({lasted})")
     if event.kind != "resolve":
-        advice = ADVICE.get(incident.rule)
+        advice = _advice(incident)
         if advice:
             lines.append(f"What to do: {advice}")
     lines.append(f"Incident: {incident.key}")

@@ -44,7 +44,13 @@ GPU_LOST = "gpu_lost"  # NVML cannot read a GPU
 XID = "xid"  # NVML reported an XID error on a GPU
 GPU_IDLE = "gpu_idle"  # a GPU held by a server shows no utilisation
 ZOMBIE = "zombie"  # a container of this hub holds GPUs that no server claims
+# The rules that read the host and keep incidents (and an open-incidents gauge each).
 RULES = (GPU_MEMORY, MEMORY, OOM, GPU_LOST, XID, GPU_IDLE, ZOMBIE)
+# Rules that tell what the hub's event log says (hub_events.py): no incident to keep.
+PREEMPTION = "preemption"  # the hub stops a server to free its GPUs for a higher priority
+HUB_EVENT_RULES = (PREEMPTION,)
+# Every name disabled_rules and a channel's rules take.
+ALL_RULES = RULES + HUB_EVENT_RULES
 
 # Rules about one event, not a state: they open and close in the same cycle.
 INSTANT_RULES = (OOM, XID)
@@ -111,7 +117,7 @@ class WatchdogRules(Configurable):
     )
     disabled_rules = List(
         Unicode(), config=True,
-        help=f"""Rules that raise nothing, by name: {", ".join(RULES)}. Their open
+        help=f"""Rules that raise nothing, by name: {", ".join(ALL_RULES)}. Their open
         incidents end with a resolved message.""",
     )
 
@@ -130,10 +136,10 @@ class WatchdogRules(Configurable):
 
     @validate("disabled_rules")
     def _known_rules(self, proposal: Any) -> list[str]:
-        unknown = sorted(set(proposal.value) - set(RULES))
+        unknown = sorted(set(proposal.value) - set(ALL_RULES))
         if unknown:
             raise TraitError(f"disabled_rules names unknown rules {unknown}; "
-                             f"the rules are {', '.join(RULES)}")
+                             f"the rules are {', '.join(ALL_RULES)}")
         return proposal.value
 
     def check(self) -> None:
@@ -175,6 +181,8 @@ class Incident:
     last_sent: float | None = None  # the last announcement or reminder
     resolved: float | None = None
     reason: str = ""  # why it ended, once resolved
+    # The hub's event it tells (rule preemption), its fields checked (hub_events.py).
+    hub_event: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -236,12 +244,27 @@ class _OomCounter:
 
 
 @dataclass
+class EventCursor:
+    """How far the watchdog has read the hub's event log (hub_events.py)."""
+
+    path: str
+    offset: int = 0  # bytes: the end of the last whole line read
+    inode: int | None = None  # the file's, to tell a new file from the one read (None: none)
+
+
+@dataclass
 class IncidentBook:
-    """Pending crossings and open incidents; ``evaluate`` once per cycle."""
+    """Pending crossings and open incidents; ``evaluate`` once per cycle.
+
+    It also keeps ``events``, where the hub's event log was read to, so that
+    the file saved after a cycle records both what was announced and what was
+    read, and a restart tells nothing twice.
+    """
 
     pending: dict[str, Incident] = field(default_factory=dict)
     open: dict[str, Incident] = field(default_factory=dict)
     oom: dict[str, _OomCounter] = field(default_factory=dict)
+    events: EventCursor | None = None  # None: never read; the first read starts at the end
 
     def evaluate(self, snapshot: Snapshot, rules: WatchdogRules,
                  oom_events: Iterable[Server] = ()) -> list[Event]:
@@ -366,6 +389,7 @@ class IncidentBook:
             "open": [i.to_json() for i in self.open.values()],
             "pending": [i.to_json() for i in self.pending.values()],
             "oom": {cid: dataclasses.asdict(c) for cid, c in self.oom.items()},
+            "events": dataclasses.asdict(self.events) if self.events else None,
         }
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -409,7 +433,8 @@ class IncidentBook:
                 raise ValueError("not an incident file of version 1")
             entries = {"open": list(data.get("open") or ()),
                        "pending": list(data.get("pending") or ()),
-                       "oom": dict(data.get("oom") or {})}
+                       "oom": dict(data.get("oom") or {}),
+                       "events": data.get("events")}
         except (ValueError, TypeError) as e:
             log.warning("The incident file %s is unreadable (%s); starting with no "
                         "incidents, so open ones may be announced again. It is kept as %s.",
@@ -437,7 +462,27 @@ class IncidentBook:
                 book.oom[str(cid)] = _OomCounter(**entry)
             except TypeError as e:
                 log.warning("Skipping the OOM counter of %s in %s: %s", cid, path, e)
+        if entries["events"] is not None:
+            try:
+                book.events = _cursor(entries["events"])
+            except (TypeError, ValueError) as e:
+                # Read from the end again: events written meanwhile are missed, none twice.
+                log.warning("Skipping the event log position in %s: %s", path, e)
         return book
+
+
+def _cursor(entry: Any) -> EventCursor:
+    """The saved ``events`` entry; fields a newer version added are ignored."""
+    if not isinstance(entry, dict):
+        raise TypeError(f"not an object: {entry!r}")
+    cursor = EventCursor(**{k: v for k, v in entry.items() if k in _CURSOR_FIELDS})
+    if not isinstance(cursor.path, str) or not isinstance(cursor.offset, int) \
+            or cursor.offset < 0 or not isinstance(cursor.inode, int | None):
+        raise ValueError(f"not a position in a file: {entry!r}")
+    return cursor
+
+
+_CURSOR_FIELDS = frozenset(f.name for f in dataclasses.fields(EventCursor))
 
 
 # --- readings --------------------------------------------------------------------

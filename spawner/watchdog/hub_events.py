@@ -1,0 +1,164 @@
+"""The hub's event log, told: a preemption to the people of the server it stops.
+
+The hub appends its preemption and queue events to a JSON-lines file
+(``spawner.events``). Each cycle the watchdog reads what was appended since
+the last one (``read_new``), from the position the incident book keeps
+(``IncidentBook.events``), so a restart tells nothing twice and misses
+nothing; the very first read starts at the file's end, so the hub's history
+is not told again. Events of another hub (``for_hub``) are left out.
+
+``preemption_events`` turns the hub's ``preemption``, ``preempted`` and
+``preemption-withdrawn`` into the rules' ``Event``s, about the server that is
+stopped: ``notify.py`` words them and routes them as that server's incidents
+(admins, its user's groups, its role, its user). Each is one message, as an
+OOM kill is: no reminder and no resolved message. The queue's events are
+not told.
+
+Only ``read_new`` blocks (file I/O).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from ..events import read_events
+from .model import Server, Snapshot
+from .notify import format_duration
+from .rules import PREEMPTION, Event, EventCursor, Incident, WatchdogRules, _instant
+
+NOTICE, STOPPED, WITHDRAWN = "preemption", "preempted", "preemption-withdrawn"
+PREEMPTION_EVENTS = (NOTICE, STOPPED, WITHDRAWN)
+_CHUNK = 1 << 16
+
+
+# --- reading ---------------------------------------------------------------------
+
+
+def read_new(path: str, cursor: EventCursor | None) -> tuple[list[dict[str, Any]], EventCursor]:
+    """The whole events appended to ``path`` after ``cursor``, and the cursor after them.
+
+    With no cursor, or one of another path: none, and a cursor at the end of
+    the last whole line. A file with another inode than the cursor's (rotated,
+    or created since) is read from its start; a shorter one too (truncated,
+    ``read_events``). A missing file is no events. Blocks; raises OSError
+    when the file cannot be read.
+    """
+    try:
+        inode = os.stat(path).st_ino
+    except FileNotFoundError:
+        return [], EventCursor(path)
+    if cursor is None or cursor.path != path:
+        return [], EventCursor(path, _end_of_last_line(path), inode)
+    offset = cursor.offset if cursor.inode == inode else 0
+    events, offset = read_events(path, offset)
+    return events, EventCursor(path, offset, inode)
+
+
+def _end_of_last_line(path: str) -> int:
+    """The offset just after the file's last newline (0 if none), read from the end:
+    the log only grows, and a line being written now is read whole next cycle."""
+    with open(path, "rb") as f:
+        end = os.fstat(f.fileno()).st_size
+        while end > 0:
+            start = max(0, end - _CHUNK)
+            f.seek(start)
+            newline = f.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                return start + newline + 1
+            end = start
+    return 0
+
+
+def for_hub(events: Iterable[dict[str, Any]], hub_id: str) -> list[dict[str, Any]]:
+    """The events of hub ``hub_id``; all of them while the watchdog knows no hub id."""
+    return [e for e in events if not hub_id or e.get("hub") == hub_id]
+
+
+# --- telling ---------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _number(value: Any) -> float | None:
+    # bool is an int, but never a time or a priority
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def facts(event: dict[str, Any]) -> dict[str, Any]:
+    """What the messages use of one preemption event, each field of its type or left out:
+    the log is another program's file, and a wrong field must not break a cycle."""
+    out: dict[str, Any] = {"event": _text(event.get("event"))}
+    for name in ("by", "by_role", "reason", "why", "user", "role", "container", "hub"):
+        if _text(event.get(name)):
+            out[name] = _text(event[name])
+    for name in ("time", "deadline", "grace_period", "ran_for", "priority", "by_priority"):
+        if _number(event.get(name)) is not None:
+            out[name] = _number(event[name])
+    gpus = event.get("gpus")
+    if isinstance(gpus, list):
+        out["gpus"] = [g for g in gpus if isinstance(g, str) and g]
+    return out
+
+
+def _sentence(text: str) -> str:
+    return text.rstrip(". ") + "." if text else ""
+
+
+def _what(f: dict[str, Any]) -> str:
+    """What happens, in the hub's words where it gave them."""
+    by = f.get("by", "another user")
+    if f["event"] == STOPPED:
+        ran = f.get("ran_for")
+        after = f" after running for {format_duration(ran)}" if ran is not None else ""
+        return f"The server was stopped{after}, to free its GPUs for {by}."
+    if f["event"] == WITHDRAWN:
+        why = _sentence(f.get("why", ""))
+        return f"The preemption for {by} was called off{': ' + why if why else '.'} " \
+               "The server keeps running."
+    role = f" for the role {f['by_role']}" if f.get("by_role") else ""
+    reason = _sentence(f.get("reason", ""))
+    if reason:  # the hub's sentence names both roles and priorities
+        return f"Preempted by {by}{role}. {reason}"
+    ranks = (f" (priority {f['by_priority']:.0f}, above this server's {f['priority']:.0f})"
+             if "by_priority" in f and "priority" in f else "")
+    return f"Preempted by {by}{role}{ranks}."
+
+
+def preemption_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
+                      snapshot: Snapshot) -> list[Event]:
+    """The messages for this hub's preemption events, in the log's order.
+
+    The server is the snapshot's when its container is there (with its image
+    and GPUs), else as the event names it. An event without a user is left
+    out: nobody to tell.
+    """
+    if not rules.enabled(PREEMPTION):
+        return []
+    servers = {s.server.name: s.server for s in snapshot.servers.values()}
+    told = []
+    for event in events:
+        f = facts(event)
+        if f["event"] not in PREEMPTION_EVENTS or "user" not in f:
+            continue
+        user, container = f["user"], f.get("container", "")
+        server = servers.get(container)
+        if server is None or server.user != user:
+            server = Server(container_id="", name=container, user=user, role=f.get("role", ""),
+                            image="", hub_id=f.get("hub", ""), gpus=tuple(f.get("gpus", ())))
+        gpus = f.get("gpus") or list(server.gpus)
+        one = gpus[0] if len(gpus) == 1 else None
+        sample = snapshot.gpus.get(one) if one else None
+        at = f.get("time", snapshot.time)
+        incident = Incident(
+            key=f"{PREEMPTION}:{container or user}", rule=PREEMPTION,
+            severity="warning" if f["event"] == NOTICE else "info", server=server, since=at,
+            gpu_uuid=one, gpu_index=sample.index if sample else None,
+            host=snapshot.host, what=_what(f), hub_event=f)
+        told.append(_instant(incident, at))
+    return told
