@@ -6,11 +6,13 @@ tests/fake_nvml_container/pynvml.py and a copy of tests/fake_pynvml.py goes
 first on its PYTHONPATH, so it reads the GPUs in ``state.json`` instead (the
 file is re-read whenever it changes). HOME, the runtime, config and data
 folders all live in the temporary folder, so nothing leaks to or from the
-machine's own Jupyter setup.
+machine's own Jupyter setup. So does the preemption notice: the server reads
+``preemption.json`` there (``write_notice``) instead of /tmp/quota-spawner.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,6 +28,10 @@ from harness import default_signals, free_port, install_fake_nvml, write_fake_nv
 
 TOKEN = "abc"
 GiB = 2**30
+# Starts jupyter_server as ``python -m jupyter_server`` does, with the notice path
+# (the first argument) set first: the machine's /tmp/quota-spawner is not the test's.
+BOOT = ("import sys, spawner.checkpoint as c; c.NOTICE = sys.argv.pop(1); "
+        "from jupyter_server.serverapp import main; sys.exit(main())")
 
 
 class MonitorServer:
@@ -40,6 +46,8 @@ class MonitorServer:
         install_fake_nvml(self.fake)
         self.state_file = self.fake / "state.json"
         self.write_state(state)
+        self.notice_file = self.workdir / "preemption.json"
+        self.clear_notice()
         self.env = env
         self.args = args
         self.base_url = base_url
@@ -54,6 +62,16 @@ class MonitorServer:
     def write_state(self, state: dict[str, Any]) -> None:
         """Replace the fake GPUs; the fake module sees the change at its next call."""
         write_fake_nvml_state(self.fake, state)
+
+    def write_notice(self, notice: dict[str, Any] | str) -> None:
+        """The hub's preemption notice (a dict), or any text; replaced in one rename."""
+        tmp = self.notice_file.with_suffix(".tmp")
+        tmp.write_text(notice if isinstance(notice, str) else json.dumps(notice))
+        tmp.replace(self.notice_file)
+
+    def clear_notice(self) -> None:
+        """The preemption is withdrawn: the hub deletes the notice."""
+        self.notice_file.unlink(missing_ok=True)
 
     def start(self, timeout: float = 30) -> MonitorServer:
         env = {k: v for k, v in os.environ.items()
@@ -70,7 +88,7 @@ class MonitorServer:
         env.update(self.env)
         self.log_file = open(self.log_path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_server", "--allow-root", "--no-browser",
+            [sys.executable, "-c", BOOT, str(self.notice_file), "--allow-root", "--no-browser",
              "--ip=127.0.0.1", f"--port={self.port}", "--ServerApp.port_retries=0",
              f"--ServerApp.base_url={self.base_url}",
              f"--IdentityProvider.token={TOKEN}",

@@ -27,6 +27,7 @@ from fake_pynvml import (
     NVMLError_NotSupported,
 )
 from monitor_server import TOKEN, GiB, MonitorServer, gpu_state, start_servers
+from spawner import checkpoint
 from spawner.contract import visible_devices
 from spawner.monitor import metrics
 from spawner.monitor.collector import GpuMonitor
@@ -35,6 +36,12 @@ from spawner.monitor.report import metrics_report
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_SCHEMA = ROOT / "docs" / "gpu-metrics.schema.json"
+
+
+@pytest.fixture(autouse=True)
+def no_preemption(tmp_path, monkeypatch):
+    """Reports built here read no notice from the machine's /tmp/quota-spawner."""
+    monkeypatch.setattr(checkpoint, "NOTICE", str(tmp_path / "no-preemption.json"))
 
 
 def monitor(*gpus: FakeGpu, visible: str = "all", nvml: FakeNvml | None = None,
@@ -589,11 +596,25 @@ HISTORY_SAMPLE = {
                        "utilization": {"type": ["number", "null"]},
                        "memory_used": {"type": ["integer", "null"]}}}}},
 }
+PREEMPTION = {
+    "type": "object", "additionalProperties": False,
+    "required": ["version", "by", "by_role", "role", "gpus", "reason", "signalled_at",
+                 "deadline", "grace_period", "seconds_left"],
+    "properties": {
+        "version": {"const": 1},
+        **{k: {"type": ["string", "null"]} for k in ("by", "by_role", "role", "reason")},
+        "gpus": {"type": "array", "items": {"type": "string"}},
+        "signalled_at": {"type": ["number", "null"]},
+        "deadline": {"type": "number"},
+        "grace_period": {"type": ["number", "null"]},
+        "seconds_left": {"type": "number", "minimum": 0},
+    },
+}
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "required": ["version", "time", "status", "message", "interval", "warning_threshold",
-                 "gpu_memory_limit", "busy", "gpus", "warning"],
+                 "gpu_memory_limit", "busy", "gpus", "warning", "preemption"],
     "properties": {
         "version": {"const": 1},
         "time": {"type": "number"},
@@ -605,6 +626,7 @@ SCHEMA = {
         "busy": {"type": "boolean"},
         "gpus": {"type": "array", "items": {"oneOf": [GPU_OK, GPU_ERROR]}},
         "warning": {"type": ["string", "null"]},
+        "preemption": {"oneOf": [{"type": "null"}, PREEMPTION]},
         "history": {"type": "array", "items": HISTORY_SAMPLE},
     },
 }
@@ -678,6 +700,31 @@ def test_api_report_matches_the_schema(server):
     assert (a["memory_limit"], a["memory_fraction"]) == (8 * GiB, 0.5)
     assert b["processes"] == {"count": 1, "used_memory": GiB}
     assert body["warning"] is None
+
+
+def test_api_preemption_notice(server):
+    """Read from the notice file at each request: written, broken, withdrawn."""
+    assert server.metrics()["preemption"] is None
+    notice = {"version": 1, "by": "bob", "by_role": "urgent-debug", "role": "gpu-training",
+              "gpus": ["GPU-a"], "reason": "bob needs 1 GPU.",
+              "signalled_at": time.time() - 8, "deadline": time.time() + 112,
+              "grace_period": 120.0}
+    try:
+        server.write_notice(notice)
+        body = server.metrics(history=True)
+        validate(body)
+        preemption = body["preemption"]
+        assert 100 < preemption.pop("seconds_left") <= 112
+        assert preemption == notice
+        server.write_notice('{"version": 1, "by": "bob", "dead')  # a partial write
+        body = server.metrics()
+        validate(body)
+        assert body["preemption"] is None
+        server.write_notice({**notice, "deadline": time.time() - 5})
+        assert server.metrics()["preemption"]["seconds_left"] == 0  # the stop is under way
+    finally:
+        server.clear_notice()
+    assert server.metrics()["preemption"] is None
 
 
 def test_api_warning_threshold(server):

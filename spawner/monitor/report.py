@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import Any, TypedDict
 
+from ..checkpoint import read_notice, seconds_left
 from ..contract import GPU_MEMORY_LIMIT
 from ..gpu.nvml import FailedGpu, GpuReading
 from ..quota.units import format_human
@@ -32,6 +33,7 @@ class _Report(TypedDict):
     busy: bool
     gpus: list[GpuReport | FailedGpu]
     warning: str | None
+    preemption: dict[str, Any] | None
 
 
 class Report(_Report, total=False):
@@ -62,6 +64,18 @@ def gpu_report(gpu: GpuReading, cap: int | None, threshold: float) -> GpuReport:
     )
 
 
+def preemption_report(now: float | None = None) -> dict[str, Any] | None:
+    """The hub's preemption notice plus ``seconds_left``; None when there is none.
+
+    Read at every report, not sampled: the hub writes the notice and removes it
+    again (a withdrawn preemption) at any time, and the read is one small file.
+    """
+    notice = read_notice()
+    if notice is None:
+        return None
+    return {**notice, "seconds_left": seconds_left(notice, now=now)}
+
+
 def metrics_report(monitor: GpuMonitor, history: bool = False) -> Report:
     latest = monitor.latest
     cap = monitor.memory_limit_env()
@@ -79,6 +93,7 @@ def metrics_report(monitor: GpuMonitor, history: bool = False) -> Report:
         busy=monitor.busy,
         gpus=gpus,
         warning=next((g["warning"] for g in gpus if g.get("warning")), None),
+        preemption=preemption_report(),
     )
     if history:
         body["history"] = list(monitor.history)
