@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
@@ -143,6 +144,67 @@ def test_gpu_page_without_a_gpu(servers, open_page):
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "gpu-page-no-gpu.png"), full_page=True)
     p.check_stayed_home()
+
+
+REASON = ("bob needs 1 GPU for the role 'urgent-debug' (priority 1000000), which outranks "
+          "this server's role 'gpu-training' (priority 300000).")
+
+
+def notice(deadline_in: float, **fields) -> dict:
+    now = time.time()
+    return {"version": 1, "by": "bob", "by_role": "urgent-debug", "role": "gpu-training",
+            "gpus": ["GPU-a"], "reason": REASON, "signalled_at": now + deadline_in - 120,
+            "deadline": now + deadline_in, "grace_period": 120.0, **fields}
+
+
+def test_gpu_page_preemption_banner(servers, open_page):
+    """The hub's notice: a banner with a live countdown; names and reason as text."""
+    server = servers["gpu"]
+    server.write_state(state(LIMIT // 2))
+    server.write_notice(notice(113))
+    try:
+        p = open_page(server)
+        page = p.page
+        banner = page.locator("#preemption")
+        expect(banner).to_be_visible()
+        expect(banner).to_have_attribute("role", "alert")
+        countdown = banner.locator(".preempt-countdown")
+        expect(countdown).to_have_text(
+            re.compile(r"^This server will be stopped in 1:5\d \(at .+\)\.$"))
+        expect(banner.locator(".preempt-who")).to_have_text(
+            "bob needs this server's GPU for the role urgent-debug.")
+        expect(banner.locator(".preempt-reason")).to_have_text(REASON)
+        expect(banner.locator(".preempt-todo")).to_have_text(
+            "Save your work now; kernels that called on_preempt() are saving a checkpoint. "
+            "Your home folder is kept.")
+        # above the page's title, and the GPU card is still there
+        assert banner.bounding_box()["y"] < page.locator("h1").bounding_box()["y"]
+        expect(page.locator("section.gpu[data-uuid=GPU-a]")).to_be_visible()
+        # live: it counts down between polls
+        first = countdown.text_content()
+        expect(countdown).not_to_have_text(first, timeout=3_000)
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "gpu-page-preemption.png"), full_page=True)
+
+        # user and role names and the reason are text, never HTML
+        server.write_notice(notice(113, by="eve<img src=x onerror=alert(1)>",
+                                   by_role="<i>r</i>", reason="<b>not bold</b>"))
+        expect(banner.locator(".preempt-reason")).to_have_text("<b>not bold</b>",
+                                                               timeout=3_000)
+        expect(banner.locator(".preempt-who")).to_have_text(
+            "eve<img src=x onerror=alert(1)> needs this server's GPU for the role <i>r</i>.")
+        assert banner.locator("b, i, img").count() == 0
+
+        # the deadline has passed: the stop is under way
+        server.write_notice(notice(-10))
+        expect(countdown).to_have_text("This server is being stopped now.", timeout=3_000)
+
+        # withdrawn: the hub deletes the notice, the banner goes
+        server.clear_notice()
+        expect(banner).to_be_hidden(timeout=3_000)
+        p.check_stayed_home()
+    finally:
+        server.clear_notice()
 
 
 def test_gpu_page_needs_login(servers, browser):
