@@ -253,10 +253,9 @@ def test_the_notice_says_who_where_what_when_and_what_to_do():
         f"GPU: GPU 2 ({UUID})",
         "Host: gpu-host-1",
         "At: 2026-11-18 11:06:40 UTC",
-        "What to do: Save your work now. Programs that called "
-        "spawner.checkpoint.on_preempt() are told now and save their checkpoints. At the "
-        "deadline the server stops, with its kernels and what they hold; the home folder "
-        "is kept.",
+        "What to do: Save your notebooks and files now. The kernels were sent SIGTERM: "
+        "those that called spawner.checkpoint.on_preempt() save their checkpoints now, the "
+        "others have ended. At the deadline the server stops; the home folder is kept.",
         "Incident: preemption:quota-alice",
     ]
     # told late (the watchdog was down): the deadline is past, and says so
@@ -476,3 +475,4 @@ def test_the_managed_service_is_told_where_the_log_is(monkeypatch):
     service, _ = watchdog_service("http://127.0.0.1:8000", state_dir="/srv/state",
                                   events_file="/var/log/hub-events.jsonl")
     assert service["environment"]["QUOTA_SPAWNER_EVENTS_FILE"] == "/var/log/hub-events.jsonl"
+

@@ -245,9 +245,9 @@ ADVICE = {
         "(docker rm -f <name>) to free its GPUs."),
     # by the hub's event, for the preemption rule; a withdrawn one needs nothing
     "preemption": (
-        "Save your work now. Programs that called spawner.checkpoint.on_preempt() are "
-        "told now and save their checkpoints. At the deadline the server stops, with its "
-        "kernels and what they hold; the home folder is kept."),
+        "Save your notebooks and files now. The kernels were sent SIGTERM: those that "
+        "called spawner.checkpoint.on_preempt() save their checkpoints now, the others "
+        "have ended. At the deadline the server stops; the home folder is kept."),
     "preempted": (
         "Start the server again from the hub when a GPU is free; the home folder, with "
         "the checkpoints saved in it, is as it was."),
