@@ -476,3 +476,17 @@ def test_the_managed_service_is_told_where_the_log_is(monkeypatch):
                                   events_file="/var/log/hub-events.jsonl")
     assert service["environment"]["QUOTA_SPAWNER_EVENTS_FILE"] == "/var/log/hub-events.jsonl"
 
+
+def test_the_documented_examples_are_what_the_code_says():
+    """docs/watchdog.md#preemptions shows these three, made from the same events."""
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "watchdog.md").read_text()
+    at = 1_796_050_800.0  # 2026-11-30 15:00:00 UTC
+    off = withdrawn(time=at + 40, why="bob got GPUs without needing this server's")
+    cases = [({"event": "preemption", **notice(time=at, deadline=at + 120)}, at + 3, ALICE),
+             ({"event": "preempted", **stopped(time=at + 120.4)}, at + 123, None),
+             ({"event": "preemption-withdrawn", **off}, at + 43, ALICE)]
+    for event, seen, server in cases:
+        servers = (server,) if server else (Server("gone", "quota-zed", "zed", "r", "i", HUB_ID),)
+        (told,) = preemption_events([event], WatchdogRules(), snapshot(seen, *servers))
+        text = format_message(told, HUB_URL, "h", now=seen + 1).text
+        assert f"```text\n{text}\n```" in doc, text
