@@ -93,7 +93,8 @@ class Evictor:
     def start(self, ticket: Ticket) -> None:
         assert ticket.plan is not None
         for victim in ticket.plan.victims:
-            self._tasks[victim] = asyncio.ensure_future(self._evict(victim, ticket))
+            record = self._announce(victim, ticket)
+            self._tasks[victim] = asyncio.ensure_future(self._evict(victim, record))
 
     def call_off(self, ticket: Ticket, victims: tuple[str, ...], why: str) -> None:
         for victim in victims:
@@ -108,7 +109,8 @@ class Evictor:
 
     # --- one victim ------------------------------------------------------------------
 
-    async def _evict(self, victim: str, ticket: Ticket) -> None:
+    def _announce(self, victim: str, ticket: Ticket) -> dict[str, Any]:
+        """Record and log the preemption of ``victim`` (its grace starts now)."""
         server = self.pool.servers.get(victim)
         role = self.pool.roles.get(server.role) if server else None
         grace = role.grace_period if role else DEFAULT_GRACE_PERIOD
@@ -138,9 +140,13 @@ class Evictor:
             victim, record["user"], record["role"], record["priority"],
             human_duration(record["ran_for"] or 0), ",".join(record["gpus"]) or "none",
             ticket.user, ticket.role, ticket.priority, human_duration(grace))
+        return written
+
+    async def _evict(self, victim: str, record: dict[str, Any]) -> None:
+        """Tell the victim, wait out its grace, stop it; or withdraw if called off."""
         try:
-            await self._notify(victim, written)
-            await asyncio.sleep(max(0.0, written["deadline"] - time.time()))
+            await self._notify(victim, record)
+            await asyncio.sleep(max(0.0, record["deadline"] - time.time()))
         except asyncio.CancelledError:
             why = self._why.pop(victim, "the preemption was called off")
             self._forget(victim)

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from dockerspawner import DockerSpawner
+from jupyterhub.utils import maybe_future
 from tornado import web
 
 from . import refusals
@@ -252,7 +253,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
     async def run_pre_spawn_hook(self) -> None:
         """Give a start that may wait for a GPU the time to wait, on top of the
         configured start_timeout, which the hub reads just after this."""
-        await super().run_pre_spawn_hook()
+        await maybe_future(super().run_pre_spawn_hook())  # the config's hook may be sync
         self.start_timeout = self._start_timeout
         try:
             pool = await self.gpu_pool()
