@@ -23,12 +23,12 @@ from receivers import (
 )
 from traitlets import TraitError
 
+from spawner.quota.units import human_duration
 from spawner.watchdog.model import Server
 from spawner.watchdog.notify import (
     Notifier,
     dingtalk_sign,
     feishu_sign,
-    format_duration,
     format_message,
     routes,
     server_url,
@@ -71,7 +71,7 @@ def notifier(channels: list[dict], **kw) -> Notifier:
     (7800, "2h10m"), (86400 + 4 * 3600 + 59, "1d4h"), (2 * 86400, "2d"), (-5, "0s"),
 ])
 def test_durations_read_like_people_write_them(seconds, text):
-    assert format_duration(seconds) == text
+    assert human_duration(seconds) == text
 
 
 def test_server_link_quotes_the_name():

@@ -24,8 +24,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..events import read_events
+from ..quota.units import human_duration
 from .model import Server, Snapshot
-from .notify import format_duration
 from .rules import PREEMPTION, Event, EventCursor, Incident, WatchdogRules, _instant
 
 NOTICE, STOPPED, WITHDRAWN = "preemption", "preempted", "preemption-withdrawn"
@@ -115,7 +115,7 @@ def _what(f: dict[str, Any]) -> str:
     by = f.get("by", "another user")
     if f["event"] == STOPPED:
         ran = f.get("ran_for")
-        after = f" after running for {format_duration(ran)}" if ran is not None else ""
+        after = f" after running for {human_duration(ran)}" if ran is not None else ""
         return f"The server was stopped{after}, to free its GPUs for {by}."
     if f["event"] == WITHDRAWN:
         why = _sentence(f.get("why", ""))

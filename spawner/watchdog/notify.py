@@ -55,7 +55,7 @@ import requests
 from traitlets import Dict, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
-from ..quota.units import format_human
+from ..quota.units import format_human, human_duration
 from .rules import (
     GPU_IDLE,
     GPU_MEMORY,
@@ -87,21 +87,6 @@ class Message:
     def text(self) -> str:
         """Title and body as one text, for the services without a title field."""
         return f"{self.title}\n\n{self.body}"
-
-
-def format_duration(seconds: float) -> str:
-    """'45s', '3m20s', '2h10m', '1d4h': the two largest units, for people."""
-    seconds = max(0, int(round(seconds)))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours}h" if hours else f"{days}d"
-    if hours:
-        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
-    if minutes:
-        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
-    return f"{secs}s"
 
 
 def server_url(hub_url: str, user: str) -> str:
@@ -148,10 +133,10 @@ def _when(incident: Incident, now: float) -> str | None:
         return None
     left = deadline - now
     grace = incident.hub_event.get("grace_period")
-    given = f" (a grace period of {format_duration(grace)})" if grace is not None else ""
+    given = f" (a grace period of {human_duration(grace)})" if grace is not None else ""
     if left <= 0:
-        return f"stopped at {_clock(deadline)}, {format_duration(-left)} ago{given}"
-    return f"stopped at {_clock(deadline)}, in {format_duration(left)}{given}"
+        return f"stopped at {_clock(deadline)}, {human_duration(-left)} ago{given}"
+    return f"stopped at {_clock(deadline)}, in {human_duration(left)}{given}"
 
 
 def _headline(incident: Incident, numbers: bool = True) -> str:
@@ -269,13 +254,13 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
     now = time.time() if now is None else now
     if event.kind == "resolve":
         ended = incident.resolved if incident.resolved is not None else now
-        lasted = format_duration(ended - incident.since)
+        lasted = human_duration(ended - incident.since)
         title = f"[resolved] {_headline(incident, numbers=False)}: resolved after {lasted}"
     elif event.kind == "remind":
-        lasted = format_duration(now - incident.since)
+        lasted = human_duration(now - incident.since)
         title = f"[{incident.severity}] still: {_headline(incident)}, for {lasted}"
     else:
-        lasted = format_duration(now - incident.since)
+        lasted = human_duration(now - incident.since)
         title = f"[{incident.severity}] {_headline(incident)}"
     server = incident.server
     lines = []
