@@ -20,6 +20,24 @@ export interface IGpuReport {
   error?: string;
 }
 
+/**
+ * The hub's preemption notice, as the monitor passes it on: the server will be
+ * stopped at `deadline` so that `by` gets its GPU (docs/preemption.md).
+ */
+export interface IPreemption {
+  version: number;
+  by: string | null;
+  by_role: string | null;
+  role: string | null;
+  gpus: string[];
+  reason: string | null;
+  signalled_at: number | null;
+  deadline: number;
+  grace_period: number | null;
+  /** Seconds from the answer to the deadline, 0 once passed. */
+  seconds_left: number;
+}
+
 /** The monitor's answer; only the fields the item reads. */
 export interface IGpuMetrics {
   status: 'ok' | 'no_gpu' | 'error' | 'starting';
@@ -29,6 +47,8 @@ export interface IGpuMetrics {
   gpu_memory_limit: number | null;
   gpus: IGpuReport[];
   warning: string | null;
+  /** Null unless the hub is preempting this server (older monitors: absent). */
+  preemption?: IPreemption | null;
 }
 
 /** What to render. `visible: false` hides the whole item. */
@@ -38,17 +58,26 @@ export interface IView {
   title: string;
   warning: boolean;
   error: boolean;
+  /** The server is being preempted: the item counts down to the stop. */
+  preempted: boolean;
 }
 
 const GiB = 1024 ** 3;
 const CLICK_HINT = 'Click to open the GPU usage page.';
+/** What to do, as on the GPU page's banner. */
+export const PREEMPT_ADVICE =
+  'Save your work now; kernels that called on_preempt() are saving a checkpoint. ' +
+  'Your home folder is kept.';
+/** JupyterLab truncates a notification's message at 140 characters. */
+const NOTIFICATION_LENGTH = 140;
 
 export const HIDDEN: IView = {
   visible: false,
   text: '',
   title: '',
   warning: false,
-  error: false
+  error: false,
+  preempted: false
 };
 
 function isNumber(value: unknown): value is number {
@@ -108,6 +137,52 @@ export function busiest(gpus: IGpuReport[]): IGpuReport | undefined {
   return best;
 }
 
+/** `1:52` for 112 seconds, `1:02:05` for 3725. */
+export function clock(seconds: number): string {
+  const s = Math.max(0, Math.ceil(isNumber(seconds) ? seconds : 0));
+  const two = (n: number): string => String(n).padStart(2, '0');
+  const h = Math.floor(s / 3600);
+  const m = Math.floor(s / 60) % 60;
+  return `${h ? `${h}:${two(m)}` : m}:${two(s % 60)}`;
+}
+
+/** The notice, when the answer has a usable one. */
+export function preemptionOf(metrics: IGpuMetrics): IPreemption | null {
+  const p = metrics.preemption;
+  return p && typeof p === 'object' && isNumber(p.deadline) ? p : null;
+}
+
+/** Identifies one notice: the same notice in every answer, whatever the time left. */
+export function preemptionKey(p: IPreemption): string {
+  const notice: Partial<IPreemption> = { ...p };
+  delete notice.seconds_left;
+  return JSON.stringify(notice);
+}
+
+/** `bob needs this server's GPU for the role urgent-debug.` */
+function whoNeeds(p: IPreemption): string {
+  const gpus = Array.isArray(p.gpus) && p.gpus.length > 1 ? 'GPUs' : 'GPU';
+  const role = p.by_role ? ` for the role ${p.by_role}` : '';
+  return `${p.by || 'Another user'} needs this server's ${gpus}${role}.`;
+}
+
+/** `stops in 1:52`, or `stopping now` once the deadline has passed. */
+function stops(left: number): string {
+  return left > 0 ? `stops in ${clock(left)}` : 'stopping now';
+}
+
+/**
+ * The notification, once per notice: when the server stops, and why (cut to
+ * what JupyterLab shows; the tooltip and the GPU page have all of it).
+ * `stopsAt`: the deadline as a local time, e.g. `4:42:06 PM`.
+ */
+export function preemptionMessage(p: IPreemption, stopsAt: string): string {
+  const message = `This server stops at ${stopsAt}. Save your work. ${p.reason || whoNeeds(p)}`;
+  return message.length <= NOTIFICATION_LENGTH
+    ? message
+    : `${message.slice(0, NOTIFICATION_LENGTH - 1)}…`;
+}
+
 /** The item for an error: `GPU ?`, the reason in the tooltip. */
 export function errorView(reason: string): IView {
   return {
@@ -115,7 +190,38 @@ export function errorView(reason: string): IView {
     text: 'GPU ?',
     title: `${reason}\n${CLICK_HINT}`,
     warning: false,
-    error: true
+    error: true,
+    preempted: false
+  };
+}
+
+/**
+ * The item while the server is being preempted: `⚠ preempted: stops in 1:52`,
+ * whatever the GPUs read. `left`: seconds to the deadline now (the item
+ * counts down between answers); `stopsAt`: the deadline as a local time.
+ */
+export function preemptionView(
+  p: IPreemption,
+  left: number,
+  stopsAt: string,
+  gpuLines: string[] = []
+): IView {
+  const when =
+    left > 0
+      ? `This server will be stopped at ${stopsAt} (in ${clock(left)}).`
+      : 'This server is being stopped now.';
+  const lines = [when, whoNeeds(p)];
+  if (p.reason) {
+    lines.push(p.reason);
+  }
+  lines.push(PREEMPT_ADVICE, ...gpuLines, CLICK_HINT);
+  return {
+    visible: true,
+    text: `⚠ preempted: ${stops(left)}`,
+    title: lines.join('\n'),
+    warning: true,
+    error: false,
+    preempted: true
   };
 }
 
@@ -129,8 +235,25 @@ export function errorView(reason: string): IView {
  *   `GPU 1: 45% · 15.2 / 16.0 GiB`; the tooltip lists them all.
  * - warning when any GPU's memory_fraction >= warning_threshold; the tooltip
  *   then starts with the monitor's warning sentence.
+ * - `preemption` set: `⚠ preempted: stops in 1:52` whatever the status
+ *   (preemptionView); `left` and `stopsAt` as there, by default from the answer.
  */
-export function viewOf(metrics: IGpuMetrics): IView {
+export function viewOf(
+  metrics: IGpuMetrics,
+  left?: number,
+  stopsAt?: string
+): IView {
+  const preemption = preemptionOf(metrics);
+  if (preemption !== null) {
+    const secondsLeft = isNumber(left) ? left : Math.max(0, Number(preemption.seconds_left) || 0);
+    const gpus = metrics.status === 'ok' && Array.isArray(metrics.gpus) ? metrics.gpus : [];
+    return preemptionView(
+      preemption,
+      secondsLeft,
+      stopsAt ?? new Date(Date.now() + secondsLeft * 1000).toLocaleTimeString(),
+      gpus.map(describe)
+    );
+  }
   if (metrics.status === 'no_gpu' || metrics.status === 'starting') {
     return HIDDEN;
   }
@@ -165,6 +288,7 @@ export function viewOf(metrics: IGpuMetrics): IView {
     text: prefix + reading(shown),
     title: lines.join('\n'),
     warning,
-    error: false
+    error: false,
+    preempted: false
   };
 }

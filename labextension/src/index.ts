@@ -4,17 +4,30 @@
  * Reads GET {base_url}api/gpu/metrics of the server extension spawner.monitor
  * (docs/gpu-monitor.md). That handler does not count as user activity, so the
  * polling here does not either; it pauses while the browser tab is hidden.
+ * While the hub preempts the server (the answer's `preemption`), the item
+ * counts down to the stop and a notification says so, once per notice.
  * Docs: docs/jupyterlab-status-bar.md.
  */
 
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+// A core package of JupyterLab (shared, not bundled); Notification since 4.0.
+import { Notification } from '@jupyterlab/apputils';
 import { PageConfig, URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { errorView, HIDDEN, IGpuMetrics, IView, viewOf } from './format';
+import {
+  errorView,
+  HIDDEN,
+  IGpuMetrics,
+  IView,
+  preemptionKey,
+  preemptionMessage,
+  preemptionOf,
+  viewOf
+} from './format';
 
 /** The status item's id in the status bar. */
 export const STATUS_ITEM_ID = 'quota-spawner:gpu-status';
@@ -26,6 +39,8 @@ export const WARNING_CLASS = 'qs-gpu-status-warning';
 export const ERROR_CLASS = 'qs-gpu-status-error';
 /** The span holding the text. */
 export const TEXT_CLASS = 'qs-gpu-status-text';
+/** On the item while the server is being preempted. */
+export const PREEMPTED_CLASS = 'qs-gpu-status-preempted';
 
 /** Seconds between requests: max(the monitor's interval, this). */
 const MIN_INTERVAL_S = 2;
@@ -109,6 +124,7 @@ export class GpuStatus extends Widget {
       return;
     }
     this._clearTimer();
+    this._stopCountdown();
     document.removeEventListener('visibilitychange', this);
     this.node.removeEventListener('click', this);
     this.node.removeEventListener('keydown', this);
@@ -181,17 +197,90 @@ export class GpuStatus extends Widget {
       return this._fail('not a GPU monitor answer');
     }
     this._failures = 0;
-    this._show(viewOf(body));
-    if (body.status === 'no_gpu') {
+    this._answer = body;
+    this._preemption(body);
+    this._show(this._viewNow());
+    if (body.status === 'no_gpu' && preemptionOf(body) === null) {
       return HIDDEN_INTERVAL_S;
     }
     const interval = Number(body.interval);
     return Number.isFinite(interval) ? Math.max(interval, MIN_INTERVAL_S) : MIN_INTERVAL_S;
   }
 
+  /** The view of the last answer, with the countdown at this moment. */
+  private _viewNow(): IView {
+    if (this._answer === null) {
+      return HIDDEN;
+    }
+    if (preemptionOf(this._answer) === null) {
+      return viewOf(this._answer);
+    }
+    const left = Math.max(0, (this._deadline - Date.now()) / 1000);
+    return viewOf(this._answer, left, this._stopsAt());
+  }
+
+  /** The deadline as a local time, e.g. `4:42:06 PM`. */
+  private _stopsAt(): string {
+    return new Date(this._deadline).toLocaleTimeString();
+  }
+
+  /**
+   * Follows the answer's preemption: the deadline on this browser's clock (from
+   * seconds_left: the clocks may differ), the countdown, and the notification.
+   */
+  private _preemption(body: IGpuMetrics): void {
+    const p = preemptionOf(body);
+    if (p === null) {
+      this._stopCountdown();
+      if (this._notified !== null && this._notificationId !== null) {
+        // an answer without the notice: the hub called the preemption off
+        Notification.update({
+          id: this._notificationId,
+          message: 'The preemption was called off: this server keeps running.',
+          type: 'success',
+          autoClose: 10000,
+          actions: []
+        });
+      }
+      this._notified = null;
+      this._notificationId = null;
+      return;
+    }
+    this._deadline = Date.now() + Math.max(0, Number(p.seconds_left) || 0) * 1000;
+    if (this._countdown === null) {
+      this._countdown = window.setInterval(() => this._show(this._viewNow()), 1000);
+    }
+    const key = preemptionKey(p);
+    if (key !== this._notified) {
+      this._notified = key;
+      if (this._notificationId !== null) {
+        Notification.dismiss(this._notificationId);
+      }
+      this._notificationId = Notification.warning(preemptionMessage(p, this._stopsAt()), {
+        autoClose: false,
+        actions: [
+          {
+            label: 'Details',
+            caption: 'Open the GPU usage page',
+            callback: () => this._open()
+          }
+        ]
+      });
+    }
+  }
+
+  private _stopCountdown(): void {
+    if (this._countdown !== null) {
+      window.clearInterval(this._countdown);
+      this._countdown = null;
+    }
+  }
+
   private _fail(why: string): number {
     this._failures += 1;
-    this._show(errorView(`Could not read the GPU usage: ${why}`));
+    if (this._countdown === null) {
+      this._show(errorView(`Could not read the GPU usage: ${why}`));
+    } // while preempted the countdown goes on: at the deadline the server stops answering
     return Math.min(MIN_INTERVAL_S * 2 ** (this._failures - 1), MAX_BACKOFF_S);
   }
 
@@ -205,6 +294,7 @@ export class GpuStatus extends Widget {
     this.node.title = view.title;
     this.toggleClass(WARNING_CLASS, view.warning);
     this.toggleClass(ERROR_CLASS, view.error);
+    this.toggleClass(PREEMPTED_CLASS, view.preempted);
     if (wasActive !== view.visible) {
       this._activeStateChanged.emit(); // the status bar shows or hides the item
     }
@@ -216,6 +306,15 @@ export class GpuStatus extends Widget {
   private _timer: number | null = null;
   private _inFlight = false;
   private _failures = 0;
+  /** The last successful answer. */
+  private _answer: IGpuMetrics | null = null;
+  /** While preempted: the deadline in Date.now() milliseconds. */
+  private _deadline = 0;
+  /** The one-second countdown timer, while preempted. */
+  private _countdown: number | null = null;
+  /** The notice notified (preemptionKey), and its notification. */
+  private _notified: string | null = null;
+  private _notificationId: string | null = null;
   private _activeStateChanged = new Signal<this, void>(this);
 }
 
