@@ -148,7 +148,9 @@ class Evictor:
             await self._notify(victim, record)
             await asyncio.sleep(max(0.0, record["deadline"] - time.time()))
         except asyncio.CancelledError:
-            why = self._why.pop(victim, "the preemption was called off")
+            # without a reason from call_off, the hub itself is shutting down
+            why = self._why.pop(victim, "the hub is shutting down, which ends the start it "
+                                        "was for; the server keeps running")
             self._forget(victim)
             await asyncio.shield(self._withdraw(victim, record, why))
             return

@@ -113,7 +113,8 @@ def hub(docker_client, tmp_path_factory):
     hub = Hub(tmp_path_factory.mktemp(prefix), quota_text=QUOTAS, prefix=prefix,
               extra_config=(f"c.QuotaSpawner.gpu_inventory = {gpus!r}\n"
                             "c.QuotaSpawner.gpu_sync_interval = 1\n"
-                            "c.JupyterHub.cleanup_servers = True\n"))
+                            # servers outlive a hub restart, as in production upgrades
+                            "c.JupyterHub.cleanup_servers = False\n"))
     hub.gpus = [g["uuid"] for g in gpus]
     hub.start()
     yield hub
@@ -165,8 +166,12 @@ def spawn_in_background(hub: Hub, name: str, options: dict) -> dict:
     result: dict = {}
 
     def run() -> None:
-        r = hub.spawn(name, options)
-        result["status"], result["text"] = r.status_code, r.text
+        try:
+            r = hub.spawn(name, options)
+        except requests.RequestException as e:  # the hub restarted under it
+            result["status"], result["text"] = None, str(e)
+        else:
+            result["status"], result["text"] = r.status_code, r.text
         result["at"] = time.monotonic()
 
     thread = threading.Thread(target=run, daemon=True)
@@ -370,3 +375,151 @@ def test_queue_by_priority_then_arrival_and_a_freed_gpu_goes_to_the_head(hub, do
     order = [e["user"] for e in events(hub) if e["event"] == "queue-granted"
              and e["user"] in starts]
     assert order == [q_exp1, q_exp2, q_train]
+
+
+NOTICE = "/tmp/quota-spawner/preemption.json"
+
+
+def has_notice(container) -> bool:
+    return exec_text(container, f"test -s {NOTICE}")[0] == 0
+
+
+def running_gpus(docker_client, prefix: str) -> dict[str, str]:
+    """Running container -> its GPUs label, for this hub's containers."""
+    found = docker_client.containers.list(filters={"label": "quota-spawner.gpus"})
+    return {c.name: c.labels["quota-spawner.gpus"] for c in found
+            if c.name.startswith(prefix) and c.labels.get("quota-spawner.gpus")}
+
+
+def test_a_hub_restart_in_the_grace_calls_it_off_and_books_no_gpu_twice(hub, docker_client):
+    alice, carol, bob = new_users(hub, "ralice", "rcarol", "rbob")
+    hub.start_server(alice, opt("train"))
+    hub.start_server(carol, opt("train"))
+    spawn_in_background(hub, bob, opt("urgent"))
+    both = [container_for(docker_client, alice), container_for(docker_client, carol)]
+    victim = wait_for(lambda: next((c for c in both if has_notice(c)), None), 10,
+                      "a preemption notice")
+    before = running_gpus(docker_client, hub.prefix)
+
+    hub.stop()
+    hub.start()
+    # the start it was for ended with the old hub: called off, the notice removed
+    wait_for(lambda: not has_notice(victim), 30, "the notice to be withdrawn")
+    withdrawn = [e for e in events(hub) if e["event"] == "preemption-withdrawn"
+                 and e["container"] == victim.name]
+    # withdrawn by the stopping hub, or (after a crash) by the restarted one
+    assert withdrawn and ("the hub is shutting down" in withdrawn[-1]["why"]
+                          or "the hub restarted during the grace" in withdrawn[-1]["why"])
+    assert hub.user(alice)["servers"] and hub.user(carol)["servers"]
+    assert not hub.user(bob)["servers"]
+    assert running_gpus(docker_client, hub.prefix) == before  # nothing moved, nothing lost
+    # the rebuilt pool knows both GPUs are held: bob's next start preempts again
+    hub.start_server(bob, opt("urgent"))
+    after = running_gpus(docker_client, hub.prefix)
+    assert len(after) == 2 and sorted(after.values()) == sorted(hub.gpus)
+
+
+STORM_QUOTAS = """\
+images:
+  pytorch:
+    image: quota-spawner/pytorch:latest
+roles:
+  low:
+    cpus: 0.25
+    memory: 256M
+    gpus: 1
+    priority: 300000
+    preempts: never
+    grace_period: 3s
+    min_runtime: 0
+    queue_timeout: 8s
+    images: [pytorch]
+  mid:
+    cpus: 0.25
+    memory: 256M
+    gpus: 1
+    priority: 500000
+    grace_period: 3s
+    min_runtime: 0
+    queue_timeout: 8s
+    images: [pytorch]
+  high:
+    cpus: 0.25
+    memory: 256M
+    gpus: 1
+    priority: 1000000
+    grace_period: 3s
+    min_runtime: 0
+    queue_timeout: 8s
+    images: [pytorch]
+assignments:
+  default: [low, mid, high]
+"""
+
+
+def test_a_storm_of_mixed_priorities_on_4_gpus(docker_client, tmp_path_factory):
+    """Rounds of simultaneous starts of three priorities on 4 GPUs: no GPU held by
+    two running servers at any sample, every start answered within its bound, and
+    each preempting start takes one victim and exactly that victim's GPU."""
+    import random
+
+    prefix = "qsstorm"
+    gpus = [{"uuid": f"GPU-{prefix}-{i}", "name": "Fake GPU", "memory": "16G"}
+            for i in range(4)]
+    storm = Hub(tmp_path_factory.mktemp(prefix), quota_text=STORM_QUOTAS, prefix=prefix,
+                extra_config=f"c.QuotaSpawner.gpu_inventory = {gpus!r}\n"
+                             "c.QuotaSpawner.gpu_sync_interval = 1\n").start()
+    seen_twice: list[dict] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            held = list(running_gpus(docker_client, prefix).values())
+            if len(held) != len(set(held)):
+                seen_twice.append(running_gpus(docker_client, prefix))
+            time.sleep(0.3)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    rng = random.Random(12)
+    bound = 8 + 3 + 60 + 30  # queue_timeout + grace + the stop's limit + a start
+    try:
+        for round_ in range(3):
+            names = [f"s{round_}u{i}" for i in range(7)]
+            roles = {n: rng.choice(["low", "mid", "high"]) for n in names}
+            for name in names:
+                storm.create_user(name)
+            starts = {}
+            for name in names:
+                starts[name] = spawn_in_background(storm, name, opt(roles[name]))
+                time.sleep(rng.uniform(0, 1.0))
+            for name, start in starts.items():
+                start["thread"].join(bound)
+                assert not start["thread"].is_alive(), f"{name} had no answer in {bound}s"
+            answered = {n: spawn_outcome(storm, n, timeout=bound) for n in names}
+            ready = [n for n, a in answered.items() if a == "ready"]
+            assert 1 <= len(ready) <= 4, answered
+            for name in names:
+                if storm.user(name)["servers"]:
+                    storm.stop_server(name)
+    finally:
+        sampling.set()
+        sampler.join(5)
+        log = storm.log()
+        teardown(storm, docker_client, "storm")
+    assert not seen_twice, seen_twice
+    assert "double-booked" not in log
+    evs = [e for e in events(storm)]
+    preemptions = [e for e in evs if e["event"] == "preemption"]
+    per_start: dict[str, int] = {}
+    for e in preemptions:
+        per_start[e["for_container"]] = per_start.get(e["for_container"], 0) + 1
+        assert e["by_priority"] > e["priority"], e
+        assert len(e["for_gpus"]) == 1 and e["for_gpus"][0] in e["gpus"], e
+        ends = [x for x in evs if x["event"] in ("preempted", "preemption-withdrawn")
+                and x["container"] == e["container"] and x["time"] >= e["time"]]
+        assert ends, f"preemption of {e['container']} never ended"
+    assert all(n == 1 for n in per_start.values()), per_start
+    print(f"storm: {len(preemptions)} preemptions, "
+          f"{sum(e['event'] == 'queue-timeout' for e in evs)} queue timeouts, "
+          f"{sum(e['event'] == 'queue-granted' for e in evs)} queued starts served")
