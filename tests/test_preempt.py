@@ -1,0 +1,137 @@
+"""The Evictor's steps without an engine: what it records, runs, stops and recovers.
+
+The Docker client is a small fake that records exec and remove calls; the
+e2e tests (tests/test_e2e_preemption.py) run the same steps on a real engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spawner.contract import PREEMPT_NOTICE
+from spawner.events import EventLog, read_events
+from spawner.gpu.allocator import GpuAllocator, GpuRequest
+from spawner.gpu.inventory import GpuDevice
+from spawner.gpu.pool import Server
+from spawner.gpu.preemption import Plan
+from spawner.gpu.queue import Ticket
+from spawner.preempt import Evictor
+from spawner.quota.model import Role
+
+LOG = logging.getLogger("test-preempt")
+
+
+class FakeDocker:
+    """Records exec and remove calls (the engine is what cannot run here)."""
+
+    def __init__(self) -> None:
+        self.execs: list[tuple[str, list[str]]] = []
+        self.removed: list[str] = []
+
+    def exec_create(self, container: str, cmd: list[str]) -> dict[str, str]:
+        self.execs.append((container, cmd))
+        return {"Id": str(len(self.execs))}
+
+    def exec_start(self, exec_id: str) -> bytes:
+        return b"signalled: 41 42"
+
+    def exec_inspect(self, exec_id: str) -> dict[str, int]:
+        return {"ExitCode": 0}
+
+    def remove_container(self, name: str, force: bool = False) -> None:
+        self.removed.append(name)
+
+
+class FakePool:
+    """The parts of GpuPool the Evictor uses."""
+
+    def __init__(self, tmp: Path):
+        self.allocator = GpuAllocator([GpuDevice("0", "GPU-0", "Fake", 16 * 2**30)])
+        self.allocator.acquire("victim", GpuRequest(1))
+        self.servers = {"victim": Server("alice", "train", 0.0)}
+        self.roles = {"train": Role("train", 1, 2**30, ("x",), gpus=1, priority=10,
+                                    grace_period=0.2)}
+        self.hub_id = "hub-1"
+        self.events = EventLog(str(tmp / "events.jsonl"))
+        self.spawners: dict[str, Any] = {}
+        self.docker_client = FakeDocker()
+        self.released: list[str] = []
+
+    def release(self, owner: str, why: str) -> tuple[str, ...]:
+        self.released.append(owner)
+        return self.allocator.release(owner)
+
+
+def ticket(loop: asyncio.AbstractEventLoop) -> Ticket:
+    t = Ticket("jupyter-bob", "bob", "urgent", 100, True, GpuRequest(1), 0, 0.0,
+               loop.create_future())
+    t.plan = Plan(("victim",), ("GPU-0",), (10, 10, 1, 5))
+    return t
+
+
+def kinds(tmp: Path) -> list[str]:
+    return [e["event"] for e in read_events(str(tmp / "events.jsonl"))[0]]
+
+
+def test_a_victim_is_told_then_stopped_after_its_grace(tmp_path):
+    async def run() -> None:
+        pool = FakePool(tmp_path)
+        evictor = Evictor(pool, str(tmp_path / "pending.json"), LOG)  # type: ignore[arg-type]
+        evictor.start(ticket(asyncio.get_running_loop()))
+        pending = json.loads((tmp_path / "pending.json").read_text())
+        assert [p["container"] for p in pending] == ["victim"]
+        assert evictor.waiting_on("jupyter-bob")[0]["user"] == "alice"
+        await asyncio.sleep(0.5)
+        container, cmd = pool.docker_client.execs[0]
+        assert container == "victim" and cmd[:2] == ["/bin/sh", "-c"]
+        notice = json.loads(cmd[4])
+        assert notice["by"] == "bob" and notice["role"] == "train"
+        assert notice["deadline"] - notice["signalled_at"] == pytest.approx(0.2, abs=0.01)
+        assert pool.docker_client.removed == ["victim"]  # no spawner: removed directly
+        assert pool.released == ["victim"]
+        assert json.loads((tmp_path / "pending.json").read_text()) == []
+    asyncio.run(run())
+    assert kinds(tmp_path) == ["preemption", "preempted"]
+
+
+def test_a_call_off_removes_the_notice_and_stops_nothing(tmp_path):
+    async def run() -> None:
+        pool = FakePool(tmp_path)
+        pool.roles["train"] = Role("train", 1, 2**30, ("x",), gpus=1, priority=10,
+                                   grace_period=30)
+        evictor = Evictor(pool, str(tmp_path / "pending.json"), LOG)  # type: ignore[arg-type]
+        t = ticket(asyncio.get_running_loop())
+        evictor.start(t)
+        await asyncio.sleep(0.1)
+        evictor.call_off(t, ("victim",), "bob got a GPU another way")
+        await asyncio.sleep(0.2)
+        assert pool.docker_client.execs[-1][1][2] == 'rm -f "$1"'
+        assert pool.docker_client.execs[-1][1][4] == PREEMPT_NOTICE
+        assert pool.docker_client.removed == [] and pool.released == []
+    asyncio.run(run())
+    assert kinds(tmp_path) == ["preemption", "preemption-withdrawn"]
+    withdrawn = read_events(str(tmp_path / "events.jsonl"))[0][-1]
+    assert withdrawn["why"] == "bob got a GPU another way"
+
+
+def test_after_a_crash_the_restarted_hub_calls_off_what_was_in_its_grace(tmp_path):
+    state = tmp_path / "pending.json"
+    state.write_text(json.dumps([{"container": "victim", "user": "alice", "role": "train",
+                                  "by": "bob"}]))
+
+    async def run() -> None:
+        pool = FakePool(tmp_path)
+        await Evictor(pool, str(state), LOG).recover()  # type: ignore[arg-type]
+        assert [c for c, _ in pool.docker_client.execs] == ["victim"]
+        assert pool.docker_client.removed == []
+    asyncio.run(run())
+    withdrawn = read_events(str(tmp_path / "events.jsonl"))[0]
+    assert [e["event"] for e in withdrawn] == ["preemption-withdrawn"]
+    assert "the hub restarted during the grace period" in withdrawn[0]["why"]
+    assert json.loads(state.read_text()) == []
