@@ -183,6 +183,7 @@ export class GpuStatus extends Widget {
       if (response.status === 404) {
         // the monitor is not loaded on this server: no item
         this._failures = 0;
+        this._stopCountdown();
         this._show(HIDDEN);
         return HIDDEN_INTERVAL_S;
       }
@@ -232,15 +233,20 @@ export class GpuStatus extends Widget {
     const p = preemptionOf(body);
     if (p === null) {
       this._stopCountdown();
-      if (this._notified !== null && this._notificationId !== null) {
-        // an answer without the notice: the hub called the preemption off
-        Notification.update({
-          id: this._notificationId,
-          message: 'The preemption was called off: this server keeps running.',
-          type: 'success',
-          autoClose: 10000,
-          actions: []
-        });
+      if (this._notificationId !== null) {
+        if (Date.now() < this._deadline) {
+          // the notice is gone before the deadline: the hub called it off
+          Notification.update({
+            id: this._notificationId,
+            message: 'The preemption was called off: this server keeps running.',
+            type: 'success',
+            autoClose: 10000,
+            actions: []
+          });
+        } else {
+          // the server was stopped, and this is a new one
+          Notification.dismiss(this._notificationId);
+        }
       }
       this._notified = null;
       this._notificationId = null;
