@@ -64,7 +64,7 @@ def test_the_image_side_imports_stay_cheap():
         "import sys, json\n"
         "import spawner.gpu.torch_cap\n"
         "first = sorted(m for m in sys.modules if m.startswith('spawner'))\n"
-        "import spawner.monitor, spawner.monitor.report, spawner.quota.units\n"
+        "import spawner.monitor, spawner.monitor.report, spawner.quota.units, spawner.checkpoint\n"
         "print(json.dumps([first, sorted(sys.modules)]))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -54,12 +54,19 @@ class Plan:
 NO_VICTIM = float("-inf")
 
 
+# Added to each priority in the sum, as the Kubernetes scheduler does, so every
+# term is positive and a negative-priority victim never makes a set look cheaper.
+PRIORITY_OFFSET = 2**31
+
+
 def cost(victims: Iterable[Running]) -> tuple[float, float, int, float]:
-    """(highest priority, sum of priorities, count, sum of ages): smaller is cheaper."""
+    """(highest priority, sum of offset priorities, count, sum of ages): smaller is
+    cheaper."""
     chosen = list(victims)
     if not chosen:
         return (NO_VICTIM, 0.0, 0, 0.0)
-    return (max(v.priority for v in chosen), float(sum(v.priority for v in chosen)),
+    return (max(v.priority for v in chosen),
+            float(sum(v.priority + PRIORITY_OFFSET for v in chosen)),
             len(chosen), sum(v.age for v in chosen))
 
 
