@@ -149,6 +149,8 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         request = request_for(role)
         if request is None:
             return
+        if request.count > len(pool.inventory.devices):  # no wait can ever serve it
+            self._refuse_no_gpu(pool, request, role, choices)
         ticket = pool.join(owner, Server(self.user.name, role.name, time.time()), role)
         try:
             if not ticket.grant.done():
@@ -174,15 +176,12 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         """Wait for ``ticket``'s grant, saying where it stands; a 503 when the wait ends."""
         arrived = time.monotonic()
         if role.queue_timeout <= 0 and ticket.plan is None:
-            error = NoGpuFree(ticket.request, pool.allocator.usage(),
-                              pool.allocator.available(ticket.request))
-            message = refusals.no_gpu(role, error, pool.inventory.reason, choices)
-            self.log.warning("Refused %s: %s", self._log_name, message)
-            raise web.HTTPError(503, message)
+            self._refuse_no_gpu(pool, ticket.request, role, choices)
         pool.events.append("queued", hub=self.hub_id, user=self.user.name, role=role.name,
                            priority=role.priority, container=ticket.owner,
                            position=pool.queue.position(ticket.owner)[0])
-        said, place = "", 0
+        said: tuple[Any, ...] = ()
+        said_at, place = 0.0, 0
         while not ticket.grant.done():
             now = time.monotonic()
             deadline = arrived + role.queue_timeout
@@ -202,11 +201,13 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                                  human_duration(waited), message)
                 raise web.HTTPError(503, message)
             place = pool.queue.position(ticket.owner)[0] or place
-            text = self._queue_message(pool, ticket, role)
-            if text != said:
-                self.log.info("%s: %s", self._log_name, text)
+            standing, text = self._queue_message(pool, ticket, role)
+            # a message when the standing changes; the countdown only every 15 s
+            if standing != said or now - said_at >= 15:
+                if standing != said:
+                    self.log.info("%s: %s", self._log_name, text)
                 self._progress(text, 20)
-                said = text
+                said, said_at = standing, now
             try:
                 await asyncio.wait_for(asyncio.shield(ticket.grant), min(1.0, deadline - now))
             except TimeoutError:
@@ -217,15 +218,27 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                            waited=round(waited, 1), preempted=bool(ticket.plan))
         self._progress(f"A GPU is yours after {human_duration(waited)} in the queue", 25)
 
-    def _queue_message(self, pool: GpuPool, ticket: Ticket, role: Role) -> str:
-        """Where this start stands, for the spawn page: whom it waits for and how long."""
+    def _refuse_no_gpu(self, pool: GpuPool, request: Any, role: Role,
+                       choices: list[Choice]) -> None:
+        """Today's immediate 503: the role's GPUs are not free and it does not queue,
+        or the hub could never serve them."""
+        error = NoGpuFree(request, pool.allocator.usage(), pool.allocator.available(request))
+        message = refusals.no_gpu(role, error, pool.inventory.reason, choices)
+        self.log.warning("Refused %s: %s", self._log_name, message)
+        raise web.HTTPError(503, message)
+
+    def _queue_message(self, pool: GpuPool, ticket: Ticket,
+                       role: Role) -> tuple[tuple[Any, ...], str]:
+        """Where this start stands (comparable) and, for the spawn page, whom it waits
+        for and how long."""
         wanted = f"{role.gpus} {role.gpu_mode} GPU{'s' if role.gpus != 1 else ''}"
         pending = pool.evictions.waiting_on(ticket.owner) if pool.evictions else []
         if pending:
             whom = ", ".join(f"{r['user']}'s server (role '{r['role']}')" for r in pending)
             left = max(0.0, max(r["deadline"] for r in pending) - time.time())
-            return (f"Waiting for {whom} to save its work and stop: it was preempted for you "
-                    f"and stops in {human_duration(left)}. Its GPU is kept for you.")
+            return (("preempting", whom), f"Waiting for {whom} to save its work and stop: it "
+                    f"was preempted for you and stops in {human_duration(left)}. Its GPU is "
+                    "kept for you.")
         place, total = pool.queue.position(ticket.owner)
         text = (f"Waiting for {wanted} for the role '{role.name}': number {place} of {total} "
                 f"in the queue (by priority, then arrival).")
@@ -233,7 +246,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         if due is not None:
             left = human_duration(due[0] - time.time())
             text += f" The next GPU may come free in about {left}, when {due[1]}."
-        return text
+        return ("queued", place, total, due[1] if due else ""), text
 
     async def _our_container(self) -> dict[str, Any] | None:
         """The container with this server's name, if this hub made it; others are left

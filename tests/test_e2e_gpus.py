@@ -42,6 +42,7 @@ roles:
     cpus: 0.5
     memory: 512M
     gpus: 1
+    queue_timeout: 0  # refused at once, as these tests expect
     images: [pytorch]
   shared:
     cpus: 0.5
@@ -50,12 +51,14 @@ roles:
     gpu_mode: shared
     gpu_share: 3
     gpu_memory: 4G
+    queue_timeout: 0
     images: [pytorch]
   broken:
     description: Its container cannot start
     cpus: 0.5
     memory: 512M
     gpus: 1
+    queue_timeout: 0
     images: [bare]
 assignments:
   default: [cpu, excl, shared, broken]

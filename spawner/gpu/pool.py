@@ -207,9 +207,10 @@ class GpuPool:
             if role.max_age:
                 due.append((server.started + role.max_age, f"{whose} reaches its max_age"))
             if ticket.may_preempt and role.priority < ticket.priority:
-                if not role.preemptible and role.reclaim_after:
-                    due.append((server.started + role.reclaim_after,
-                                f"{whose} passes its reclaim_after and may be preempted"))
+                if not role.preemptible:
+                    if role.reclaim_after:  # else never preemptible
+                        due.append((server.started + role.reclaim_after,
+                                    f"{whose} passes its reclaim_after and may be preempted"))
                 elif role.min_runtime:
                     due.append((server.started + role.min_runtime,
                                 f"{whose} passes its min_runtime and may be preempted"))
