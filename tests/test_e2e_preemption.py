@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 import requests
+from playwright.sync_api import expect, sync_playwright
+from test_browser import CHROMIUM, CHROMIUM_ARGS, log_in
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 
-from harness import Hub, container_for, containers, exec_text, teardown
+from harness import ARTIFACTS, Hub, container_for, containers, exec_text, teardown
 
 pytestmark = pytest.mark.e2e
 
@@ -45,6 +47,16 @@ roles:
     grace_period: 6s
     min_runtime: 0
     queue_timeout: 60s
+    images: [pytorch]
+  slowsave:
+    description: training that needs a long grace to save
+    cpus: 0.5
+    memory: 512M
+    gpus: 1
+    priority: 300000
+    preempts: never
+    grace_period: 25s
+    min_runtime: 0
     images: [pytorch]
   experiment:
     cpus: 0.5
@@ -84,7 +96,7 @@ roles:
     min_runtime: 10m
     images: [pytorch]
 assignments:
-  default: [cpu, train, experiment, urgent, protected, young]
+  default: [cpu, train, slowsave, experiment, urgent, protected, young]
 """
 
 CHECKPOINT_CODE = """
@@ -523,3 +535,43 @@ def test_a_storm_of_mixed_priorities_on_4_gpus(docker_client, tmp_path_factory):
     print(f"storm: {len(preemptions)} preemptions, "
           f"{sum(e['event'] == 'queue-timeout' for e in evs)} queue timeouts, "
           f"{sum(e['event'] == 'queue-granted' for e in evs)} queued starts served")
+
+
+@pytest.mark.browser
+def test_in_chromium_the_preempting_user_sees_whom_they_wait_for_and_the_victim_a_banner(
+        hub, docker_client):
+    """Both pages as people reach them: log in through the hub, submit the spawn
+    form; the victim has its GPU page open from the hub when the notice comes."""
+    alice, carol, bob = new_users(hub, "balice", "bcarol", "bbob")
+    hub.start_server(alice, opt("slowsave"))  # grace 25 s: the victim
+    hub.start_server(carol, opt("experiment"))
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        victim = browser.new_context(viewport={"width": 1200, "height": 800}).new_page()
+        log_in(victim, hub, alice)
+        victim.goto(f"{hub.url}/user/{alice}/gpu")
+        expect(victim.locator("#preemption")).to_be_hidden()
+
+        urgent = browser.new_context(viewport={"width": 1200, "height": 800}).new_page()
+        log_in(urgent, hub, bob)
+        urgent.click("#start")
+        urgent.wait_for_url("**/hub/spawn**")
+        urgent.locator(".quota-choice[data-role=urgent][data-image=pytorch]").click()
+        urgent.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
+        expect(urgent.locator("#progress-message")).to_contain_text(
+            f"Waiting for {alice}'s server (role 'slowsave') to save its work and stop",
+            timeout=20_000)
+        urgent.screenshot(path=str(ARTIFACTS / "spawn-waiting-for-preemption.png"))
+
+        banner = victim.locator("#preemption")
+        expect(banner).to_be_visible(timeout=10_000)
+        expect(banner).to_contain_text("will be stopped in")
+        expect(banner).to_contain_text(bob)
+        expect(banner).to_contain_text("Save your work now")
+        victim.screenshot(path=str(ARTIFACTS / "gpu-page-preempted-from-hub.png"))
+
+        urgent.wait_for_selector(".jp-Launcher", timeout=90_000)
+        browser.close()
+    assert gpus_of(docker_client, bob) != gpus_of(docker_client, carol)
+    hub.wait_stopped(alice, timeout=30)
