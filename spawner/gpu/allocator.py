@@ -68,6 +68,9 @@ class GpuAllocator:
         self._free_memory: dict[str, int] = {}
         # GPU -> the owner it is kept for (a preemption's grace): nobody else takes it
         self._reserved: dict[str, str] = {}
+        self._slots: dict[str, Slot] = {d.uuid: Slot() for d in devices}  # kept in step
+        self.released = 0  # counts releases: only a release can make room
+        self.version = 0  # counts every change of the holdings
 
     # --- reading ----------------------------------------------------------
 
@@ -148,11 +151,26 @@ class GpuAllocator:
             candidates = self._candidates(request, owner, exclude)
             if len(candidates) < request.count:
                 raise NoGpuFree(request, self._usage(), len(candidates))
-            uuids = tuple(candidates[: request.count])
-            self._hold(Holding(owner, uuids, request))
-            for uuid in [u for u, o in self._reserved.items() if o == owner]:
-                del self._reserved[uuid]
-            return uuids
+            return self._take(owner, request, candidates)
+
+    def try_acquire(self, owner: str, request: GpuRequest,
+                    exclude: Collection[str] = ()) -> tuple[tuple[str, ...] | None, list[str]]:
+        """For the queue: (the GPUs now held, or None), and every GPU the request could
+        use now ``exclude`` aside, best first; a refusal costs one scan."""
+        with self._lock:
+            self._release(owner)
+            candidates = self._candidates(request, owner)
+            allowed = [u for u in candidates if u not in exclude]
+            if len(allowed) < request.count:
+                return None, candidates
+            return self._take(owner, request, allowed), candidates
+
+    def _take(self, owner: str, request: GpuRequest, candidates: list[str]) -> tuple[str, ...]:
+        uuids = tuple(candidates[: request.count])
+        self._hold(Holding(owner, uuids, request))
+        for uuid in [u for u, o in self._reserved.items() if o == owner]:
+            del self._reserved[uuid]
+        return uuids
 
     def adopt(self, owner: str, uuids: Iterable[str], request: GpuRequest) -> list[str]:
         """Record a holding that already exists (a running container's label).
@@ -183,6 +201,8 @@ class GpuAllocator:
         self._holdings[holding.owner] = holding
         for uuid in holding.uuids:
             self._holders[uuid][holding.owner] = holding.request
+            self._slots[uuid] = self._slots[uuid].plus(holding.request)
+        self.version += 1
 
     def _release(self, owner: str) -> tuple[str, ...]:
         holding = self._holdings.pop(owner, None)
@@ -190,6 +210,9 @@ class GpuAllocator:
             return ()
         for uuid in holding.uuids:
             self._holders[uuid].pop(owner, None)
+            self._slots[uuid] = Slot.of(self._holders[uuid].values())
+        self.released += 1
+        self.version += 1
         return holding.uuids
 
     def _usage(self) -> Usage:
@@ -215,9 +238,9 @@ class GpuAllocator:
         fewest holders, then most free memory (when NVML tells), then inventory
         order.
         """
-        found = [uuid for uuid, holders in self._holders.items()
-                 if uuid not in exclude and self._reserved.get(uuid, owner) == owner
-                 and fits(request, holders)]
+        found = [uuid for uuid, slot in self._slots.items()
+                 if slot.fits(request) and uuid not in exclude
+                 and self._reserved.get(uuid, owner) == owner]
 
         def rank(uuid: str) -> tuple[int, int, int, int, int]:
             n = len(self._holders[uuid])
@@ -229,10 +252,35 @@ class GpuAllocator:
         return found
 
 
+@dataclass(frozen=True)
+class Slot:
+    """What joining a GPU depends on: its holders' count, whether one is exclusive,
+    and the smallest gpu_share among them (allocator.fits, incrementally)."""
+
+    count: int = 0
+    exclusive: bool = False
+    share: int = 1 << 30
+
+    @classmethod
+    def of(cls, requests: Iterable[GpuRequest]) -> Slot:
+        count, exclusive, share = 0, False, cls.share
+        for r in requests:  # one pass, no Slot per holder: preemption calls this a lot
+            count += 1
+            exclusive = exclusive or r.mode != "shared"
+            share = r.share if r.share < share else share
+        return cls(count, exclusive, share)
+
+    def plus(self, r: GpuRequest) -> Slot:
+        return Slot(self.count + 1, self.exclusive or r.mode != "shared",
+                    r.share if r.share < self.share else self.share)
+
+    def fits(self, request: GpuRequest) -> bool:
+        if self.count == 0:
+            return True
+        return (request.shared and not self.exclusive
+                and self.count + 1 <= min(request.share, self.share))
+
+
 def fits(request: GpuRequest, holders: Mapping[str, GpuRequest]) -> bool:
     """Whether one more holder with ``request`` may join a GPU held by ``holders``."""
-    if not holders:
-        return True
-    if not request.shared or any(not r.shared for r in holders.values()):
-        return False
-    return len(holders) + 1 <= min(request.share, *(r.share for r in holders.values()))
+    return Slot.of(holders.values()).fits(request)

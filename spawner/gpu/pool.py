@@ -138,6 +138,7 @@ class GpuPool:
         self.events = events or EventLog("")
         self.evictions: Evictions | None = None
         self._queue_task: asyncio.Task[None] | None = None
+        self._running: tuple[tuple[int, int, int], float, dict[str, Running]] | None = None
 
     # --- the spawners' side ---------------------------------------------------
 
@@ -209,7 +210,7 @@ class GpuPool:
             if ticket.may_preempt and role.priority < ticket.priority:
                 if not role.preemptible:
                     if role.reclaim_after:  # else never preemptible
-                        due.append((server.started + role.reclaim_after,
+                        due.append((server.started + max(role.reclaim_after, role.min_runtime),
                                     f"{whose} passes its reclaim_after and may be preempted"))
                 elif role.min_runtime:
                     due.append((server.started + role.min_runtime,
@@ -218,8 +219,19 @@ class GpuPool:
         return min(future) if future else None
 
     def running(self) -> dict[str, Running]:
-        """Every GPU holder that a preemption may consider, as it stands now."""
+        """Every GPU holder that a preemption may consider, as it stands now: built
+        again when the holdings, the servers or the table change, or a second on
+        (ages move; a second is finer than any min_runtime an admin writes)."""
         now = time.time()
+        key = (self.allocator.version, len(self.servers), id(self.roles))
+        if self._running is not None and self._running[0] == key and \
+                now - self._running[1] < 1.0:
+            return self._running[2]
+        found = self._build_running(now)
+        self._running = (key, now, found)
+        return found
+
+    def _build_running(self, now: float) -> dict[str, Running]:
         found = {}
         for owner in self.allocator.holdings():
             server = self.servers.get(owner)
@@ -228,12 +240,15 @@ class GpuPool:
                 continue  # unknown: never a victim
             age = max(0.0, now - server.started)
             found[owner] = Running(owner, role.priority, age, role.min_runtime,
-                                   role.protected_at(age))
+                                   role.protected_at(age),
+                                   role.reclaim_after - age if role.reclaim_after
+                                   else float("inf"))
         return found
 
     def dispatch(self) -> Dispatched:
         """Hand free GPUs to the queue in order, and start any preemption it plans."""
-        done = self.queue.dispatch(self.running()) if self.queue.waiting() else Dispatched()
+        done = (self.queue.dispatch(self.running, time.monotonic())
+                if self.queue.waiting() else Dispatched())
         for ticket in done.granted:
             self._changed[ticket.owner] = time.monotonic()
         if self.evictions is not None:

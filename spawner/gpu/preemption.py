@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from .allocator import GpuRequest, fits
+from .allocator import GpuRequest, Slot
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,17 @@ class Running:
     age: float  # seconds since it started
     min_runtime: float = 0.0
     protected: bool = False  # preemptible: false, and younger than reclaim_after
+    protected_for: float = float("inf")  # seconds until reclaim_after, when protected
 
     def eligible(self, priority: int) -> bool:
         """Whether a request of ``priority`` may preempt this server now."""
         return self.priority < priority and not self.protected and self.age >= self.min_runtime
+
+    @property
+    def eligible_in(self) -> float:
+        """Seconds until a higher priority may preempt it (0: now; inf: never)."""
+        return max(self.protected_for if self.protected else 0.0, self.min_runtime - self.age,
+                   0.0)
 
 
 @dataclass(frozen=True)
@@ -52,8 +59,6 @@ class Plan:
 
 
 NO_VICTIM = float("-inf")
-
-
 # Added to each priority in the sum, as the Kubernetes scheduler does, so every
 # term is positive and a negative-priority victim never makes a set look cheaper.
 PRIORITY_OFFSET = 2**31
@@ -74,21 +79,35 @@ def _importance(server: Running) -> tuple[int, float]:
     return (-server.priority, -server.age)  # sorted first: the most important to keep
 
 
-def _victims_on(request: GpuRequest, holders: Mapping[str, GpuRequest],
-                removable: list[Running]) -> list[Running] | None:
+def _victims_on(request: GpuRequest, on_gpu: Mapping[str, GpuRequest],
+                eligible: Mapping[str, Running]) -> list[Running] | None:
     """The fewest, cheapest holders of one GPU to remove so the request fits, or None."""
-    if fits(request, holders):
-        return []
-    out = {s.owner for s in removable}
-    kept = {o: r for o, r in holders.items() if o not in out}
-    if not fits(request, kept):
+    removable = [eligible[o] for o in on_gpu if o in eligible]
+    kept = Slot.of(r for o, r in on_gpu.items() if o not in eligible)
+    if not kept.fits(request):
         return None
-    victims = []
-    for server in sorted(removable, key=_importance):
-        kept[server.owner] = holders[server.owner]
-        if not fits(request, kept):
-            del kept[server.owner]
+    if not removable:
+        return []
+    if request.mode != "shared":
+        return removable  # an exclusive request needs the GPU empty: every holder goes
+    # Spare the most important first while the request still fits; plain ints, as
+    # Slot.plus would be, since this runs for every holder of every GPU.
+    count, exclusive, share = kept.count, kept.exclusive, kept.share
+    victims: list[Running] = []
+    ordered = sorted(removable, key=_importance)
+    for i, server in enumerate(ordered):
+        r = on_gpu[server.owner]
+        if r.mode != "shared" or exclusive:
             victims.append(server)
+            continue
+        least = r.share if r.share < share else share
+        if count + 2 <= min(request.share, least):
+            count, share = count + 1, least
+        else:
+            victims.append(server)
+            if count + 1 >= min(request.share, share):  # full: nobody else fits back
+                victims.extend(ordered[i + 1:])
+                break
     return victims
 
 
@@ -100,51 +119,56 @@ def choose_victims(
     unavailable: Collection[str] = (),
 ) -> Plan | None:
     """The cheapest minimal set of servers to preempt so ``request`` fits; None if
-    no such set exists. ``holders``: each GPU's holders; ``running``: what is known
-    of each holder (a holder not in it is never a victim); ``unavailable``: GPUs
-    that may not be used (reserved for someone else, wanted ahead in the queue)."""
-    eligible = {o: s for o, s in running.items() if s.eligible(priority)}
+    no such set exists, or if it fits without one. ``holders``: each GPU's holders;
+    ``running``: what is known of each holder (a holder not in it is never a victim);
+    ``unavailable``: GPUs that may not be used (reserved for someone else, wanted
+    ahead in the queue)."""
+    # Running.eligible, inlined: this runs over every server at each decision
+    eligible = {o: s for o, s in running.items()
+                if s.priority < priority and not s.protected and s.age >= s.min_runtime}
     per_gpu: list[tuple[tuple[float, float, int, float], str, list[Running]]] = []
     for uuid, on_gpu in holders.items():
         if uuid in unavailable:
             continue
-        removable = [eligible[o] for o in on_gpu if o in eligible]
-        found = _victims_on(request, on_gpu, removable)
+        found = _victims_on(request, on_gpu, eligible)
         if found is not None:
             per_gpu.append((cost(found), uuid, found))
-    if len(per_gpu) < request.count:
-        return None
+    if len(per_gpu) < request.count or sum(1 for c in per_gpu if not c[2]) >= request.count:
+        return None  # impossible, or no preemption is needed
     # the lowest possible highest victim priority, then the cheapest GPUs under it
     ceiling = sorted(c[0] for c, _, _ in per_gpu)[request.count - 1]
     within = sorted((c[1:], uuid, found) for c, uuid, found in per_gpu if c[0] <= ceiling)
-    chosen = within[: request.count]
-    victims = {v.owner: v for _, _, found in chosen for v in found}
-    victims = _spare(request, holders, victims, unavailable)
-    uuids = _fitting(request, holders, set(victims), unavailable)[: request.count]
-    if not victims or len(uuids) < request.count:
-        return None  # it fits without preemption, or the plan is wrong: never preempt then
-    return Plan(tuple(sorted(victims)), tuple(uuids), cost(victims.values()))
-
-
-def _fitting(request: GpuRequest, holders: Mapping[str, Mapping[str, GpuRequest]],
-             gone: set[str], unavailable: Collection[str]) -> list[str]:
-    """GPUs the request fits on once ``gone`` are removed; freed ones before ones
-    that were free anyway, so the victims' GPUs are the ones used."""
-    found = []
-    for uuid, on_gpu in holders.items():
-        if uuid in unavailable:
-            continue
-        left = {o: r for o, r in on_gpu.items() if o not in gone}
-        if fits(request, left):
-            found.append((0 if len(left) < len(on_gpu) else 1, uuid))
-    return [uuid for _, uuid in sorted(found, key=lambda f: f[0])]
+    victims = {v.owner: v for _, _, found in within[: request.count] for v in found}
+    fit_now = [uuid for c, uuid, found in per_gpu if not found]
+    uuids = _spare(request, holders, victims, fit_now, unavailable)
+    return Plan(tuple(sorted(victims)), uuids, cost(victims.values()))
 
 
 def _spare(request: GpuRequest, holders: Mapping[str, Mapping[str, GpuRequest]],
-           victims: dict[str, Running], unavailable: Collection[str]) -> dict[str, Running]:
-    """Spare every victim the request does not need, the most important first."""
+           victims: dict[str, Running], fit_now: list[str],
+           unavailable: Collection[str]) -> tuple[str, ...]:
+    """Spare every victim the request does not need, the most important first; the
+    GPUs it gets, freed ones before ones that were free anyway (``fit_now``: the
+    usable GPUs it fits on without preemption)."""
+    touched: dict[str, Slot] = {}  # the victims' GPUs -> what stays on them
+    on: dict[str, list[str]] = {}  # victim -> its GPUs
+    for uuid, on_gpu in holders.items():
+        if uuid in unavailable:
+            continue
+        mine = [o for o in on_gpu if o in victims]
+        if mine:
+            touched[uuid] = Slot.of(r for o, r in on_gpu.items() if o not in victims)
+            for o in mine:
+                on.setdefault(o, []).append(uuid)
+    untouched_fit = [u for u in fit_now if u not in touched]
+    fitting = len(untouched_fit) + sum(1 for slot in touched.values() if slot.fits(request))
     for server in sorted(victims.values(), key=_importance):
-        rest = set(victims) - {server.owner}
-        if len(_fitting(request, holders, rest, unavailable)) >= request.count:
+        back = {u: touched[u].plus(holders[u][server.owner]) for u in on.get(server.owner, ())}
+        lost = sum(1 for u, slot in back.items() if touched[u].fits(request)
+                   and not slot.fits(request))
+        if fitting - lost >= request.count:
+            touched.update(back)
+            fitting -= lost
             del victims[server.owner]
-    return victims
+    freed = [u for u, slot in touched.items() if slot.fits(request)]
+    return tuple((freed + untouched_fit)[: request.count])

@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .allocator import GpuAllocator, GpuRequest, NoGpuFree
+from .allocator import GpuAllocator, GpuRequest
 from .preemption import Plan, Running, choose_victims
+
+# The longest a ticket that found no victims goes without looking again, in case
+# a server started since (and so unknown to its last look) is already preemptible.
+RETRY = 5.0
 
 
 @dataclass(eq=False)
@@ -42,6 +46,10 @@ class Ticket:
     arrived: float  # the queue's clock
     grant: asyncio.Future[tuple[str, ...]] = field(repr=False)
     plan: Plan | None = None  # the preemption under way for it
+    plan_released: int = -1  # the allocator's release count when the plan was made
+    # after a plan found no victims: try again after a release, or at this time (the
+    # queue's clock): when a holder passes min_runtime or reclaim_after, or RETRY later
+    retry: tuple[int, float] | None = None
 
     @property
     def order(self) -> tuple[int, int]:
@@ -113,48 +121,113 @@ class GpuQueue:
             del self.evicting[victim]
         return victims
 
-    def dispatch(self, running: Mapping[str, Running]) -> Dispatched:
+    def dispatch(self, running: Mapping[str, Running] | Callable[[], Mapping[str, Running]],
+                 now: float = 0.0) -> Dispatched:
         """Serve what can be served, in order, and plan preemptions for the rest.
 
-        ``running``: what is known of each GPU holder, for choosing victims.
+        ``running``: what is known of each GPU holder, for choosing victims, or a
+        function that builds it (called only if a victim is looked for);
+        ``now``: the queue's clock. Passes repeat while one changes something
+        (a grant or a call-off can free what a ticket ahead wants).
         """
         done = Dispatched()
+        view = _Lazy(running)
+        for _ in range(4):
+            if not self._pass(view, now, done):
+                break
+        return done
+
+    def _pass(self, running: _Lazy, now: float, done: Dispatched) -> bool:
+        changed = False
         blocked: set[str] = set()  # GPUs someone ahead is waiting for
         for ticket in self.waiting():
-            if ticket.plan is not None and not any(
-                    self.evicting.get(v) == ticket.owner for v in ticket.plan.victims):
+            if ticket.plan is not None and not self._victims_of(ticket):
                 self.allocator.unreserve(ticket.owner)  # its victims are gone: plan afresh
                 ticket.plan = None
-            try:
-                uuids = self.allocator.acquire(ticket.owner, ticket.request, exclude=blocked)
-            except NoGpuFree:
-                pass
-            else:
+            uuids, could = self.allocator.try_acquire(ticket.owner, ticket.request, blocked)
+            if uuids is not None:
                 ticket.grant.set_result(uuids)
                 self._tickets.pop(ticket.owner, None)
                 done.granted.append(ticket)
                 called_off = self._call_off(ticket)  # served without needing them all
                 if called_off:
                     done.called_off.append((ticket, called_off))
+                changed = True
                 continue
-            if ticket.plan is None and ticket.may_preempt:
-                self._plan(ticket, running, blocked)
+            if ticket.plan is not None:
+                if ticket.plan_released != self.allocator.released:
+                    changed |= self._trim(ticket, running, blocked, done)
+            elif ticket.may_preempt and self._due(ticket, now):
+                self._plan(ticket, running, blocked, now)
                 if ticket.plan is not None:
                     done.planned.append(ticket)
+            blocked.update(could)
             if ticket.plan is not None:
                 blocked.update(ticket.plan.uuids)
-            else:
-                blocked.update(self.allocator.candidates(ticket.request, ticket.owner))
-        return done
+        return changed
 
-    def _plan(self, ticket: Ticket, running: Mapping[str, Running], blocked: set[str]) -> None:
-        holders, reserved = self.allocator.snapshot()
-        unavailable = blocked | {u for u, o in reserved.items() if o != ticket.owner}
-        candidates = {o: r for o, r in running.items() if o not in self.evicting}
-        plan = choose_victims(ticket.request, ticket.priority, holders, candidates, unavailable)
+    def _victims_of(self, ticket: Ticket) -> list[str]:
+        if ticket.plan is None:
+            return []
+        return [v for v in ticket.plan.victims if self.evicting.get(v) == ticket.owner]
+
+    def _due(self, ticket: Ticket, now: float) -> bool:
+        return (ticket.retry is None or ticket.retry[0] != self.allocator.released
+                or now >= ticket.retry[1])
+
+    def _unavailable(self, ticket: Ticket, blocked: set[str]) -> set[str]:
+        reserved = self.allocator.reserved()
+        return blocked | {u for u, o in reserved.items() if o != ticket.owner}
+
+    def _plan(self, ticket: Ticket, running: _Lazy, blocked: set[str], now: float) -> None:
+        holders, _ = self.allocator.snapshot()
+        candidates = {o: r for o, r in running.get().items() if o not in self.evicting}
+        plan = choose_victims(ticket.request, ticket.priority, holders, candidates,
+                              self._unavailable(ticket, blocked))
         if plan is None:
+            soonest = min((r.eligible_in for r in candidates.values()
+                           if r.priority < ticket.priority and r.eligible_in > 0),
+                          default=RETRY)
+            ticket.retry = (self.allocator.released, now + min(soonest, RETRY))
             return
-        ticket.plan = plan
+        ticket.plan, ticket.plan_released, ticket.retry = plan, self.allocator.released, None
         self.allocator.reserve(ticket.owner, plan.uuids)
         for victim in plan.victims:
             self.evicting[victim] = ticket.owner
+
+    def _trim(self, ticket: Ticket, running: _Lazy, blocked: set[str],
+              done: Dispatched) -> bool:
+        """After the holdings changed in a grace: call off the victims the ticket no
+        longer needs (a GPU came free another way). Whether any was called off."""
+        assert ticket.plan is not None
+        ticket.plan_released = self.allocator.released
+        victims = self._victims_of(ticket)
+        holders, _ = self.allocator.snapshot()
+        still = choose_victims(ticket.request, ticket.priority, holders,
+                               {v: running.get()[v] for v in victims if v in running.get()},
+                               self._unavailable(ticket, blocked))
+        if still is None:
+            return False  # cannot be judged now (a victim's role is unknown): keep them all
+        spared = tuple(v for v in victims if v not in still.victims)
+        if not spared:
+            return False
+        for victim in spared:
+            del self.evicting[victim]
+        self.allocator.unreserve(ticket.owner)
+        ticket.plan = still
+        self.allocator.reserve(ticket.owner, still.uuids)
+        done.called_off.append((ticket, spared))
+        return True
+
+
+class _Lazy:
+    """The running view for one dispatch, built at most once, and only if needed."""
+
+    def __init__(self, source: Mapping[str, Running] | Callable[[], Mapping[str, Running]]):
+        self._source = source
+        self._view: Mapping[str, Running] | None = None
+
+    def get(self) -> Mapping[str, Running]:
+        if self._view is None:
+            self._view = self._source() if callable(self._source) else self._source
+        return self._view
