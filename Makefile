@@ -28,6 +28,8 @@ bench:
 	.venv/bin/python bench/gpu_bench.py
 	.venv/bin/python bench/monitor_bench.py
 	.venv/bin/python bench/watchdog_bench.py
+	.venv/bin/python bench/preempt_bench.py
+	.venv/bin/python bench/preempt_handover_bench.py
 
 # The JupyterLab status-bar item: builds labextension/ into spawner/labextension/
 # (committed, installed with the package) and stamps it with its sources
