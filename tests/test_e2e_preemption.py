@@ -251,7 +251,8 @@ def run_in_kernel(hub: Hub, name: str, code: str, timeout: float = 60) -> str:
                         "user_expressions": {}, "allow_stdin": False,
                         "stop_on_error": True}}))
         out = []
-        while True:
+        replied = idle = False  # the reply (shell) may come before the output (iopub)
+        while not (replied and idle):
             text = await asyncio.wait_for(conn.read_message(), timeout)
             assert text is not None, "the kernel's websocket closed"
             msg = json.loads(text)
@@ -261,9 +262,11 @@ def run_in_kernel(hub: Hub, name: str, code: str, timeout: float = 60) -> str:
                 out.append(msg["content"]["text"])
             if msg["msg_type"] == "error":
                 raise AssertionError("\n".join(msg["content"]["traceback"]))
-            if msg["msg_type"] == "execute_reply":
-                conn.close()
-                return "".join(out)
+            replied = replied or msg["msg_type"] == "execute_reply"
+            idle = idle or (msg["msg_type"] == "status"
+                            and msg["content"].get("execution_state") == "idle")
+        conn.close()
+        return "".join(out)
 
     return asyncio.run(run())
 
@@ -346,6 +349,23 @@ def test_equal_priority_is_never_preempted_and_never_waits_instead(hub, docker_c
     third["thread"].join(30)
     wait_for(lambda: any(e["event"] == "queue-left" and e["user"] == u3 for e in events(hub)),
              10, "the queue-left event")
+
+
+def test_preempts_never_waits_instead_even_over_lower_priorities(hub, docker_client):
+    """experiment (500000, preempts: never) outranks two train servers (300000) but
+    waits its queue_timeout and is refused; neither train server is touched."""
+    t1, t2, e1 = new_users(hub, "ntrain", "ntrainb", "nexp")
+    hub.start_server(t1, opt("train"))
+    hub.start_server(t2, opt("train"))
+    before = running_gpus(docker_client, hub.prefix)
+    t0 = time.monotonic()
+    r = hub.spawn(e1, opt("experiment"))
+    outcome = spawn_outcome(hub, e1, timeout=40) if r.status_code == 202 else r.text
+    assert "No GPU became free for the role 'experiment'" in outcome, outcome
+    assert 7 <= time.monotonic() - t0 < 30
+    assert running_gpus(docker_client, hub.prefix) == before
+    assert not [e for e in events(hub) if e["event"] == "preemption" and e["by"] == e1]
+    assert not any(has_notice(container_for(docker_client, u)) for u in (t1, t2))
 
 
 def test_protected_until_reclaim_after_and_young_servers_are_spared(hub, docker_client):
