@@ -272,12 +272,19 @@ def run_in_kernel(hub: Hub, name: str, code: str, timeout: float = 60) -> str:
 
 
 def home_file(docker_client, hub: Hub, name: str, path: str) -> str:
-    """A file in NAME's home volume, read by a throwaway container."""
+    """A file in NAME's home volume, read by a throwaway container (waited for, then
+    its output read, then removed: run(remove=True) can lose a short output)."""
     volume = f"{hub.prefix}-home-{name}"
-    out = docker_client.containers.run(
-        "quota-spawner/base:local", ["cat", f"/home/jovyan/{path}"], remove=True,
+    reader = docker_client.containers.run(
+        "quota-spawner/base:local", ["cat", f"/home/jovyan/{path}"], detach=True,
         volumes={volume: {"bind": "/home/jovyan", "mode": "ro"}}, network_mode="none")
-    return out.decode()
+    try:
+        status = reader.wait(timeout=60)
+        out = reader.logs(stdout=True, stderr=True).decode()
+    finally:
+        reader.remove(force=True)
+    assert status["StatusCode"] == 0, f"cat {path} in {volume}: {out}"
+    return out
 
 
 def test_urgent_preempts_the_cheapest_victim_and_its_checkpoint_is_kept(hub, docker_client):
