@@ -55,7 +55,7 @@ class ChoicesMixin:
                            sync_interval=self.gpu_sync_interval,
                            zombie_grace=self.zombie_grace_period, known=ChoicesMixin._claimed,
                            spawners=ChoicesMixin._spawners,
-                           events=EventLog(os.path.join(state, EVENTS_FILE)))
+                           events=EventLog(os.path.join(state, EVENTS_FILE), self.log))
             evictor = Evictor(pool, os.path.join(state, PREEMPTIONS_FILE), self.log)
             pool.evictions = evictor
             await evictor.recover()

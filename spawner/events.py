@@ -5,49 +5,77 @@ how long); the watchdog tails it to tell the people concerned, and usage
 reports read it. docs/preemption.md#the-event-log lists the events and fields.
 
 Each event is written with one ``write`` on a file opened with O_APPEND, so
-lines from several threads or processes never interleave, and a reader never
-sees half a line as a whole one.
+lines from several processes never interleave, and a reader never sees half
+a line as a whole one.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import threading
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 SCHEMA_VERSION = 1
 
 
 class EventLog:
-    """Appends events to ``path``; an empty path records nothing."""
+    """Appends events to ``path``; an empty path records nothing.
 
-    def __init__(self, path: str):
+    The writes happen on one thread of the log's own, in order, so that a slow
+    disk never holds up the hub's event loop; ``replace`` writes a whole small
+    file (the preemptions in their grace) on the same thread, after every
+    event appended before it.
+    """
+
+    def __init__(self, path: str, log: logging.Logger | logging.LoggerAdapter | None = None):
         self.path = path
-        self._lock = threading.Lock()
+        self.log = log or logging.getLogger(__name__)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-events")
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Record ``event`` with ``fields`` and the time; returns what was written.
+        """Record ``event`` with ``fields`` and the time; returns the record.
 
-        Never raises: a full disk must not fail a spawn. Failures are returned
-        in the record's ``error`` for the caller to log.
+        Never raises and never blocks: a full disk must not fail a spawn, so a
+        write that fails is logged.
         """
         record = {"version": SCHEMA_VERSION, "time": round(time.time(), 3), "event": event,
                   **fields}
-        if not self.path:
-            return record
-        line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
-        try:
-            with self._lock:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
-                try:
-                    os.write(fd, line)
-                finally:
-                    os.close(fd)
-        except OSError as e:
-            return {**record, "error": f"could not write {self.path}: {e.strerror}"}
+        if self.path:
+            line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
+            self._writer.submit(self._append, line)
         return record
+
+    def replace(self, path: str, text: str) -> None:
+        """Write ``path`` whole (atomically: a temporary file renamed over it)."""
+        self._writer.submit(self._replace, path, text)
+
+    def flush(self) -> None:
+        """Wait until every write asked for so far is done."""
+        self._writer.submit(lambda: None).result()
+
+    def _append(self, line: bytes) -> None:
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            self.log.error("Event log: could not write %s: %s", self.path, e.strerror)
+
+    def _replace(self, path: str, text: str) -> None:
+        try:
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                                       prefix=".quota-spawner.")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, path)
+        except OSError as e:
+            self.log.error("Could not write %s: %s", path, e.strerror)
 
 
 def read_events(path: str, offset: int = 0) -> tuple[list[dict[str, Any]], int]:

@@ -25,8 +25,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -131,7 +129,6 @@ class Evictor:
             server_url=self._server_url(victim),
         )
         written = self.events.append("preemption", **record)
-        self._note_error(written)
         self._pending[victim] = written
         self._save()
         self.log.warning(
@@ -195,9 +192,8 @@ class Evictor:
 
     async def _withdraw(self, victim: str, record: dict[str, Any], why: str) -> None:
         self.log.info("Preemption of %s for %s called off: %s", victim, record["by"], why)
-        self._note_error(self.events.append(
-            "preemption-withdrawn", hub=self.pool.hub_id, user=record["user"],
-            role=record["role"], container=victim, by=record["by"], why=why))
+        self.events.append("preemption-withdrawn", hub=self.pool.hub_id, user=record["user"],
+                           role=record["role"], container=victim, by=record["by"], why=why)
         try:
             await self._exec(victim, WITHDRAW_SCRIPT, PREEMPT_NOTICE)
         except Exception as e:
@@ -229,12 +225,12 @@ class Evictor:
                     self.log.error("Could not remove preempted container %s: %s", victim, e)
                     return
         self.pool.release(victim, f"preempted for {record['by']}")
-        self._note_error(self.events.append(
+        self.events.append(
             "preempted", hub=self.pool.hub_id, user=record["user"], role=record["role"],
             container=victim, gpus=record["gpus"], by=record["by"],
             by_role=record["by_role"],
             ran_for=round(record["ran_for"] + record["grace_period"], 1)
-            if record["ran_for"] is not None else None))
+            if record["ran_for"] is not None else None)
 
     def _server_url(self, victim: str) -> str:
         spawner = self.pool.spawners.get(victim)
@@ -243,24 +239,11 @@ class Evictor:
         except Exception:
             return ""
 
-    def _note_error(self, written: dict[str, Any]) -> None:
-        if "error" in written:
-            self.log.error("Event log: %s", written["error"])
-
     # --- restarts ----------------------------------------------------------------------
 
     def _save(self) -> None:
-        if not self.state_file:
-            return
-        folder = os.path.dirname(os.path.abspath(self.state_file))
-        try:
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=".preemptions.")
-            with os.fdopen(fd, "w") as f:
-                json.dump(list(self._pending.values()), f)
-            os.replace(tmp, self.state_file)
-        except OSError as e:
-            self.log.error("Could not save the preemptions in progress to %s: %s",
-                           self.state_file, e)
+        if self.state_file:  # on the event log's thread, after the events before it
+            self.events.replace(self.state_file, json.dumps(list(self._pending.values())))
 
     async def recover(self) -> None:
         """After a hub restart: call off the preemptions that were in their grace.

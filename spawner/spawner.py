@@ -32,7 +32,7 @@ from .container import (
 )
 from .contract import HUB_LABEL
 from .engine import socket_probe_problems, volume_info
-from .gpu.allocator import NoGpuFree
+from .gpu.allocator import GpuRequest, NoGpuFree
 from .gpu.env import torch_reads_fraction
 from .gpu.pool import GpuPool, Server, mode_label, request_for
 from .gpu.queue import Ticket
@@ -156,6 +156,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             if not ticket.grant.done():
                 await self._wait_in_queue(pool, ticket, role, choices)
             self.gpu_uuids = ticket.grant.result()
+            # its age (min_runtime, the estimates) counts from the grant, not the wait
             pool.servers[owner] = Server(self.user.name, role.name, time.time())
         except asyncio.CancelledError:  # the start was stopped while it waited
             pool.events.append("queue-left", hub=self.hub_id, user=self.user.name,
@@ -218,7 +219,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                            waited=round(waited, 1), preempted=bool(ticket.plan))
         self._progress(f"A GPU is yours after {human_duration(waited)} in the queue", 25)
 
-    def _refuse_no_gpu(self, pool: GpuPool, request: Any, role: Role,
+    def _refuse_no_gpu(self, pool: GpuPool, request: GpuRequest, role: Role,
                        choices: list[Choice]) -> None:
         """Today's immediate 503: the role's GPUs are not free and it does not queue,
         or the hub could never serve them."""

@@ -84,6 +84,7 @@ def test_a_victim_is_told_then_stopped_after_its_grace(tmp_path):
         pool = FakePool(tmp_path)
         evictor = Evictor(pool, str(tmp_path / "pending.json"), LOG)  # type: ignore[arg-type]
         evictor.start(ticket(asyncio.get_running_loop()))
+        pool.events.flush()
         pending = json.loads((tmp_path / "pending.json").read_text())
         assert [p["container"] for p in pending] == ["victim"]
         assert evictor.waiting_on("jupyter-bob")[0]["user"] == "alice"
@@ -95,6 +96,7 @@ def test_a_victim_is_told_then_stopped_after_its_grace(tmp_path):
         assert notice["deadline"] - notice["signalled_at"] == pytest.approx(0.2, abs=0.01)
         assert pool.docker_client.removed == ["victim"]  # no spawner: removed directly
         assert pool.released == ["victim"]
+        pool.events.flush()
         assert json.loads((tmp_path / "pending.json").read_text()) == []
     asyncio.run(run())
     assert kinds(tmp_path) == ["preemption", "preempted"]
@@ -114,6 +116,7 @@ def test_a_call_off_removes_the_notice_and_stops_nothing(tmp_path):
         assert pool.docker_client.execs[-1][1][2] == 'rm -f "$1"'
         assert pool.docker_client.execs[-1][1][4] == PREEMPT_NOTICE
         assert pool.docker_client.removed == [] and pool.released == []
+        pool.events.flush()
     asyncio.run(run())
     assert kinds(tmp_path) == ["preemption", "preemption-withdrawn"]
     withdrawn = read_events(str(tmp_path / "events.jsonl"))[0][-1]
@@ -130,6 +133,7 @@ def test_after_a_crash_the_restarted_hub_calls_off_what_was_in_its_grace(tmp_pat
         await Evictor(pool, str(state), LOG).recover()  # type: ignore[arg-type]
         assert [c for c, _ in pool.docker_client.execs] == ["victim"]
         assert pool.docker_client.removed == []
+        pool.events.flush()
     asyncio.run(run())
     withdrawn = read_events(str(tmp_path / "events.jsonl"))[0]
     assert [e["event"] for e in withdrawn] == ["preemption-withdrawn"]

@@ -80,6 +80,7 @@ class Log:
 
     def append(self, event: str, fields: dict) -> None:
         written = self._log.append(event, **fields)
+        self._log.flush()  # the hub writes on the log's own thread
         assert "error" not in written
 
     def raw(self, data: bytes) -> None:
