@@ -597,6 +597,13 @@ def test_in_chromium_the_preempting_user_sees_whom_they_wait_for_and_the_victim_
         expect(banner).to_contain_text(bob)
         expect(banner).to_contain_text("Save your work now")
         victim.screenshot(path=str(ARTIFACTS / "gpu-page-preempted-from-hub.png"))
+        # and JupyterLab's status bar, with the notification
+        victim.goto(f"{hub.url}/user/{alice}/lab")
+        expect(victim.locator(".qs-gpu-status-text")).to_contain_text(
+            "preempted: stops in", timeout=20_000)
+        expect(victim.locator(".jp-Notification-Toast, .Toastify__toast").first
+               ).to_contain_text(bob, timeout=10_000)
+        victim.screenshot(path=str(ARTIFACTS / "jupyterlab-preempted-from-hub.png"))
 
         urgent.wait_for_selector(".jp-Launcher", timeout=90_000)
         browser.close()
