@@ -1,0 +1,80 @@
+"""The ledger's tables (SQLAlchemy Core). Changes go with a migration in migrations/versions.
+
+Times are epoch seconds (floats), so that durations are plain subtraction in
+SQL on SQLite and PostgreSQL alike. Sizes are bytes, CPUs are cores.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+# Its own version table: the ledger may share a database with JupyterHub's.
+VERSION_TABLE = "quota_spawner_alembic_version"
+
+metadata = MetaData()
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("hub", String(64), nullable=False, server_default=""),
+    Column("user_name", String(255), nullable=False),
+    Column("server_name", String(255), nullable=False, server_default=""),
+    Column("container", String(255), nullable=False),  # the container's name
+    Column("container_id", String(64)),
+    Column("role", String(255), nullable=False),
+    Column("image", String(255), nullable=False, server_default=""),  # the table's image key
+    Column("gpus", Text, nullable=False, server_default=""),  # UUIDs, comma-separated
+    Column("gpu_count", Integer, nullable=False, server_default="0"),
+    Column("gpu_mode", String(32), nullable=False, server_default=""),  # exclusive, shared:N
+    # GPUs reserved: the count, or count/N for a GPU shared N ways
+    Column("gpu_reserved", Float, nullable=False, server_default="0"),
+    Column("cpu_limit", Float, nullable=False),
+    Column("mem_limit", BigInteger, nullable=False),
+    Column("gpu_mem_limit", BigInteger),  # per user on a shared GPU; else the GPU's memory
+    Column("requested", Float, nullable=False),  # the start began
+    Column("started", Float),  # the container started: resources reserved from here
+    Column("ready", Float),  # the notebook server answered
+    Column("stopped", Float),  # None while it runs
+    Column("reason", String(32)),  # why it stopped (REASONS)
+    Column("hint", String(32)),  # why it is being stopped, told before the stop
+    Column("detail", Text),  # e.g. the error of a failed start
+    Column("last_seen", Float),  # the last sample
+    # folded from the watchdog's samples: sums (for averages) and peaks
+    Column("cpu_samples", Integer, nullable=False, server_default="0"),
+    Column("cpu_sum", Float, nullable=False, server_default="0"),
+    Column("cpu_peak", Float),
+    Column("mem_samples", Integer, nullable=False, server_default="0"),
+    Column("mem_sum", Float, nullable=False, server_default="0"),
+    Column("mem_peak", BigInteger),
+    Column("gpu_samples", Integer, nullable=False, server_default="0"),
+    Column("gpu_util_sum", Float, nullable=False, server_default="0"),
+    Column("gpu_util_peak", Float),
+    Column("gpu_mem_sum", Float, nullable=False, server_default="0"),
+    Column("gpu_mem_peak", BigInteger),
+    Column("oom_kills", Integer, nullable=False, server_default="0"),
+)
+Index("ix_sessions_started", sessions.c.started)
+Index("ix_sessions_stopped", sessions.c.stopped)
+Index("ix_sessions_user_started", sessions.c.user_name, sessions.c.started)
+Index("ix_sessions_container", sessions.c.hub, sessions.c.container, sessions.c.stopped)
+
+session_groups = Table(
+    "session_groups",
+    metadata,
+    Column("session_id", Integer, ForeignKey("sessions.id", ondelete="CASCADE"),
+           primary_key=True),
+    Column("group_name", String(255), primary_key=True),
+)
+Index("ix_session_groups_group", session_groups.c.group_name)
