@@ -21,6 +21,7 @@ from spawner.quota.model import QuotaTableError
 from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_duration
 from spawner.rbac import instructor_roles
+from spawner.usage.ledger import default_url
 from spawner.watchdog.service import watchdog_service
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
@@ -80,6 +81,10 @@ c.QuotaSpawner.pull_policy = env("PULL_POLICY", "ifnotpresent")
 c.QuotaSpawner.start_timeout = int(env("START_TIMEOUT", "300"))
 # the event log (preemptions, the GPU queue) and the preemptions in their grace
 c.QuotaSpawner.state_dir = str(STATE)
+# The usage ledger: every session, read by reports, the usage page and budgets
+# (docs/usage.md). SQLite beside the hub's database, or any SQLAlchemy URL.
+USAGE_DB = env("USAGE_DB", default_url(str(STATE)))
+c.QuotaSpawner.usage_db = USAGE_DB
 c.QuotaSpawner.http_timeout = 60
 c.QuotaSpawner.poll_interval = int(env("POLL_INTERVAL", "10"))
 c.Spawner.default_url = "/lab"
@@ -132,7 +137,7 @@ c.Spawner.environment = {"JUPYTERHUB_ACTIVITY_INTERVAL": str(ACTIVITY_INTERVAL)}
 if IDLE_TIMEOUT > 0:
     culler, culler_role = culler_service(
         c.QuotaSpawner.quota_file, timeout=IDLE_TIMEOUT, cull_every=CULL_EVERY,
-        max_age=parse_duration(env("MAX_AGE", "0")),
+        max_age=parse_duration(env("MAX_AGE", "0")), usage_db=USAGE_DB,
     )
     c.JupyterHub.services = [culler]
     c.JupyterHub.load_roles.append(culler_role)

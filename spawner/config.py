@@ -98,6 +98,17 @@ class QuotaSpawnerConfig(Configurable):
         (quota-spawner-preemptions.json, read back after a hub restart). Default: the
         hub's working directory, where jupyterhub.sqlite is by default.""",
     )
+    usage_db = Unicode(
+        "", config=True,
+        help="""The usage ledger (docs/usage.md): a SQLAlchemy URL, e.g.
+        postgresql://user@db/quota_usage. Default: $QUOTA_SPAWNER_USAGE_DB when set, else
+        SQLite in state_dir (quota-spawner-usage.sqlite). "none": no ledger (no reports and
+        no budgets).""",
+    )
+    usage_retention_days = Float(
+        400.0, config=True,
+        help="Days a finished session stays in the usage ledger; 0: kept forever.",
+    )
     cpu_boost = Bool(
         True,
         config=True,

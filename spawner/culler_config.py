@@ -11,4 +11,5 @@ c = get_config()  # noqa: F821 (provided by the culler's config loader)
 c.IdleCuller.cull_arbiter_hook = make_arbiter(
     os.environ["QUOTA_SPAWNER_QUOTA_FILE"],
     default_max_age=float(os.environ.get("QUOTA_SPAWNER_MAX_AGE") or 0),
+    usage_db=os.environ.get("QUOTA_SPAWNER_USAGE_DB", ""),
 )

@@ -28,12 +28,13 @@ CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:se
 
 def culler_service(
     quota_file: str, timeout: float = DEFAULT_IDLE_TIMEOUT, cull_every: float = 60,
-    max_age: float = 0, name: str = "idle-culler",
+    max_age: float = 0, name: str = "idle-culler", usage_db: str = "",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The managed service and its RBAC role, for c.JupyterHub.services / load_roles.
 
     ``timeout`` applies to servers whose role sets no idle_timeout; ``max_age``
-    (0: none) to servers whose role sets no max_age.
+    (0: none) to servers whose role sets no max_age. ``usage_db``: the usage
+    ledger, told why each server is culled (idle or max_age).
     """
     service = {
         "name": name,
@@ -45,6 +46,7 @@ def culler_service(
         "environment": {
             "QUOTA_SPAWNER_QUOTA_FILE": quota_file,
             "QUOTA_SPAWNER_MAX_AGE": str(int(max_age)),
+            **({"QUOTA_SPAWNER_USAGE_DB": usage_db} if usage_db else {}),
         },
     }
     role = {"name": name, "scopes": list(CULLER_SCOPES), "services": [name]}
@@ -70,11 +72,40 @@ def owner(server: dict[str, Any]) -> str:
     return f"{name}/{server['name']}" if server.get("name") else name
 
 
+class CullReasons:
+    """Tells the usage ledger why a server is about to be culled, before the culler
+    stops it; a ledger that cannot be reached never holds up a cull."""
+
+    def __init__(self, url: str, log: logging.Logger):
+        self.url, self.log = url, log
+        self._ledger: Any = None
+
+    def _tell(self, user: str, server: str, reason: str) -> None:
+        from .usage.ledger import Ledger
+
+        if self._ledger is None:
+            self._ledger = Ledger(self.url, self.log, create=False)
+        self._ledger.hint_server(user, server, reason)
+
+    async def tell(self, server: dict[str, Any], reason: str) -> None:
+        if not self.url or self.url == "none":
+            return
+        parts = [unquote(p) for p in (server.get("url") or "").strip("/").split("/")]
+        if len(parts) < 2:
+            return
+        try:
+            await asyncio.to_thread(self._tell, parts[1], server.get("name") or "", reason)
+        except Exception as e:
+            self.log.warning("Could not tell the usage ledger why %s is culled: %s",
+                             owner(server), e)
+
+
 def make_arbiter(quota_file: str, default_max_age: float = 0,
-                 log: logging.Logger | None = None):
+                 log: logging.Logger | None = None, usage_db: str = ""):
     """A cull_arbiter_hook applying each server's role's idle_timeout and max_age."""
     store = QuotaStore.for_path(quota_file)
     log = log or _logger()
+    reasons = CullReasons(usage_db, log)
 
     async def arbiter(*, inactive: timedelta | None, inactive_limit: int,
                       server: dict[str, Any], **_: Any) -> bool:
@@ -96,10 +127,12 @@ def make_arbiter(quota_file: str, default_max_age: float = 0,
             log.info("Culling %s (role %s): reached max_age %s (age %s, idle %s)",
                      who, role_name, format_td(timedelta(seconds=max_age)), format_td(age),
                      format_td(inactive))
+            await reasons.tell(server, "max-age")
             return True
         if inactive.total_seconds() >= timeout:
             log.info("Culling %s (role %s): idle for %s, idle_timeout %s",
                      who, role_name, format_td(inactive), format_td(timedelta(seconds=timeout)))
+            await reasons.tell(server, "culled")
             return True
         return False
 

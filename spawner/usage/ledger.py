@@ -255,6 +255,15 @@ class Ledger:
                 self._open_session(hub, container)).values(hint=reason))
         return bool(done.rowcount)
 
+    def hint_server(self, user: str, server: str, reason: str) -> bool:
+        """``hint`` for a process that knows the server by its user and name (the culler)."""
+        assert reason in REASONS, reason
+        with self.engine.begin() as connection:
+            done = connection.execute(update(sessions).where(and_(
+                sessions.c.user_name == user, sessions.c.server_name == server,
+                sessions.c.stopped.is_(None))).values(hint=reason))
+        return bool(done.rowcount)
+
     def close(self, hub: str, container: str, reason: str, detail: str | None = None,
               when: float | None = None) -> int | None:
         """End the open session of ``container``: ``reason`` unless a hint was told before
