@@ -15,6 +15,7 @@ import weakref
 from typing import Any, ClassVar
 
 import jinja2
+from sqlalchemy.engine import make_url
 from tornado import web
 
 from . import refusals
@@ -27,6 +28,8 @@ from .quota.model import Choice, QuotaTableError
 from .quota.options import OptionsError, resolve_choice
 from .quota.store import QuotaStore
 from .registry import Registry
+from .usage.duties import UsageDuties
+from .usage.ledger import Ledger, LedgerWriter, default_url
 
 EVENTS_FILE = "quota-spawner-events.jsonl"
 PREEMPTIONS_FILE = "quota-spawner-preemptions.json"
@@ -59,12 +62,30 @@ class ChoicesMixin:
             evictor = Evictor(pool, os.path.join(state, PREEMPTIONS_FILE), self.log)
             pool.evictions = evictor
             await evictor.recover()
+            await self._open_ledger(pool)
             return pool
 
         key = json.dumps([self.gpu_inventory, self.gpu_discovery, self.hub_id], default=str)
         pool = await ChoicesMixin._pools.aget(key, make)
         await pool.ready()
         return pool
+
+    async def _open_ledger(self: Any, pool: GpuPool) -> None:
+        """The usage ledger, created or upgraded now, and its periodic duties."""
+        url = self.usage_db or default_url(self.state_dir or ".")
+        if url == "none":
+            return
+        try:
+            ledger = await asyncio.to_thread(Ledger, url, self.log)
+        except Exception as e:
+            self.log.error("The usage ledger %s cannot be opened (%s): sessions are not "
+                           "recorded and budgets not enforced until it can be",
+                           make_url(url).render_as_string(hide_password=True), e)
+            return
+        pool.usage = LedgerWriter(ledger, self.log)
+        pool.usage_duties = UsageDuties(ledger, self.hub_id, self.client, pool.starting,
+                                        self.usage_retention_days, self.log)
+        pool.usage_duties.start()
 
     async def _check_engine_once(self: Any) -> None:
         if ChoicesMixin._engine_checked:

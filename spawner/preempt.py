@@ -34,6 +34,7 @@ from .gpu.pool import GpuPool
 from .gpu.queue import Ticket
 from .quota.model import DEFAULT_GRACE_PERIOD
 from .quota.units import human_duration
+from .usage.ledger import PREEMPTED
 
 # Runs in the victim's container as its (non-root) user: $1 the notice's JSON,
 # $2 the directory, $3 the notice path, $4 the PIDs directory. The kernel
@@ -60,9 +61,6 @@ done
 echo "signalled:$sent"
 """
 WITHDRAW_SCRIPT = 'rm -f "$1"'
-
-# How long a stop may take before the GPU is taken back by removing the container.
-STOP_TIMEOUT = 60.0
 
 
 def reason(by_user: str, by_role: str, by_priority: int, role: str, priority: int,
@@ -203,27 +201,12 @@ class Evictor:
         self.log.warning("Stopping %s (user %s): preempted for %s after a grace of %s",
                          victim, record["user"], record["by"],
                          human_duration(record["grace_period"]))
-        spawner = self.pool.spawners.get(victim)
-        stopped = False
-        if spawner is not None and not spawner.pending and spawner.server is not None:
-            try:
-                user = spawner.user
-                proxy = user.settings.get("proxy")
-                if proxy is not None:
-                    await proxy.delete_user(user, spawner.name)
-                await asyncio.wait_for(user.stop(spawner.name), STOP_TIMEOUT)
-                stopped = True
-            except Exception as e:
-                self.log.error("Could not stop %s through the hub (%s); removing its "
-                               "container", victim, e)
-        if not stopped:
-            try:
-                await asyncio.to_thread(self.pool.docker_client.remove_container, victim,
-                                        force=True)
-            except Exception as e:
-                if getattr(getattr(e, "response", None), "status_code", None) != 404:
-                    self.log.error("Could not remove preempted container %s: %s", victim, e)
-                    return
+        if self.pool.usage is not None:
+            await self.pool.usage.hint(self.pool.hub_id, victim, PREEMPTED)
+        if not await self.pool.stop_server(victim, "preempted"):
+            return
+        if self.pool.usage is not None:  # removed without its spawner: nothing else records it
+            await self.pool.usage.close(self.pool.hub_id, victim, PREEMPTED)
         self.pool.release(victim, f"preempted for {record['by']}")
         self.events.append(
             "preempted", hub=self.pool.hub_id, user=record["user"], role=record["role"],

@@ -34,13 +34,13 @@ from .contract import HUB_LABEL
 from .engine import socket_probe_problems, volume_info
 from .gpu.allocator import GpuRequest, NoGpuFree
 from .gpu.env import torch_reads_fraction
-from .gpu.pool import GpuPool, Server, mode_label, request_for
+from .gpu.pool import STOP_TIMEOUT, GpuPool, Server, mode_label, request_for
 from .gpu.queue import Ticket
 from .mounts import bind_sources
 from .network import HostNetworkMixin, wait_for_port, warn_host_network
-from .preempt import STOP_TIMEOUT
 from .quota.model import Choice, Role
 from .quota.units import human_duration
+from .usage.ledger import FAILED, NO_LEDGER, ended, failure
 
 
 class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpawner):
@@ -302,6 +302,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
     async def _start_choice(self, pool: GpuPool, choice: Choice,
                             choices: list[Choice]) -> tuple[str, int]:
         role = choice.role
+        requested = time.time()
         # The resolved choice, for the REST API's server model (the culler reads the
         # role there); not saved as the user's default options.
         self.user_options = {**(self.user_options or {}),
@@ -312,18 +313,31 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                       role.gpus)
         self._progress(f"Role {role.name} with {choice.image.display_name}", 10)
         pool.starting.add(owner)
+        usage = pool.usage or NO_LEDGER
+        await usage.open(hub=self.hub_id, user=self.user.name, server=self.name,
+                         container=owner, role=role.name, image=choice.image.key,
+                         cpu_limit=role.cpus, mem_limit=role.memory, requested=requested,
+                         groups=[g.name for g in self.user.groups])
         try:
             await self._assign_gpus(pool, owner, choices)
+            if self.gpu_uuids:
+                request = request_for(role)
+                assert request is not None
+                await usage.set_gpus(self.hub_id, owner, self.gpu_uuids, mode_label(request),
+                                     role.gpu_memory if request.shared else self._gpu_memory)
             self._progress("Starting the container", 40)
             ip, port = await super().start()
+            await usage.started(self.hub_id, owner, self.container_id)
             pool.claim(owner, self)
             self._progress("Container started; waiting for the notebook server", 60)
             # The hub's own readiness check backs off to seconds; polling here is faster.
             await wait_for_port(ip, port, self.poll)
             await self._end_cpu_boost()
-        except BaseException:
+            await usage.ready(self.hub_id, owner)
+        except BaseException as e:
             self.release_port()
             pool.release(owner, "the start failed")
+            await usage.close(self.hub_id, owner, FAILED, detail=failure(e))
             raise
         finally:
             pool.starting.discard(owner)
@@ -394,3 +408,5 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         else:
             await super().stop(now=now)
         pool.forget(self.object_name, "the server stopped")
+        if pool.usage is not None:
+            await pool.usage.close(self.hub_id, self.object_name, *ended(ours))

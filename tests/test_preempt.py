@@ -18,7 +18,7 @@ from spawner.contract import PREEMPT_NOTICE
 from spawner.events import EventLog, read_events
 from spawner.gpu.allocator import GpuAllocator, GpuRequest
 from spawner.gpu.inventory import GpuDevice
-from spawner.gpu.pool import Server
+from spawner.gpu.pool import GpuPool, Server
 from spawner.gpu.preemption import Plan
 from spawner.gpu.queue import Ticket
 from spawner.preempt import Evictor
@@ -60,8 +60,12 @@ class FakePool:
         self.hub_id = "hub-1"
         self.events = EventLog(str(tmp / "events.jsonl"))
         self.spawners: dict[str, Any] = {}
-        self.docker_client = FakeDocker()
+        self.docker_client = self._docker = FakeDocker()
         self.released: list[str] = []
+        self.usage = None
+        self.log = logging.getLogger("test")
+
+    stop_server = GpuPool.stop_server
 
     def release(self, owner: str, why: str) -> tuple[str, ...]:
         self.released.append(owner)

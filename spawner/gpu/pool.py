@@ -23,15 +23,22 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..contract import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, ROLE_LABEL, USER_LABEL
 from ..events import EventLog
 from ..quota.model import GpuCapacity, Role
+from ..usage.ledger import ZOMBIE
 from .allocator import GpuAllocator, GpuRequest
 from .inventory import Inventory, declared_inventory, discover_nvml, free_memory
 from .preemption import Running
 from .queue import Dispatched, GpuQueue, Ticket
+
+if TYPE_CHECKING:
+    from ..usage.ledger import LedgerWriter
+
+# How long a stop may take before the server is taken down by removing its container.
+STOP_TIMEOUT = 60.0
 
 ALIVE_STATES = ("created", "running", "restarting", "paused")
 
@@ -137,8 +144,34 @@ class GpuPool:
             spawners if spawners is not None else weakref.WeakValueDictionary())
         self.events = events or EventLog("")
         self.evictions: Evictions | None = None
+        self.usage: LedgerWriter | None = None  # the usage ledger, when there is one
+        self.usage_duties: Any = None
         self._queue_task: asyncio.Task[None] | None = None
         self._running: tuple[tuple[int, int, int], float, dict[str, Running]] | None = None
+
+    async def stop_server(self, name: str, why: str) -> bool:
+        """Stop ``name`` the way the hub stops any server (its proxy route, then its
+        spawner), so the hub's record and the user's page agree; if that fails or no
+        spawner holds it, remove its container. False when neither worked."""
+        spawner = self.spawners.get(name)
+        if spawner is not None and not spawner.pending and spawner.server is not None:
+            try:
+                user = spawner.user
+                proxy = user.settings.get("proxy")
+                if proxy is not None:
+                    await proxy.delete_user(user, spawner.name)
+                await asyncio.wait_for(user.stop(spawner.name), STOP_TIMEOUT)
+                return True
+            except Exception as e:
+                self.log.error("Could not stop %s (%s) through the hub (%s); removing its "
+                               "container", name, why, e)
+        try:
+            await asyncio.to_thread(self._docker.remove_container, name, force=True)
+        except Exception as e:
+            if getattr(getattr(e, "response", None), "status_code", None) != 404:
+                self.log.error("Could not remove container %s (%s): %s", name, why, e)
+                return False
+        return True
 
     # --- the spawners' side ---------------------------------------------------
 
@@ -363,6 +396,8 @@ class GpuPool:
                 return
         self._suspects.pop(name, None)
         self.release(name, "unclaimed container removed")
+        if self.usage is not None:
+            await self.usage.close(self.hub_id, name, ZOMBIE)
 
     async def _loop(self) -> None:
         while True:

@@ -87,6 +87,43 @@ def gpu_reserved(count: int, mode: str) -> float:
     return float(count)
 
 
+def _epoch(stamp: str | None) -> float | None:
+    """Docker's RFC 3339 time (nanoseconds, Z) in epoch seconds; None when unset."""
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    from datetime import datetime
+
+    main, _, rest = stamp.partition(".")
+    zone = rest.lstrip("0123456789") if rest else stamp[19:]
+    fraction = float("0." + rest[: len(rest) - len(zone)]) if rest else 0.0
+    zone = "+00:00" if zone in ("Z", "") else zone
+    try:
+        return datetime.fromisoformat(main[:19] + zone).timestamp() + fraction
+    except ValueError:
+        return None
+
+
+def ended(container: dict[str, Any] | None) -> tuple[str, str | None, float | None]:
+    """Why a server's session ended, from its container as the engine last showed it
+    (None: gone): (reason, detail, when; None for now)."""
+    if container is None:
+        return LOST, "its container was gone when the hub stopped it", None
+    state = container.get("State") or {}
+    if state.get("Running"):
+        return STOPPED, None, None
+    finished = _epoch(state.get("FinishedAt"))
+    if state.get("OOMKilled"):
+        return OOM, f"the container was killed for memory (exit code {state.get('ExitCode')})", \
+            finished
+    return STOPPED, f"the server exited (exit code {state.get('ExitCode')})", finished
+
+
+def failure(error: BaseException) -> str:
+    """What a failed start is recorded with: the message its user was shown."""
+    message = getattr(error, "log_message", None) or str(error)
+    return message or type(error).__name__
+
+
 class LedgerNotReady(Exception):
     """The ledger's tables are missing or older than this code: the hub creates them."""
 
@@ -282,6 +319,8 @@ class Ledger:
         if row is None:
             return None
         final = reason if reason in _OWN or not row.hint else row.hint
+        if final == STOPPED and row.ready is None:  # stopped before it ever answered
+            final, detail = FAILED, detail or "stopped before the server was ready"
         if when is None:
             # what is known: a lost server ran until its last sample, at least
             when = (max(t for t in (row.last_seen, row.ready, row.started) if t)
@@ -386,3 +425,16 @@ class LedgerWriter:
             return await self.call(method, *args, **kwargs)
 
         return bound
+
+
+class _NoLedger:
+    """Stands in for a LedgerWriter where there is no ledger: every call does nothing."""
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        async def nothing(*args: Any, **kwargs: Any) -> None:
+            return None
+
+        return nothing
+
+
+NO_LEDGER: Any = _NoLedger()

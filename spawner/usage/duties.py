@@ -1,0 +1,83 @@
+"""The hub's periodic work on the ledger, on a timer of its own.
+
+- A session whose container vanished while no hub watched (the hub crashed,
+  the machine rebooted) is closed as ``lost`` at its last sample: seen
+  missing twice, a minute apart, so a start or stop under way is never taken
+  for one.
+- Sessions older than the retention are deleted, once a day.
+- GPU-hour budgets are checked (budgets.py), when the table has any.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..contract import HUB_LABEL
+from .ledger import LOST, Ledger
+
+INTERVAL = 60.0
+PRUNE_EVERY = 24 * 3600.0
+
+
+class UsageDuties:
+    def __init__(self, ledger: Ledger, hub_id: str, docker: Any, starting: set[str],
+                 retention_days: float, log: logging.Logger | logging.LoggerAdapter,
+                 budgets: Callable[[float], Awaitable[None]] | None = None):
+        self.ledger = ledger
+        self.hub_id = hub_id
+        self.docker = docker  # a docker APIClient (blocking)
+        self.starting = starting  # containers mid-start: not lost, whatever the engine says
+        self.retention_days = retention_days
+        self.log = log
+        self.budgets = budgets
+        self._missing: set[str] = set()
+        self._pruned = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.tick(time.time())
+            except Exception:
+                self.log.exception("Usage ledger: the periodic check failed")
+            await asyncio.sleep(INTERVAL)
+
+    async def tick(self, now: float) -> None:
+        await asyncio.to_thread(self.close_lost)
+        if self.retention_days > 0 and now - self._pruned >= PRUNE_EVERY:
+            gone = await asyncio.to_thread(self.ledger.prune,
+                                           now - self.retention_days * 86400)
+            self._pruned = now
+            if gone:
+                self.log.info("Usage ledger: %d sessions older than %g days deleted", gone,
+                              self.retention_days)
+        if self.budgets is not None:
+            await self.budgets(now)
+
+    def close_lost(self) -> list[str]:
+        """Close the open sessions whose container was missing at this check and the
+        last (blocking: the engine and the ledger)."""
+        open_ = self.ledger.open_containers(self.hub_id)
+        if not open_:
+            self._missing = set()
+            return []
+        present = {name.lstrip("/") for c in self.docker.containers(
+            all=True, filters={"label": f"{HUB_LABEL}={self.hub_id}"})
+            for name in c.get("Names") or []}
+        missing = {name for name in open_ if name not in present and name not in self.starting}
+        lost = sorted(missing & self._missing)
+        self._missing = missing - set(lost)
+        for name in lost:
+            self.ledger.close(self.hub_id, name, LOST,
+                              detail="its container vanished while the hub was not watching")
+            self.log.warning("Usage ledger: the session of %s closed as lost: its container "
+                             "is gone", name)
+        return lost
