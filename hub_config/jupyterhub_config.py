@@ -153,7 +153,8 @@ if WATCHDOG != "0":
     watchdog, watchdog_role = watchdog_service(
         c.JupyterHub.bind_url, config_file=env("WATCHDOG_CONFIG", str(HERE / "watchdog_config.py")),
         state_dir=str(STATE), secret_file=c.JupyterHub.cookie_secret_file,
-        prefix=c.QuotaSpawner.prefix if "prefix" in c.QuotaSpawner else "quota")
+        prefix=c.QuotaSpawner.prefix if "prefix" in c.QuotaSpawner else "quota",
+        usage_db=USAGE_DB)
     if WATCHDOG == "external":
         if len(env("WATCHDOG_TOKEN", "")) < 32:
             sys.exit("QUOTA_SPAWNER_WATCHDOG=external needs QUOTA_SPAWNER_WATCHDOG_TOKEN, "

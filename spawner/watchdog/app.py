@@ -10,7 +10,9 @@ Each cycle (``interval``, 5 s by default):
    hub's event log (``hub_events.py``) adds its preemptions;
 3. each event goes to its channels (``notify.py``) in the background, so a
    slow channel never delays the next cycle; the gauges (``metrics.py``) and
-   dcgm-exporter's job mapping are updated, and the incidents saved.
+   dcgm-exporter's job mapping are updated, and the incidents saved;
+4. in a thread: each server's sample is folded into its session in the
+   usage ledger (``spawner.usage.ledger``), when there is one.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from traitlets.config import Application
 
 from ..config import hub_id_from_secret_file
 from ..gpu.nvml import Nvml, XidWatcher
+from ..usage.ledger import Ledger, Sample
 from .containers import Containers, OomEvents
 from .host import CgroupReader, CpuMeter, gpu_memory_by_container
 from .hub_api import HubDirectory
@@ -54,6 +57,8 @@ class QuotaWatchdog(Application):
         "log-level": "Application.log_level",
     }
     _events_error = ""  # why the hub's event log could not be read, logged once
+    _usage_error = ""  # why the usage ledger could not be written, logged once
+    _ledger: Ledger | None = None
 
     config_file = Unicode(
         os.environ.get("QUOTA_SPAWNER_WATCHDOG_CONFIG", ""), config=True,
@@ -83,6 +88,10 @@ class QuotaWatchdog(Application):
         help=f"""The hub's event log, whose preemptions are told to the people of the
         servers stopped. Default: $QUOTA_SPAWNER_EVENTS_FILE when set, else
         {EVENTS_FILE_NAME} in $QUOTA_SPAWNER_STATE_DIR when set; empty: not read.""")
+    usage_db = Unicode(
+        os.environ.get("QUOTA_SPAWNER_USAGE_DB", ""), config=True,
+        help="""The usage ledger (docs/usage.md), into whose sessions each cycle's samples
+        are folded: the hub's QuotaSpawner.usage_db. Empty or "none": not recorded.""")
     host_name = Unicode(socket.gethostname(), config=True, help="This host, in messages.")
     metrics_ip = Unicode(os.environ.get("QUOTA_SPAWNER_METRICS_IP", "127.0.0.1"), config=True,
                          help="Address of /metrics.")
@@ -234,6 +243,8 @@ class QuotaWatchdog(Application):
         self.metrics.update(snapshot, {rule: opened.get(rule, 0) for rule in RULES})
         if self.dcgm_mapping_dir:
             await asyncio.to_thread(write_dcgm_mapping, Path(self.dcgm_mapping_dir), snapshot)
+        if self.usage_db and self.usage_db != "none":
+            await asyncio.to_thread(self.record_usage, snapshot)
         saved = json.dumps(self.book.to_json(), sort_keys=True)
         if saved != self._saved:  # most cycles change nothing: no write
             await asyncio.to_thread(self.book.save, Path(self.state_file))
@@ -271,6 +282,24 @@ class QuotaWatchdog(Application):
                 self.metrics.preemption(str(event.get("role") or ""),
                                         str(event.get("by_role") or ""))
         return preemption_events(ours, self.rules, snapshot)
+
+    def record_usage(self, snapshot: Snapshot) -> None:
+        """Fold the cycle's samples into the ledger's open sessions (blocking). A ledger
+        the hub has not created yet, or that fails, is logged once and tried next cycle."""
+        try:
+            if self._ledger is None:
+                self._ledger = Ledger(self.usage_db, self.log, create=False)
+                self.log.info("Recording usage samples in %s", self._ledger.url_text)
+            self._ledger.fold(usage_samples(snapshot))
+        except Exception as error:
+            if str(error) != self._usage_error:
+                self.log.warning("Cannot record usage samples (%s); trying again each cycle",
+                                 error)
+                self._usage_error = str(error)
+            return
+        if self._usage_error:
+            self.log.info("Usage samples are recorded again")
+            self._usage_error = ""
 
     async def notify_in_order(self, events: list[Event]) -> None:
         for event in events:
@@ -310,6 +339,23 @@ class QuotaWatchdog(Application):
             print("delivered" if delivered else "NOT delivered; the log above says why")
             self.exit(0 if delivered else 1)
         asyncio.run(self.run())
+
+
+def usage_samples(snapshot: Snapshot) -> list[Sample]:
+    """Each server's usage this cycle, as the ledger folds it: CPU and memory from its
+    cgroup, GPU utilisation as the mean of its GPUs', GPU memory of its own processes."""
+    samples = []
+    for sample in snapshot.servers.values():
+        server = sample.server
+        utils = [g.utilization for u in server.gpus
+                 if (g := snapshot.gpus.get(u)) is not None and g.utilization is not None]
+        samples.append(Sample(
+            hub=server.hub_id, container=server.name, time=snapshot.time, cpu=sample.cpu_used,
+            memory=sample.memory_working_set,
+            gpu_util=sum(utils) / len(utils) if utils else None,
+            gpu_memory=sum(sample.gpu_memory.values()) if server.gpus else None,
+            oom_kills=sample.oom_kills))
+    return samples
 
 
 main = QuotaWatchdog.launch_instance

@@ -20,13 +20,15 @@ PASSED_ON = ("DOCKER_HOST", "QUOTA_SPAWNER_HUB_ID", "QUOTA_SPAWNER_METRICS_TOKEN
 def watchdog_service(
     public_url: str, config_file: str = "", name: str = "gpu-watchdog",
     state_dir: str = "", secret_file: str = "", prefix: str = "quota", events_file: str = "",
+    usage_db: str = "",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The managed service and its RBAC role, for c.JupyterHub.services / load_roles.
 
     ``state_dir`` holds its incident file, and the hub's event log unless
     ``events_file`` names it elsewhere; ``secret_file`` (the hub's
     cookie_secret_file) and ``prefix`` let it derive the hub's id, as the
-    spawner does, when QUOTA_SPAWNER_HUB_ID is not set.
+    spawner does, when QUOTA_SPAWNER_HUB_ID is not set. ``usage_db``: the usage
+    ledger its samples are folded into.
     """
     environment = {k: os.environ[k] for k in PASSED_ON if os.environ.get(k)}
     environment["JUPYTERHUB_PUBLIC_URL"] = public_url
@@ -34,6 +36,8 @@ def watchdog_service(
         environment["QUOTA_SPAWNER_STATE_DIR"] = state_dir
     if events_file:
         environment["QUOTA_SPAWNER_EVENTS_FILE"] = events_file
+    if usage_db:
+        environment["QUOTA_SPAWNER_USAGE_DB"] = usage_db
     secret = os.environ.get("JUPYTERHUB_COOKIE_SECRET", "")
     if secret and "QUOTA_SPAWNER_HUB_ID" not in environment:
         try:  # the hub takes its secret from here, not the file: pass the id, not the secret
