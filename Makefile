@@ -30,6 +30,7 @@ bench:
 	.venv/bin/python bench/watchdog_bench.py
 	.venv/bin/python bench/preempt_bench.py
 	.venv/bin/python bench/preempt_handover_bench.py
+	.venv/bin/python bench/usage_bench.py
 
 # The JupyterLab status-bar item: builds labextension/ into spawner/labextension/
 # (committed, installed with the package) and stamps it with its sources

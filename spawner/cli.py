@@ -126,6 +126,145 @@ def size_argument(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{e} (sizes look like 80G or 80GiB)") from None
 
 
+def _ledger_problem(url: str) -> str | None:
+    """Why the ledger at ``url`` cannot be read, in one line; None when it can be opened."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception as e:
+        return f"cannot read {url!r} as a database URL: {e}"
+    database = parsed.database
+    if (parsed.get_backend_name() == "sqlite" and database and database != ":memory:"
+            and not Path(database).exists()):
+        return (f"no usage ledger at {database}: the hub creates it when it starts "
+                "(or run: quota-spawner ledger upgrade)")
+    return None
+
+
+def _open_ledger(url: str) -> Any:
+    """The ledger, ready to read; LedgerNotReady or a database error otherwise."""
+    from .usage.ledger import Ledger, LedgerNotReady
+
+    problem = _ledger_problem(url)
+    if problem:
+        raise LedgerNotReady(problem)
+    return Ledger(url, create=False)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    import time
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from .usage.ledger import LedgerNotReady, default_url
+    from .usage.report import build_report, format_report, month_start, parse_time
+
+    now = time.time()
+    try:
+        until = parse_time(args.until, now) if args.until else now
+        since = parse_time(args.since, now) if args.since else month_start(until - 1)
+    except ValueError as e:
+        print(f"quota-spawner report: {e}", file=sys.stderr)
+        return 2
+    if since >= until:
+        print("quota-spawner report: --since must be before --until", file=sys.stderr)
+        return 2
+    table = None
+    if args.quota_file:
+        try:
+            table = load_quota_table(args.quota_file)
+        except QuotaTableError as e:
+            for problem in e.problems:
+                print(problem, file=sys.stderr)
+            return 1
+    try:
+        ledger = _open_ledger(args.db or default_url())
+        try:
+            report = build_report(ledger.engine, since=since, until=until, by=args.by,
+                                  table=table, group=args.group, now=now)
+        finally:
+            ledger.dispose()
+    except (LedgerNotReady, SQLAlchemyError, ImportError) as e:
+        print(f"quota-spawner report: {_one_line(e)}", file=sys.stderr)
+        return 2
+    sys.stdout.write(format_report(report, args.format))
+    return 0
+
+
+def _one_line(error: Exception) -> str:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if isinstance(error, ImportError):
+        return f"the database's driver is missing: {error}"
+    if isinstance(error, SQLAlchemyError) and getattr(error, "orig", None) is not None:
+        return f"the usage ledger could not be read: {error.orig}"  # type: ignore[attr-defined]
+    return str(error).splitlines()[0]
+
+
+def cmd_ledger_upgrade(args: argparse.Namespace) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from .usage.ledger import Ledger, current_revision, default_url
+
+    try:
+        ledger = Ledger(args.db or default_url())
+        try:
+            with ledger.engine.connect() as connection:
+                revision = current_revision(connection)
+        finally:
+            ledger.dispose()
+    except (SQLAlchemyError, ImportError) as e:
+        print(f"quota-spawner ledger: {_one_line(e)}", file=sys.stderr)
+        return 2
+    print(f"Usage ledger at {ledger.url_text} is at revision {revision}.")
+    return 0
+
+
+def cmd_ledger_status(args: argparse.Namespace) -> int:
+    from sqlalchemy import func, inspect, select
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from .usage.ledger import current_revision, default_url, head_revision, make_engine
+    from .usage.schema import sessions
+
+    url = args.db or default_url()
+    problem = _ledger_problem(url)
+    if problem:
+        print(f"quota-spawner ledger: {problem}", file=sys.stderr)
+        return 2
+    try:
+        engine = make_engine(url)
+    except (SQLAlchemyError, ImportError) as e:
+        print(f"quota-spawner ledger: {_one_line(e)}", file=sys.stderr)
+        return 2
+    try:
+        with engine.connect() as connection:
+            revision = current_revision(connection)
+            counts = None
+            if inspect(connection).has_table(sessions.name):
+                counts = connection.execute(select(
+                    func.count(), func.count(sessions.c.id).filter(
+                        sessions.c.stopped.is_(None)))).one()
+    except SQLAlchemyError as e:
+        print(f"quota-spawner ledger: {_one_line(e)}", file=sys.stderr)
+        return 2
+    finally:
+        engine.dispose()
+    head = head_revision()
+    state = ("up to date" if revision == head else
+             f"needs an upgrade to {head} (run: quota-spawner ledger upgrade)")
+    print(f"URL:      {engine.url.render_as_string(hide_password=True)}")
+    print(f"Revision: {revision or 'none'} ({state})")
+    if counts is None:
+        print("Sessions: no sessions table")
+    else:
+        print(f"Sessions: {counts[0]} ({counts[1]} open)")
+    return 0 if revision == head else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quota-spawner", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -148,6 +287,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the GPU and memory watchdog beside the hub (docs/watchdog.md); "
              "'quota-spawner watchdog --help-all' lists its settings")
     watchdog.set_defaults(func=None)  # main() hands its arguments to the watchdog app
+    from .usage.report import BY, FORMATS
+
+    report = sub.add_parser(
+        "report", help="GPU, CPU and memory hours reserved and used, how sessions ended, "
+                       "and right-sizing advice, from the usage ledger (docs/usage.md)")
+    report.add_argument("--db", metavar="URL", default=None,
+                        help="the ledger's SQLAlchemy URL (default: $QUOTA_SPAWNER_USAGE_DB, "
+                             "else quota-spawner-usage.sqlite in $QUOTA_SPAWNER_STATE_DIR or "
+                             "here)")
+    report.add_argument("--quota-file", metavar="FILE",
+                        help="the quota table: adds right-sizing advice per user and role")
+    report.add_argument("--since", metavar="WHEN",
+                        help="start: an ISO date or time (UTC unless it has an offset) or "
+                             "a time back from now like 30d, 12h, 2w (default: the first "
+                             "of the month --until falls in)")
+    report.add_argument("--until", metavar="WHEN", help="end, not included (default: now)")
+    report.add_argument("--by", choices=BY, default="user", help="one row per (default: user)")
+    report.add_argument("--group", metavar="G",
+                        help="only the sessions of members of group G (as recorded at start)")
+    report.add_argument("--format", choices=FORMATS, default="table",
+                        help="table (for people, default), csv or json")
+    report.set_defaults(func=cmd_report)
+    ledger = sub.add_parser("ledger", help="create, upgrade or inspect the usage ledger")
+    ledger_sub = ledger.add_subparsers(dest="ledger_command", required=True)
+    for name, func, text in (
+            ("upgrade", cmd_ledger_upgrade,
+             "create the ledger, or migrate it to this version (as jupyterhub upgrade-db)"),
+            ("status", cmd_ledger_status,
+             "the ledger's URL (no password), its revision and how many sessions it holds")):
+        command = ledger_sub.add_parser(name, help=text)
+        command.add_argument("--db", metavar="URL", default=None,
+                             help="the ledger's SQLAlchemy URL (default as for report)")
+        command.set_defaults(func=func)
     return parser
 
 

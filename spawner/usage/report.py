@@ -14,16 +14,18 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone, tzinfo
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, and_, case, func, literal, or_, select
 
 from ..quota.model import QuotaTable, Role
 from ..quota.units import format_human
+from .ledger import REASONS
 from .queries import in_window, seconds_in_window
 from .schema import session_groups, sessions
 
 UTC = timezone.utc
+T = TypeVar("T")
 
 BY = ("user", "role", "group", "image")
 FORMATS = ("table", "csv", "json")
@@ -139,8 +141,6 @@ class _Sums:
 
 def _ordered(ended: dict[str, int]) -> dict[str, int]:
     """The ledger's reasons in their documented order, then running, then anything else."""
-    from .ledger import REASONS
-
     order = {r: i for i, r in enumerate((*REASONS, RUNNING))}
     return {r: ended[r] for r in sorted(ended, key=lambda r: (order.get(r, len(order)), r))}
 
@@ -299,7 +299,7 @@ def _latest_groups(connection: Any, users: Sequence[str]) -> dict[str, list[str]
     return result
 
 
-def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
+def _chunks(items: Sequence[T], size: int) -> Iterable[Sequence[T]]:
     for i in range(0, len(items), size):
         yield items[i:i + size]
 
@@ -364,7 +364,7 @@ def _advise(r: Any, held: list[Role], served: dict[str, int]) -> Advice:
     elif not candidates:
         text = f"{evidence}; {r.user_name} holds no smaller role."
     else:
-        good = [role for role in candidates if served[role.name] * 10 >= r.n * 10 * SERVE_SHARE]
+        good = [role for role in candidates if served[role.name] >= SERVE_SHARE * r.n - 1e-9]
         if good:
             best = good[0]
             suggestion, count = best.name, served[best.name]
@@ -414,7 +414,7 @@ def daily_gpu_hours(engine: Engine, *, since: float, until: float, group: str | 
     result = []
     with engine.connect() as connection:
         # one pass over the window per 100 days: a column pair per day
-        for days in _chunks(_days(since, until, tz), 100):  # type: ignore[arg-type]
+        for days in _chunks(_days(since, until, tz), 100):
             columns = []
             for i, (_, lo, hi) in enumerate(days):
                 seconds = c.gpu_reserved * seconds_in_window(lo, hi, now)
@@ -508,8 +508,6 @@ def _table(report: Report) -> str:
 
 
 def csv_header(report: Report) -> list[str]:
-    from .ledger import REASONS
-
     reasons = list(REASONS) + [RUNNING]
     for row in [*report.rows, report.total]:
         reasons += [r for r in row.ended if r not in reasons]
