@@ -9,7 +9,7 @@ from typing import Any
 
 from .quota.form import describe_limits
 from .quota.loader import load_quota_table, table_duration
-from .quota.model import GpuCapacity, QuotaTable, QuotaTableError, Role
+from .quota.model import Budget, GpuCapacity, QuotaTable, QuotaTableError, Role
 from .quota.units import format_size, parse_size
 
 
@@ -68,6 +68,20 @@ def describe_preemption(role: Role) -> str:
     return " · ".join(parts)
 
 
+def describe_budget(budget: Budget, zone: str) -> str:
+    """One line on a GPU-hour budget (docs/usage.md#gpu-hour-budgets): 'group cs101: 200
+    GPU-hours per month (from midnight UTC on the 1st), shared by the group · warned at
+    90% · running servers keep running when it is spent'."""
+    starts = {"day": "", "week": " on Mondays", "month": " on the 1st"}[budget.per]
+    parts = [f"{budget.kind} {budget.name}: {budget.gpu_hours:g} GPU-hours per {budget.per} "
+             f"(from midnight {zone}{starts})"
+             + (", shared by the group" if budget.kind == "group" else "")]
+    parts.append(f"warned at {budget.warn_at * 100:g}%")
+    parts.append("GPU servers stopped when it is spent" if budget.stop
+                 else "running servers keep running when it is spent")
+    return " · ".join(parts)
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     status = 0
     gpus = GpuCapacity(args.gpus, args.gpu_memory) if args.gpus is not None else None
@@ -91,9 +105,15 @@ def cmd_show(args: argparse.Namespace) -> int:
             print(problem, file=sys.stderr)
         return 1
     roles = table.roles_for(args.user, args.group)
+    budgets = table.budgets_for(args.user, args.group)
     if args.json:
         print(json.dumps({"user": args.user, "groups": args.group,
-                          "roles": [role_summary(r, table) for r in roles]}, indent=2))
+                          "roles": [role_summary(r, table) for r in roles],
+                          "budgets": [
+                              {"kind": b.kind, "name": b.name, "gpu_hours": b.gpu_hours,
+                               "per": b.per, "stop": b.stop, "warn_at": b.warn_at,
+                               "timezone": table.budget_timezone} for b in budgets]},
+                         indent=2))
         return 0
     if not roles:
         print(f"{args.user} holds no role and cannot start a server.")
@@ -110,6 +130,11 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"  {role.name}: {describe_limits(role)}{extra}; images: {images}")
         if role.gpus:  # preemption and the queue only act on GPU roles
             print(f"    {describe_preemption(role)}")
+    if budgets:
+        count = f"{len(budgets)} GPU-hour budget{'s' if len(budgets) != 1 else ''}"
+        print(f"{args.user} is under {count} (GPU roles only; each applies):")
+        for budget in budgets:
+            print(f"  {describe_budget(budget, table.budget_timezone)}")
     return 0
 
 

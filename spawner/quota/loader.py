@@ -15,10 +15,13 @@ import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from .model import (
+    BUDGET_PERIODS,
+    DEFAULT_BUDGET_TIMEZONE,
     DOCKER_MIN_MEMORY,
     GPU_MODES,
     MAX_CPUS,
     MAX_DURATION,
+    MAX_GPU_HOURS,
     MAX_GPU_SHARE,
     MAX_GPUS,
     MAX_PIDS,
@@ -28,12 +31,14 @@ from .model import (
     NAME_PATTERN,
     NAME_RULE,
     PREEMPTS,
+    Budget,
     GpuCapacity,
     ImageSpec,
     Problem,
     QuotaTable,
     QuotaTableError,
     Role,
+    time_zone,
 )
 from .units import format_human, format_size, parse_duration, parse_size
 
@@ -317,7 +322,10 @@ ROLE_FIELDS = (
     "queue_timeout",
 )
 ASSIGNMENT_FIELDS = ("default", "groups", "users")
-TOP_FIELDS = ("images", "roles", "assignments")
+BUDGETS_FIELDS = ("timezone", "groups", "users")
+BUDGET_FIELDS = ("gpu_hours", "per", "stop", "warn_at")
+TOP_FIELDS = ("images", "roles", "assignments", "budgets")
+REQUIRED_TOP_FIELDS = ("images", "roles", "assignments")
 
 
 def _read_images(r: _Reader, node: Node) -> tuple[dict[str, ImageSpec], set[str]]:
@@ -488,6 +496,57 @@ def _read_assignments(r: _Reader, node: Node, role_names: set[str]):
     return default, by_section["groups"], by_section["users"]
 
 
+def _read_budgets(r: _Reader, node: Node) -> tuple[tuple[Budget, ...], str]:
+    """The valid budgets and the time zone their periods follow.
+
+    A budget's group or user need not appear anywhere else in the table: a
+    group's roles may come from ``default``.
+    """
+    fields = r.mapping(node, "budgets", BUDGETS_FIELDS)
+    zone = DEFAULT_BUDGET_TIMEZONE
+    if "timezone" in fields:
+        value_node = fields["timezone"][1]
+        name = r.text(value_node, "budgets: timezone")
+        if name is not None:
+            try:
+                time_zone(name)
+            except ValueError:
+                r.problem(value_node, f"budgets: timezone {name!r} is not a time zone this "
+                                      "machine knows; write an IANA name such as UTC, "
+                                      "Europe/Berlin or America/New_York")
+            else:
+                zone = name
+    budgets: list[Budget] = []
+    for section, kind in (("groups", "group"), ("users", "user")):
+        if section not in fields:
+            continue
+        names = r.mapping(fields[section][1], f"budgets: {section}", kind=f"{kind} name")
+        for name, (key_node, value) in names.items():
+            where = f"budgets: {kind} '{name}'"
+            entry = r.mapping(value, where, BUDGET_FIELDS)
+            if not isinstance(value, MappingNode):
+                continue
+            before = len(r.problems)
+            missing = [f for f in ("gpu_hours", "per") if f not in entry]
+            if missing:
+                r.problem(key_node, f"{where} needs {' and '.join(missing)}, like "
+                                    "{gpu_hours: 200, per: month}")
+            values: dict[str, Any] = {}
+            if "gpu_hours" in entry:
+                values["gpu_hours"] = r.positive_number(entry["gpu_hours"][1],
+                                                        f"{where}: gpu_hours", MAX_GPU_HOURS)
+            if "per" in entry:
+                values["per"] = r.choice(entry["per"][1], f"{where}: per", BUDGET_PERIODS)
+            if "stop" in entry:
+                values["stop"] = r.flag(entry["stop"][1], f"{where}: stop")
+            if "warn_at" in entry:
+                values["warn_at"] = r.positive_number(
+                    entry["warn_at"][1], f"{where}: warn_at (a fraction, like 0.9)", 1)
+            if len(r.problems) == before:
+                budgets.append(Budget(kind=kind, name=name, **values))
+    return tuple(budgets), zone
+
+
 def _syntax_problem(e: Exception, text: str, path: str) -> Problem:
     """The Problem for a file that YAML cannot even parse."""
     if isinstance(e, yaml.MarkedYAMLError):
@@ -545,7 +604,7 @@ def parse_quota_table(
 
 def _read_table(r: _Reader, root: Node, path: str) -> QuotaTable:
     top = r.mapping(root, "the quota table", TOP_FIELDS)
-    for needed in TOP_FIELDS:
+    for needed in REQUIRED_TOP_FIELDS:
         if isinstance(root, MappingNode) and needed not in top and not r.problems:
             r.problem(root, f"the quota table needs a top-level '{needed}' section")
     images, image_keys = _read_images(r, top["images"][1]) if "images" in top else ({}, set())
@@ -556,7 +615,11 @@ def _read_table(r: _Reader, root: Node, path: str) -> QuotaTable:
         _read_assignments(r, top["assignments"][1], role_names)
         if "assignments" in top else ((), {}, {})
     )
-    return QuotaTable(path, images, roles, default, groups, users)
+    budgets, zone = (
+        _read_budgets(r, top["budgets"][1]) if "budgets" in top
+        else ((), DEFAULT_BUDGET_TIMEZONE)
+    )
+    return QuotaTable(path, images, roles, default, groups, users, budgets, zone)
 
 
 def load_quota_table(path: str | Path, gpus: GpuCapacity | None = None) -> QuotaTable:

@@ -1,10 +1,13 @@
-"""The quota table's model: roles, images, assignments, and the limits a field may take."""
+"""The quota table's model: roles, images, assignments, budgets, and the limits a field
+may take."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import timezone, tzinfo
+from zoneinfo import ZoneInfo
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 NAME_RULE = "start with a letter or digit and use only letters, digits, '.', '_' and '-'"
@@ -26,6 +29,12 @@ PREEMPTS = ("lower", "never")
 DEFAULT_GRACE_PERIOD = 120.0
 DEFAULT_MIN_RUNTIME = 600.0
 DEFAULT_QUEUE_TIMEOUT = 600.0
+# GPU-hour budgets (docs/usage.md#gpu-hour-budgets).
+BUDGET_KINDS = ("group", "user")
+BUDGET_PERIODS = ("day", "week", "month")
+MAX_GPU_HOURS = 1_000_000.0  # 64 GPUs for a year is about 560,000
+DEFAULT_WARN_AT = 0.9
+DEFAULT_BUDGET_TIMEZONE = "UTC"
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,41 @@ class Choice:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """GPU-hours a group (shared by its members) or a user may reserve per period."""
+
+    kind: str  # "group" or "user"
+    name: str
+    gpu_hours: float
+    per: str  # "day", "week" or "month"
+    stop: bool = False  # stop running GPU servers once it is spent
+    warn_at: float = DEFAULT_WARN_AT  # the fraction used at which running servers are warned
+
+    @property
+    def key(self) -> str:
+        """'group:cs101' or 'user:alice': one budget in logs and the watch's memory."""
+        return f"{self.kind}:{self.name}"
+
+    @property
+    def owner(self) -> str:
+        """'the group cs101' or 'the user alice', for admins."""
+        return f"the {self.kind} {self.name}"
+
+
+def time_zone(name: str) -> tzinfo:
+    """The zone of an IANA name; ValueError when this machine does not know it.
+
+    UTC needs no time zone database, so a machine without one still runs budgets.
+    """
+    if name == DEFAULT_BUDGET_TIMEZONE:
+        return timezone.utc
+    try:
+        return ZoneInfo(name)
+    except Exception as e:  # ZoneInfoNotFoundError is a KeyError; a path is a ValueError
+        raise ValueError(f"unknown time zone {name!r}") from e
+
+
+@dataclass(frozen=True)
 class QuotaTable:
     path: str
     images: dict[str, ImageSpec]
@@ -125,6 +169,18 @@ class QuotaTable:
     default: tuple[str, ...] = ()
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     users: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    budgets: tuple[Budget, ...] = ()
+    budget_timezone: str = DEFAULT_BUDGET_TIMEZONE  # periods start at its midnight
+
+    @property
+    def budget_zone(self) -> tzinfo:
+        return time_zone(self.budget_timezone)
+
+    def budgets_for(self, username: str, groups: Iterable[str] = ()) -> list[Budget]:
+        """The user's own budget, then those of their groups: each of them applies."""
+        held = set(groups)
+        return ([b for b in self.budgets if b.kind == "user" and b.name == username]
+                + [b for b in self.budgets if b.kind == "group" and b.name in held])
 
     def role_names_for(self, username: str, groups: Iterable[str] = ()) -> list[str]:
         """Users first, then the union of their groups, then ``default``."""

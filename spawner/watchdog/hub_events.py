@@ -1,4 +1,5 @@
-"""The hub's event log, told: a preemption to the people of the server it stops.
+"""The hub's event log, told: a preemption to the people of the server it stops, a
+GPU-hour budget to the user it runs short for.
 
 The hub appends its preemption and queue events to a JSON-lines file
 (``spawner.events``). Each cycle the watchdog reads what was appended since
@@ -14,6 +15,15 @@ stopped: ``notify.py`` words them and routes them as that server's incidents
 OOM kill is: no reminder and no resolved message. The queue's events are
 not told.
 
+``budget_events`` turns the hub's ``budget-warning`` (a budget of a running
+GPU server's user passed its warn_at) and ``budget-spent`` (spent; the
+server is being stopped when ``stopping``) into messages about that server
+(rule ``budget``): to its user, and for a group's budget to that group's
+channels (its instructors), never to the user's other groups. The hub tells
+each once per user, budget and period (``spawner.usage.budgets.BudgetWatch``).
+
+``hub_event_messages`` is both, in the log's order: what a cycle tells.
+
 Only ``read_new`` blocks (file I/O).
 """
 
@@ -26,10 +36,12 @@ from typing import Any
 from ..events import read_events
 from ..quota.units import human_duration
 from .model import Server, Snapshot
-from .rules import PREEMPTION, Event, EventCursor, Incident, WatchdogRules, _instant
+from .rules import BUDGET, PREEMPTION, Event, EventCursor, Incident, WatchdogRules, _instant
 
 NOTICE, STOPPED, WITHDRAWN = "preemption", "preempted", "preemption-withdrawn"
 PREEMPTION_EVENTS = (NOTICE, STOPPED, WITHDRAWN)
+BUDGET_WARNING, BUDGET_SPENT = "budget-warning", "budget-spent"
+BUDGET_EVENTS = (BUDGET_WARNING, BUDGET_SPENT)
 _CHUNK = 1 << 16
 
 
@@ -130,6 +142,17 @@ def _what(f: dict[str, Any]) -> str:
     return f"Preempted by {by}{role}{ranks}."
 
 
+def _server(f: dict[str, Any], servers: dict[str, Server]) -> Server:
+    """The snapshot's server of the event's container (with its image and GPUs), else
+    the server as the event names it."""
+    user, container = f["user"], f.get("container", "")
+    server = servers.get(container)
+    if server is None or server.user != user:
+        server = Server(container_id="", name=container, user=user, role=f.get("role", ""),
+                        image="", hub_id=f.get("hub", ""), gpus=tuple(f.get("gpus", ())))
+    return server
+
+
 def preemption_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
                       snapshot: Snapshot) -> list[Event]:
     """The messages for this hub's preemption events, in the log's order.
@@ -147,10 +170,7 @@ def preemption_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
         if f["event"] not in PREEMPTION_EVENTS or "user" not in f:
             continue
         user, container = f["user"], f.get("container", "")
-        server = servers.get(container)
-        if server is None or server.user != user:
-            server = Server(container_id="", name=container, user=user, role=f.get("role", ""),
-                            image="", hub_id=f.get("hub", ""), gpus=tuple(f.get("gpus", ())))
+        server = _server(f, servers)
         gpus = f.get("gpus") or list(server.gpus)
         one = gpus[0] if len(gpus) == 1 else None
         sample = snapshot.gpus.get(one) if one else None
@@ -161,4 +181,79 @@ def preemption_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
             gpu_uuid=one, gpu_index=sample.index if sample else None,
             host=snapshot.host, what=_what(f), hub_event=f)
         told.append(_instant(incident, at))
+    return told
+
+
+# --- budgets ---------------------------------------------------------------------
+
+
+def budget_facts(event: dict[str, Any]) -> dict[str, Any]:
+    """What the messages use of one budget event, each field of its type or left out."""
+    out: dict[str, Any] = {"event": _text(event.get("event"))}
+    for name in ("user", "hub", "container", "role", "budget_kind", "budget_name", "per",
+                 "text"):
+        if _text(event.get(name)):
+            out[name] = _text(event[name])
+    for name in ("time", "used", "gpu_hours", "warn_at", "resets_at"):
+        if _number(event.get(name)) is not None:
+            out[name] = _number(event[name])
+    if isinstance(event.get("stopping"), bool):
+        out["stopping"] = event["stopping"]
+    if out.get("budget_kind") not in ("group", "user"):
+        out.pop("budget_kind", None)
+    return out
+
+
+def _budget_owner(f: dict[str, Any]) -> str:
+    """'the group cs101' or 'alice': whose budget, for the sentence made of numbers."""
+    if f.get("budget_kind") == "group" and f.get("budget_name"):
+        return f"the group {f['budget_name']}"
+    return f.get("budget_name") or f.get("user", "")
+
+
+def _budget_what(f: dict[str, Any]) -> str:
+    """The hub's sentence, or one made from the numbers when it gave none."""
+    if f.get("text"):
+        return _sentence(f["text"])
+    numbers = ""
+    if "used" in f and "gpu_hours" in f:
+        numbers = f": {f['used']:.1f} of {f['gpu_hours']:g} GPU-hours used"
+        numbers += f" this {f['per']}" if f.get("per") else ""
+    state = "spent" if f["event"] == BUDGET_SPENT else "nearly spent"
+    return f"The GPU-hour budget of {_budget_owner(f)} is {state}{numbers}."
+
+
+def budget_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
+                  snapshot: Snapshot) -> list[Event]:
+    """The messages for this hub's budget events, in the log's order; each about the
+    user's server (as ``preemption_events`` finds it). An event without a user is left
+    out."""
+    if not rules.enabled(BUDGET):
+        return []
+    servers = {s.server.name: s.server for s in snapshot.servers.values()}
+    told = []
+    for event in events:
+        f = budget_facts(event)
+        if f["event"] not in BUDGET_EVENTS or "user" not in f:
+            continue
+        server = _server(f, servers)
+        at = f.get("time", snapshot.time)
+        kind, name = f.get("budget_kind", "user"), f.get("budget_name", f["user"])
+        # a group's budget concerns each member: one incident each
+        key = f"{BUDGET}:{kind}:{name}" + (f":{f['user']}" if kind == "group" else "")
+        incident = Incident(
+            key=key, rule=BUDGET, severity="warning",
+            server=server, since=at, host=snapshot.host, what=_budget_what(f), hub_event=f)
+        told.append(_instant(incident, at))
+    return told
+
+
+def hub_event_messages(events: Iterable[dict[str, Any]], rules: WatchdogRules,
+                       snapshot: Snapshot) -> list[Event]:
+    """The messages of every hub event the watchdog tells (preemptions and budgets), in
+    the log's order."""
+    told = []
+    for event in events:
+        told += preemption_events([event], rules, snapshot)
+        told += budget_events([event], rules, snapshot)
     return told

@@ -57,6 +57,7 @@ from traitlets.config import LoggingConfigurable
 
 from ..quota.units import format_human, human_duration
 from .rules import (
+    BUDGET,
     GPU_IDLE,
     GPU_MEMORY,
     INSTANT_RULES,
@@ -126,6 +127,21 @@ def _preemption(incident: Incident, whose: str) -> str:
     return f"{whose} will be stopped{at}: preempted by {by}"
 
 
+def _budget(incident: Incident, whose: str) -> str:
+    """The title's subject of the hub's budget events (hub_events.py)."""
+    event = incident.hub_event
+    name = event.get("budget_name") or (incident.server.user if incident.server else "")
+    owner = f"the group {name}" if event.get("budget_kind") == "group" and name else name
+    budget = f"GPU-hour budget of {owner}" if owner else "a GPU-hour budget"
+    if event.get("event") == "budget-spent":
+        if event.get("stopping"):
+            return f"{whose} will be stopped: {budget} spent"
+        return f"{budget} spent: {whose} keeps running"
+    used, hours = event.get("used"), event.get("gpu_hours")
+    share = f"{int(used / hours * 100 + 1e-9)}%" if used is not None and hours else "nearly"
+    return f"{budget} {share} used: {whose}"
+
+
 def _when(incident: Incident, now: float) -> str | None:
     """When a preempted server stops, against ``now``: the deadline is what counts."""
     deadline = incident.hub_event.get("deadline")
@@ -167,6 +183,8 @@ def _headline(incident: Incident, numbers: bool = True) -> str:
         return f"container {name} holds GPUs but no hub server claims it"
     if rule == PREEMPTION:
         return _preemption(incident, f"{user}'s server" if user else "a server")
+    if rule == BUDGET:
+        return _budget(incident, f"{user}'s server" if user else "a server")
     return incident.what or rule
 
 
@@ -236,12 +254,27 @@ ADVICE = {
     "preempted": (
         "Start the server again from the hub when a GPU is free; the home folder, with "
         "the checkpoints saved in it, is as it was."),
+    # by the hub's event, for the budget rule
+    "budget-warning": (
+        "Stop the GPU servers you do not need: a budget counts the time GPUs are reserved, "
+        "busy or not. Roles without GPUs do not count against it."),
+    "budget-spent": (
+        "Save your work and stop the server when you are done: no new GPU server can start "
+        "until the budget resets. Roles without GPUs can still be started."),
+    "budget-stopping": (
+        "Go on with a role without GPUs, which budgets do not count; the home folder is "
+        "kept. GPU roles can be started again when the budget resets."),
 }
 
 
 def _advice(incident: Incident) -> str | None:
     if incident.rule == PREEMPTION:
         return ADVICE.get(incident.hub_event.get("event", ""))
+    if incident.rule == BUDGET:
+        event = incident.hub_event
+        if event.get("event") == "budget-spent" and event.get("stopping"):
+            return ADVICE["budget-stopping"]
+        return ADVICE.get(event.get("event", ""))
     return ADVICE.get(incident.rule)
 
 
@@ -290,7 +323,7 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
             lines.append(f"GPUs: {', '.join(gpus)}")
     lines.append(f"Host: {getattr(incident, 'host', '') or host}")
     since = datetime.fromtimestamp(incident.since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    if incident.rule in (*INSTANT_RULES, PREEMPTION, "test"):
+    if incident.rule in (*INSTANT_RULES, PREEMPTION, BUDGET, "test"):
         lines.append(f"At: {since}")
     else:
         lines.append(f"Since: {since} ({lasted})")
@@ -324,6 +357,14 @@ def routes(channel: Mapping[str, Any], incident: Incident, groups: list[str],
     server = incident.server
     if server is None or incident.rule in admin_only_rules:
         return False
+    if incident.rule == BUDGET:
+        # a budget is its user's, or its group's: not a concern of the user's other
+        # groups, nor of the server's role
+        event = incident.hub_event
+        budget_group = ({event.get("budget_name")} if event.get("budget_kind") == "group"
+                        else set())
+        return (server.user in (channel.get("users") or ())
+                or bool(budget_group & set(channel.get("groups") or ())))
     return (server.user in (channel.get("users") or ())
             or server.role in (channel.get("roles") or ())
             or bool(set(groups) & set(channel.get("groups") or ())))

@@ -48,7 +48,8 @@ ZOMBIE = "zombie"  # a container of this hub holds GPUs that no server claims
 RULES = (GPU_MEMORY, MEMORY, OOM, GPU_LOST, XID, GPU_IDLE, ZOMBIE)
 # Rules that tell what the hub's event log says (hub_events.py): no incident to keep.
 PREEMPTION = "preemption"  # the hub stops a server to free its GPUs for a higher priority
-HUB_EVENT_RULES = (PREEMPTION,)
+BUDGET = "budget"  # a GPU-hour budget of a running server's user nears its end or is spent
+HUB_EVENT_RULES = (PREEMPTION, BUDGET)
 # Every name disabled_rules and a channel's rules take.
 ALL_RULES = RULES + HUB_EVENT_RULES
 
@@ -181,7 +182,7 @@ class Incident:
     last_sent: float | None = None  # the last announcement or reminder
     resolved: float | None = None
     reason: str = ""  # why it ended, once resolved
-    # The hub's event it tells (rule preemption), its fields checked (hub_events.py).
+    # The hub's event it tells (rules preemption, budget), its fields checked (hub_events.py).
     hub_event: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
