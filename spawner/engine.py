@@ -165,3 +165,28 @@ async def socket_probe_problems(client: Any, container_id: str,
                                 "engine socket must never reach a notebook")
                 break
     return problems
+
+
+def container_end(client: Any, container_id: str, since: float) -> dict[str, Any] | None:
+    """How a container that is gone ended, from the engine's event history (blocking):
+    {"oom": killed for memory, "exit_code", "finished": epoch seconds}; None when the
+    engine has no record of its end (it was restarted since, say).
+
+    The engine removes our containers when they exit (AutoRemove), so their state,
+    OOMKilled included, is gone by the time the hub polls; its events stay.
+    """
+    end: dict[str, Any] | None = None
+    oom = False
+    for event in client.events(since=int(since) - 1, until=int(time.time()) + 1, decode=True,
+                               filters={"type": "container", "container": container_id}):
+        action = event.get("Action") or event.get("status")
+        if action == "oom":
+            oom = True
+        elif action == "die":
+            attributes = (event.get("Actor") or {}).get("Attributes") or {}
+            code = attributes.get("exitCode")
+            end = {"exit_code": int(code) if str(code).lstrip("-").isdigit() else None,
+                   "finished": (event.get("timeNano") or 0) / 1e9 or event.get("time")}
+    if end is not None:
+        end["oom"] = oom
+    return end

@@ -40,7 +40,8 @@ from .mounts import bind_sources
 from .network import HostNetworkMixin, wait_for_port, warn_host_network
 from .quota.model import Choice, Role
 from .quota.units import human_duration
-from .usage.ledger import FAILED, NO_LEDGER, ended, failure
+from .usage.duties import record_end
+from .usage.ledger import FAILED, NO_LEDGER, failure
 
 
 class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpawner):
@@ -392,6 +393,8 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         status = await super().poll()
         if status is not None and self.object_name not in pool.starting:
             pool.forget(self.object_name, f"the container stopped ({status})")
+            # the hub does not call stop() for a server that ended by itself
+            await self._record_end(pool, None)
         return status
 
     async def stop(self, now: bool = False) -> None:
@@ -408,5 +411,10 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         else:
             await super().stop(now=now)
         pool.forget(self.object_name, "the server stopped")
+        await self._record_end(pool, ours)
+
+    async def _record_end(self, pool: GpuPool, container: dict[str, Any] | None) -> None:
+        """Close this server's session in the ledger with why it ended."""
         if pool.usage is not None:
-            await pool.usage.close(self.hub_id, self.object_name, *ended(ours))
+            await pool.usage.call(record_end, pool.usage.ledger, self.client, self.hub_id,
+                                  self.object_name, container, self.log)

@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..contract import HUB_LABEL
-from .ledger import LOST, Ledger
+from ..engine import container_end
+from .ledger import Ledger, ended
 
 INTERVAL = 60.0
 PRUNE_EVERY = 24 * 3600.0
@@ -76,8 +77,32 @@ class UsageDuties:
         lost = sorted(missing & self._missing)
         self._missing = missing - set(lost)
         for name in lost:
-            self.ledger.close(self.hub_id, name, LOST,
-                              detail="its container vanished while the hub was not watching")
-            self.log.warning("Usage ledger: the session of %s closed as lost: its container "
-                             "is gone", name)
+            reason = record_end(self.ledger, self.docker, self.hub_id, name, log=self.log)
+            self.log.warning("Usage ledger: the session of %s closed (%s): its container is "
+                             "gone and no hub server stopped it", name, reason)
         return lost
+
+
+def record_end(ledger: Ledger, docker: Any, hub: str, container: str,
+               inspected: dict[str, Any] | None = None,
+               log: logging.Logger | logging.LoggerAdapter | None = None) -> str | None:
+    """Close ``container``'s open session with why it ended (blocking): from
+    ``inspected`` (the container as the engine shows it), else from the engine's record
+    of its end. Returns the reason; None when it had no open session."""
+    if inspected is None:
+        session = ledger.open_session(hub, container)
+        if session is None:
+            return None
+        end = None
+        if session["container_id"]:
+            try:
+                end = container_end(docker, session["container_id"],
+                                    session["started"] or session["requested"])
+            except Exception as e:  # the end is then unknown: closed as lost
+                (log or logging.getLogger(__name__)).warning(
+                    "Could not read how %s ended from the engine: %s", container, e)
+        reason, detail, when = ended(None, end)
+    else:
+        reason, detail, when = ended(inspected)
+    ledger.close(hub, container, reason, detail, when)
+    return reason

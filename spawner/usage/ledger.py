@@ -61,7 +61,7 @@ OOM = "oom"  # the container was killed for memory
 FAILED = "failed"  # never became ready
 ZOMBIE = "zombie"  # a container no hub server claimed, removed
 BUDGET = "budget"  # its GPU-hour budget ran out, and the table says stop
-LOST = "lost"  # its container vanished while the hub was not watching (a crash)
+LOST = "lost"  # ended without the hub: a crash, a reboot, a docker rm
 REASONS = (STOPPED, CULLED, MAX_AGE, PREEMPTED, OOM, FAILED, ZOMBIE, BUDGET, LOST)
 # What the server itself shows wins over what was said before the stop:
 # a server killed for memory while it was being culled ended by memory.
@@ -103,19 +103,25 @@ def _epoch(stamp: str | None) -> float | None:
         return None
 
 
-def ended(container: dict[str, Any] | None) -> tuple[str, str | None, float | None]:
-    """Why a server's session ended, from its container as the engine last showed it
-    (None: gone): (reason, detail, when; None for now)."""
-    if container is None:
-        return LOST, "its container was gone when the hub stopped it", None
-    state = container.get("State") or {}
-    if state.get("Running"):
-        return STOPPED, None, None
-    finished = _epoch(state.get("FinishedAt"))
-    if state.get("OOMKilled"):
-        return OOM, f"the container was killed for memory (exit code {state.get('ExitCode')})", \
-            finished
-    return STOPPED, f"the server exited (exit code {state.get('ExitCode')})", finished
+def ended(container: dict[str, Any] | None = None, end: dict[str, Any] | None = None,
+          ) -> tuple[str, str | None, float | None]:
+    """Why a server's session ended: from its container as the engine shows it, or, once
+    the container is gone, from the engine's record of its end (``engine.container_end``);
+    neither: lost. Returns (reason, detail, when; None for now)."""
+    if container is not None:
+        state = container.get("State") or {}
+        if state.get("Running"):
+            return STOPPED, None, None
+        end = {"oom": bool(state.get("OOMKilled")), "exit_code": state.get("ExitCode"),
+               "finished": _epoch(state.get("FinishedAt"))}
+    if end is None:
+        return LOST, "its container was gone, with no record of its end", None
+    code, when = end.get("exit_code"), end.get("finished")
+    if end.get("oom"):
+        return OOM, f"the container was killed for memory (exit code {code})", when
+    if code == 0:  # the server shut itself down, e.g. File > Shut Down in JupyterLab
+        return STOPPED, "the server exited by itself", when
+    return LOST, f"the server ended without the hub stopping it (exit code {code})", when
 
 
 def failure(error: BaseException) -> str:
@@ -330,6 +336,16 @@ class Ledger:
             and_(self._open_session(hub, container), sessions.c.id <= row.id)).values(
             stopped=when, reason=final, detail=detail))
         return int(row.id)
+
+    def open_session(self, hub: str, container: str) -> dict[str, Any] | None:
+        """The open session of ``container``: its id, container_id, started and requested."""
+        with self.engine.connect() as connection:
+            row = connection.execute(
+                select(sessions.c.id, sessions.c.container_id, sessions.c.started,
+                       sessions.c.requested)
+                .where(self._open_session(hub, container)).order_by(sessions.c.id.desc())
+            ).first()
+        return dict(row._mapping) if row is not None else None
 
     def open_containers(self, hub: str) -> dict[str, int]:
         """The containers of ``hub`` with an open session, to the session's id."""

@@ -1,0 +1,240 @@
+"""End to end: the usage ledger from real spawns, stops, culls, OOM kills and crashes.
+
+Real hub, proxy, engine, containers and culler; the watchdog runs as its own
+process and folds its samples into the ledger. Only NVML is FAKE (on the
+host for the watchdog, mounted into the containers for the GPU monitor).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from harness import (
+    ARTIFACTS,
+    Hub,
+    WatchdogProcess,
+    container_for,
+    fake_nvml_config,
+    install_fake_nvml,
+    teardown,
+    write_fake_nvml_state,
+)
+from spawner.usage.ledger import Ledger
+from spawner.usage.schema import session_groups, sessions
+
+pytestmark = pytest.mark.e2e
+
+PREFIX = "qsuse"
+HUB_ID = "qsuse-hub"
+GPU = "GPU-usage-0000-0000-0000-000000000001"
+G = 2**30
+M = 2**20
+QUOTAS = """\
+images:
+  pytorch: {image: "quota-spawner/pytorch:latest"}
+roles:
+  small: {cpus: 0.5, memory: 512M, images: [pytorch]}
+  idle: {cpus: 0.5, memory: 512M, images: [pytorch], idle_timeout: 12s}
+  aged: {cpus: 0.5, memory: 512M, images: [pytorch], idle_timeout: 10m, max_age: 15s}
+  gpu: {cpus: 1, memory: 768M, images: [pytorch], gpus: 1, queue_timeout: 0}
+assignments:
+  default: [small, idle, aged, gpu]
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(docker_client, tmp_path_factory):
+    work = tmp_path_factory.mktemp("usage")
+    (work / "container-nvml").mkdir()
+    (work / "host-nvml").mkdir()
+    container_fake = install_fake_nvml(work / "container-nvml")
+    host_fake = install_fake_nvml(work / "host-nvml")
+    write_fake_nvml_state(host_fake, {"gpus": [
+        {"uuid": GPU, "name": "Fake GPU", "memory": 16 * G, "utilization": 0}]})
+    hub = Hub(work / "hub", quota_text=QUOTAS, prefix=PREFIX,
+              extra_config=fake_nvml_config(container_fake, PREFIX, gpus=(GPU,)) + f"""
+c.QuotaSpawner.hub_id = {HUB_ID!r}
+from spawner.culling import culler_service
+culler, culler_role = culler_service(c.QuotaSpawner.quota_file, timeout=600, cull_every=2,
+                                     usage_db=c.QuotaSpawner.usage_db)
+c.JupyterHub.services.append(culler)
+c.JupyterHub.load_roles.append(culler_role)
+c.JupyterHub.last_activity_interval = 2
+""")
+    url = f"sqlite:///{hub.workdir / 'quota-spawner-usage.sqlite'}"
+    watchdog = WatchdogProcess(work, host_fake, "", env={
+        "QUOTA_SPAWNER_HUB_ID": HUB_ID, "QUOTA_SPAWNER_USAGE_DB": url})
+    try:
+        hub.start()
+        watchdog.start()
+        yield hub, watchdog, url, host_fake
+    finally:
+        watchdog.stop()
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "watchdog-usage.log").write_text(watchdog.log())
+        teardown(hub, docker_client, "usage")
+
+
+def rows(url: str, user: str) -> list[dict[str, Any]]:
+    ledger = Ledger(url, create=False)
+    try:
+        with ledger.engine.connect() as db:
+            found = [dict(r._mapping) for r in db.execute(
+                select(sessions).where(sessions.c.user_name == user).order_by(sessions.c.id))]
+            for row in found:
+                row["groups"] = sorted(db.execute(select(session_groups.c.group_name).where(
+                    session_groups.c.session_id == row["id"])).scalars())
+        return found
+    finally:
+        ledger.dispose()
+
+
+def closed(url: str, user: str, count: int = 1, timeout: float = 60) -> list[dict[str, Any]]:
+    """``user``'s sessions, once ``count`` of them are closed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = rows(url, user)
+        if sum(r["stopped"] is not None for r in found) >= count or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def test_sessions_end_with_why_they_ended(setup, docker_client):
+    hub, watchdog, url, _ = setup
+    roles = {"use-stop": "small", "use-idle": "idle", "use-aged": "aged", "use-oom": "small"}
+    for name in roles:
+        hub.create_user(name, ["usage-class"] if name == "use-stop" else [])
+    began = time.time()
+    with ThreadPoolExecutor(len(roles)) as pool:
+        list(pool.map(lambda n: hub.start_server(n, {"profile": roles[n]}), roles))
+    ready = time.time()
+
+    # killed for memory: the notebook server is made the OOM killer's first choice
+    # (raising one's own oom_score_adj needs no privilege), then memory runs out and
+    # the kernel kills it, which ends the container as an OOM kill
+    c = container_for(docker_client, "use-oom")
+    code, out = c.exec_run(["python3", "-c", (
+        "import os\n"
+        "for p in os.listdir('/proc'):\n"
+        "    if p.isdigit() and int(p) != os.getpid():\n"
+        "        try:\n"
+        "            if b'jupyter' in open(f'/proc/{p}/cmdline', 'rb').read():\n"
+        "                open(f'/proc/{p}/oom_score_adj', 'w').write('1000')\n"
+        "        except OSError: pass\n")], user="1000")
+    assert code == 0, out
+    for _ in range(4):  # each smaller than the server's score: the server is the one killed
+        c.exec_run(["python3", "-c", "import time; b = bytearray(150 * 2**20); "
+                    "b[::4096] = b'x' * len(b[::4096]); time.sleep(120)"],
+                   user="1000", detach=True)
+    hub.stop_server("use-stop")
+
+    stop = closed(url, "use-stop")[0]
+    assert stop["reason"] == "stopped", stop
+    assert (stop["role"], stop["image"], stop["cpu_limit"], stop["mem_limit"]) == \
+        ("small", "pytorch", 0.5, 512 * M)
+    assert stop["groups"] == ["usage-class"] and stop["hub"] == HUB_ID
+    assert stop["container"] == f"{PREFIX}-use-2dstop" and stop["container_id"]  # escaped
+    assert began <= stop["requested"] <= stop["started"] <= stop["ready"] <= ready
+    assert stop["ready"] <= stop["stopped"] <= time.time()
+    assert stop["gpu_count"] == 0 and stop["gpus"] == "" and stop["gpu_reserved"] == 0
+
+    oom = closed(url, "use-oom", timeout=60)[0]
+    assert oom["reason"] == "oom", (oom, hub.log()[-3000:])
+    assert "killed for memory" in oom["detail"]
+    idle = closed(url, "use-idle", timeout=90)[0]
+    assert idle["reason"] == "culled", idle
+    assert idle["stopped"] - idle["requested"] >= 12
+    aged = closed(url, "use-aged", timeout=90)[0]
+    assert aged["reason"] == "max-age", aged
+    assert aged["stopped"] - aged["requested"] >= 15
+    # every server's samples were folded while it ran: CPU and memory from its cgroup
+    for row in (stop, idle, aged):
+        assert row["mem_samples"] > 0 and 0 < row["mem_peak"] <= 512 * M, row
+        assert row["mem_sum"] / row["mem_samples"] <= row["mem_peak"]
+        assert row["cpu_samples"] > 0 and row["cpu_peak"] is not None, row
+        assert row["gpu_samples"] == 0 and row["gpu_util_peak"] is None
+
+
+def test_a_gpu_session_gets_its_gpu_samples_and_a_refused_start_is_a_failed_session(
+        setup, docker_client):
+    hub, watchdog, url, host_fake = setup
+    hub.create_user("use-gpu")
+    hub.create_user("use-late")
+    hub.start_server("use-gpu", {"profile": "gpu"})
+    pid = container_for(docker_client, "use-gpu").attrs["State"]["Pid"]
+    write_fake_nvml_state(host_fake, {"gpus": [
+        {"uuid": GPU, "name": "Fake GPU", "memory": 16 * G, "utilization": 60, "used": 3 * G,
+         "processes": [[pid, 3 * G]]}]})
+    # the one GPU is held, and the role does not queue: refused at once, recorded as failed
+    r = hub.spawn("use-late", {"profile": "gpu"})
+    assert r.status_code in (201, 202, 503), r.text
+    hub.wait_stopped("use-late", timeout=60)
+    late = closed(url, "use-late")[0]
+    assert late["reason"] == "failed" and "GPU" in late["detail"], late
+    assert late["started"] is None and late["gpu_count"] == 0
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        (row,) = rows(url, "use-gpu")
+        if row["gpu_util_peak"] == pytest.approx(0.6):
+            break
+        time.sleep(0.5)
+    hub.stop_server("use-gpu")
+    (row,) = closed(url, "use-gpu")
+    assert row["reason"] == "stopped"
+    assert (row["gpus"], row["gpu_count"], row["gpu_mode"], row["gpu_reserved"]) == \
+        (GPU, 1, "exclusive", 1.0)
+    assert row["gpu_mem_limit"] == 16 * G
+    assert row["gpu_util_peak"] == pytest.approx(0.6), (row, watchdog.log()[-2000:])
+    assert row["gpu_mem_peak"] == 3 * G and row["gpu_samples"] > 0
+    assert 0 < row["gpu_util_sum"] / row["gpu_samples"] <= 0.6 + 1e-9
+
+
+def test_crashes_lose_no_finished_session(setup, docker_client):
+    """The watchdog killed, then the hub killed while a server runs and its container
+    removed while the hub is down: the finished sessions are all there, and the cut-off
+    one is closed as lost when its container died."""
+    hub, watchdog, url, host_fake = setup
+    write_fake_nvml_state(host_fake, {"gpus": [
+        {"uuid": GPU, "name": "Fake GPU", "memory": 16 * G, "utilization": 0}]})
+    for name in ("crash-done", "crash-cut", "crash-kept"):
+        hub.create_user(name)
+        hub.start_server(name, {"profile": "small"})
+    time.sleep(3)  # a few samples each
+    hub.stop_server("crash-done")
+    before = closed(url, "crash-done")[0]
+    assert before["reason"] == "stopped"
+
+    watchdog.proc.send_signal(signal.SIGKILL)
+    watchdog.proc.wait()
+    cut_seen = rows(url, "crash-cut")[0]["last_seen"]
+    assert cut_seen is not None
+    os.kill(hub.proc.pid, signal.SIGKILL)
+    hub.proc.wait()
+    container_for(docker_client, "crash-cut").remove(force=True)
+    removed = time.time()
+    hub.start()
+    watchdog.start()
+
+    assert rows(url, "crash-done") == [before]  # untouched by both crashes
+    cut = closed(url, "crash-cut", timeout=60)[0]
+    assert cut["reason"] == "lost", (cut, hub.log()[-3000:])
+    # what is known: the engine's record of when the container died
+    assert cut_seen <= cut["stopped"] <= removed + 1, (cut, cut_seen, removed)
+    assert "exit code 137" in cut["detail"]
+    kept = rows(url, "crash-kept")[0]
+    assert kept["stopped"] is None  # still running, and still sampled
+    samples = kept["mem_samples"]
+    deadline = time.monotonic() + 20
+    while rows(url, "crash-kept")[0]["mem_samples"] <= samples:
+        assert time.monotonic() < deadline, watchdog.log()[-2000:]
+        time.sleep(0.5)
+    hub.stop_server("crash-kept")
+    assert closed(url, "crash-kept")[0]["reason"] == "stopped"
