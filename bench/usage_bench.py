@@ -17,7 +17,7 @@ transactions of 50,000 rows. Then, on that ledger:
 - ``Ledger.fold``: one watchdog cycle of 50 samples into 50 open sessions, in one
   transaction, repeated (ms per cycle, µs per sample).
 
-    .venv/bin/python bench/usage_bench.py                       # about a minute
+    .venv/bin/python bench/usage_bench.py                       # about 2 minutes
     .venv/bin/python bench/usage_bench.py --sessions 100000 --runs 3
 
 The ledger lives in a temporary folder, removed at the end.

@@ -344,6 +344,8 @@ def advice_ledger(tmp_path):
         many(c, "grace", "gpu", [(6 * G, 3.0)] * 5, ["ml"], gpu=(0.0, 0))
         # jack (ml) used a third of his GPU and 5 GiB of its memory
         many(c, "jack", "gpu", [(4 * G, 1.5)] * 5, ["ml"], gpu=(0.3, 5 * G))
+        # kate (ml) needed her whole GPU: neither smaller role would have served
+        many(c, "kate", "gpu", [(15 * G, 3.9)] * 5, ["ml"], gpu=(0.95, 30 * G))
         # henry (cs101): too few sessions
         many(c, "henry", "big", [(1 * G, 0.2)] * 3, ["cs101"])
         # ivan holds big only
@@ -396,6 +398,16 @@ def test_advice_suggests_a_shared_gpu_that_fits(advice_ledger):
         "1 GPU shared 4 ways (10 GiB of GPU memory) would have served 5 of them.")
 
 
+def test_advice_names_the_closest_smaller_role(advice_ledger):
+    kate = advice_of(advice_ledger)["kate"]
+    assert (kate.suggestion, kate.served) == (None, 0)
+    assert kate.text == (
+        "kate used at most 15 GiB of 16 GiB and 3.9 of 4 CPUs, its GPU at most 95% busy "
+        "with 30 GiB of GPU memory over 5 sessions as gpu; no smaller role would have "
+        "served: shared with 8 GiB, 2 CPUs and 1 GPU shared 4 ways (10 GiB of GPU memory) "
+        "would have served only 0 of them.")
+
+
 def test_advice_needs_enough_sessions(advice_ledger):
     henry = advice_of(advice_ledger)["henry"]
     assert (henry.suggestion, henry.served, henry.sessions) == (None, 0, 3)
@@ -416,7 +428,7 @@ def test_advice_in_every_format(advice_ledger):
     report = build_report(advice_ledger.engine, since=0, until=100 * H, table=TABLE,
                           now=100 * H)
     assert [a.user for a in report.advice] == ["alice", "bob", "grace", "henry", "ivan",
-                                               "jack"]
+                                               "jack", "kate"]
     table = format_report(report, "table")
     assert table.split("Right-sizing advice:\n", 1)[1] == "".join(
         f"- {a.text}\n" for a in report.advice)
@@ -424,7 +436,7 @@ def test_advice_in_every_format(advice_ledger):
     assert [Advice(**a) for a in data["advice"]] == report.advice
     assert "advice" not in format_report(report, "csv")
     only = advice_of(advice_ledger, group="ml")
-    assert sorted(only) == ["grace", "jack"]
+    assert sorted(only) == ["grace", "jack", "kate"]
 
 
 # --- times and the commands ------------------------------------------------------------

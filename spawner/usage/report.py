@@ -371,9 +371,8 @@ def _advise(r: Any, held: list[Role], served: dict[str, int]) -> Advice:
             text = (f"{evidence}; {_describe(best, bool(r.gpus))} would have served "
                     f"{count} of them.")
         else:
-            # the evidence: the smaller role that came closest
-            best = max(candidates, key=lambda role: (served[role.name], [-x for x in
-                                                     _cost(role)[:3]]))
+            # the evidence: the smaller role that came closest, the largest on a tie
+            best = max(candidates, key=lambda role: (served[role.name], _cost(role)))
             count = served[best.name]
             text = (f"{evidence}; no smaller role would have served: "
                     f"{_describe(best, bool(r.gpus))} would have served only {count} of them.")
