@@ -163,6 +163,23 @@ if WATCHDOG != "0":
     c.JupyterHub.services = [*c.JupyterHub.services, watchdog]
     c.JupyterHub.load_roles.append(watchdog_role)
 
+# --- the usage page ------------------------------------------------------------
+# The usage report as tables and charts at /services/usage/, in the hub's
+# Services menu for admins (every session) and instructors (their class's
+# sessions, through the scope instructor_roles gives them). It reads the usage
+# ledger and listens on USAGE_URL; "0" turns it off (docs/usage.md#the-usage-page).
+from spawner.usage.service import CUSTOM_SCOPES, DEFAULT_URL, usage_service  # noqa: E402
+
+c.JupyterHub.custom_scopes = {
+    **(c.JupyterHub.custom_scopes if "custom_scopes" in c.JupyterHub else {}), **CUSTOM_SCOPES}
+USAGE_URL = env("USAGE_URL", DEFAULT_URL)
+if USAGE_URL != "0":
+    usage, usage_role = usage_service(c.JupyterHub.bind_url, USAGE_DB,
+                                      c.QuotaSpawner.quota_file, url=USAGE_URL)
+    c.JupyterHub.services = [
+        *(c.JupyterHub.services if "services" in c.JupyterHub else []), usage]
+    c.JupyterHub.load_roles.append(usage_role)
+
 # At hub start: report a broken quota table now rather than at the first
 # spawn, and roles larger than this engine.
 try:

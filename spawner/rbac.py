@@ -7,11 +7,17 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+# The usage page's own scope (spawner/usage/service.py): filtered to a group, it shows
+# the sessions of that group; the hub config defines it in c.JupyterHub.custom_scopes.
+USAGE_SCOPE = "custom:quota-spawner:usage"
 
-def instructor_scopes(group: str) -> list[str]:
-    """List, start, stop and open the servers of ``group``'s members, and nobody else's."""
+
+def instructor_scopes(group: str, usage_page: str = "usage") -> list[str]:
+    """List, start, stop and open the servers of ``group``'s members, and nobody else's;
+    see their usage on the usage page (the service ``usage_page``; "" leaves it out, for
+    a hub that neither runs it nor defines its scope)."""
     only = f"!group={group}"
-    return [
+    scopes = [
         "admin-ui",
         f"list:users{only}",
         f"read:users{only}",
@@ -19,6 +25,9 @@ def instructor_scopes(group: str) -> list[str]:
         f"servers{only}",
         f"access:servers{only}",
     ]
+    if usage_page:
+        scopes += [f"{USAGE_SCOPE}{only}", f"access:services!service={usage_page}"]
+    return scopes
 
 
 # JupyterHub role names: lowercase letters, digits and - _ ~ . (ending in a
@@ -41,13 +50,15 @@ def role_name(group: str) -> str:
     return f"instructor-{group_slug(group)}"
 
 
-def instructor_roles(classes: Mapping[str, Iterable[str]]) -> list[dict[str, Any]]:
+def instructor_roles(classes: Mapping[str, Iterable[str]],
+                     usage_page: str = "usage") -> list[dict[str, Any]]:
     """``{group: [instructor, ...]}`` to entries for ``c.JupyterHub.load_roles``."""
     return [
         {
             "name": role_name(group),
-            "description": f"Instructor of {group}: manage the servers of its members",
-            "scopes": instructor_scopes(group),
+            "description": f"Instructor of {group}: manage the servers of its members "
+                           "and see their usage",
+            "scopes": instructor_scopes(group, usage_page),
             "users": sorted(instructors),
         }
         for group, instructors in classes.items()

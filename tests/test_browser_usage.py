@@ -1,0 +1,216 @@
+"""The usage page in Chromium, reached the way people reach it: log in at the hub, open
+the Services menu, click "usage". The admin sees every session, the instructor of
+cs101 only the class, and anyone else is refused; the charts are drawn; nothing is
+loaded from outside the hub."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from urllib.parse import quote
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+from test_usage_service import ALL_USERS, CS101, HOSTILE_USER, seed_ledger
+
+from harness import ARTIFACTS, Hub, free_port, teardown
+from spawner.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD
+from spawner.rbac import USAGE_SCOPE
+from spawner.usage.ledger import default_url
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]
+# As the shipped config's usage block does it, after the harness's own services and roles.
+USAGE_CONFIG = """
+from spawner.rbac import instructor_roles
+from spawner.usage.service import usage_service
+usage, usage_role = usage_service(c.JupyterHub.bind_url, c.QuotaSpawner.usage_db,
+                                  c.QuotaSpawner.quota_file, url="http://127.0.0.1:{port}")
+c.JupyterHub.services.append(usage)
+c.JupyterHub.load_roles += [usage_role, *instructor_roles({{"cs101": ["prof-ada"]}})]
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(docker_client, tmp_path_factory):
+    hub = Hub(tmp_path_factory.mktemp("usage-hub"), prefix=f"qsusage{os.getpid()}",
+              extra_config=USAGE_CONFIG.format(port=free_port()))
+    hub.start()
+    try:
+        hub.create_user("prof-ada", ["cs101-staff"])
+        hub.create_user("alice", ["cs101"])
+        hub.create_user("carol")
+        # the hub created its ledger at start; these sessions are what the page shows
+        seed_ledger(default_url(str(hub.workdir)))
+        yield hub
+    finally:
+        teardown(hub, docker_client, "usage")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+class Visit:
+    """One person's browser: every request and script dialog recorded."""
+
+    def __init__(self, browser, hub: Hub):
+        self.hub = hub
+        self.context = browser.new_context(viewport={"width": 1200, "height": 900},
+                                           accept_downloads=True)
+        self.page = self.context.new_page()
+        self.requests: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+
+    def log_in(self, name: str) -> None:
+        page = self.page
+        page.goto(f"{self.hub.url}/hub/login?next=/hub/home")
+        page.fill("input[name=username]", name)
+        page.fill("input[name=password]", DEMO_ADMIN_PASSWORD if name == "admin"
+                  else DEMO_PASSWORD)
+        page.click("input[type=submit], button[type=submit]")
+        page.wait_for_url("**/hub/home")
+
+    def open_usage_from_the_menu(self) -> None:
+        page = self.page
+        page.get_by_role("button", name="Services").or_(
+            page.get_by_role("link", name="Services")).click()
+        page.get_by_role("link", name="usage", exact=True).click()
+        page.wait_for_url("**/services/usage/**")
+        expect(page.locator("header h1")).to_have_text("Usage")
+
+    def pick(self, period: str) -> None:
+        self.page.select_option("#period", period)
+        with self.page.expect_navigation():
+            self.page.click("form.picker button[type=submit]")
+
+    def rows(self) -> set[str]:
+        return set(self.page.locator("table.report tr.row td.key").all_inner_texts())
+
+    def shot(self, name: str) -> None:
+        ARTIFACTS.mkdir(exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"usage-{name}.png"), full_page=True)
+
+    def check_stayed_home(self) -> None:
+        outside = [u for u in self.requests if not u.startswith(self.hub.url + "/")]
+        assert outside == [], f"requests that left the hub: {outside}"
+        assert self.dialogs == [], f"a script ran: {self.dialogs}"
+
+
+@pytest.fixture
+def visit(browser, hub):
+    visits = []
+
+    def make() -> Visit:
+        v = Visit(browser, hub)
+        visits.append(v)
+        return v
+
+    yield make
+    for v in visits:
+        v.context.close()
+
+
+def oauth_scopes(hub: Hub, user: str) -> set[str]:
+    """The scopes of the token the usage page got for ``user`` through the hub's OAuth."""
+    r = hub.api("GET", f"/users/{quote(user)}/tokens")
+    r.raise_for_status()
+    tokens = [t for t in r.json()["api_tokens"] if t.get("oauth_client") and
+              "usage" in t["oauth_client"]]
+    assert tokens, r.json()
+    return set(tokens[-1]["scopes"])
+
+
+def test_the_admin_sees_everything_and_opens_a_user(hub, visit):
+    v = visit()
+    v.log_in("admin")
+    v.open_usage_from_the_menu()
+    page = v.page
+    v.pick("30d")
+    expect(page.locator("#scope")).to_contain_text("every session")
+    assert v.rows() == ALL_USERS
+    # the hostile name is text in the table, never markup
+    expect(page.locator("td.key", has_text=HOSTILE_USER)).to_have_count(1)
+    assert page.locator("table.report script").count() == 0
+    # the charts: inline SVG with bars
+    for chart in ("gpu-days", "top-users", "reserved-used.cpu", "reserved-used.memory"):
+        assert page.locator(f"svg.chart.{chart} rect.bar").count() > 0, chart
+    assert page.locator("svg.chart.gpu-days circle.used").count() >= 2
+    expect(page.locator("#advice li.suggests").first).to_contain_text("would have served")
+    v.shot("admin")
+
+    # the CSV download holds the same report
+    with page.expect_download() as download:
+        page.click("#download-csv")
+    text = open(download.value.path(), encoding="utf-8").read()
+    assert {row[0] for row in csv.reader(io.StringIO(text))} == ALL_USERS | {"user", "(total)"}
+
+    # one user's sessions over time, from the table
+    page.locator("a.user-link", has_text="alice").click()
+    page.wait_for_url("**/services/usage/user?**")
+    expect(page.locator("#scope")).to_contain_text("the sessions of alice")
+    assert page.locator("svg.chart.timeline rect.bar.session").count() == 3
+    assert page.locator("table.sessions tr.session").count() == 3
+    expect(page.locator("table.sessions")).to_contain_text("killed for memory")
+    v.shot("admin-user")
+    v.check_stayed_home()
+    # what the hub's OAuth gave the page: the admin flag does it, not the scope
+    assert USAGE_SCOPE not in oauth_scopes(hub, "admin")
+    assert hub.user("admin")["admin"] is True
+
+
+def test_the_instructor_sees_the_class_only(hub, visit):
+    v = visit()
+    v.log_in("prof-ada")
+    v.open_usage_from_the_menu()
+    page = v.page
+    v.pick("30d")
+    expect(page.locator("#scope")).to_contain_text("the sessions of group cs101")
+    assert v.rows() == CS101
+    expect(page.locator("#charts")).not_to_contain_text("bob")
+    assert page.locator("svg.chart.top-users rect.bar").count() > 0
+    v.shot("instructor")
+    # the class's hostile user: a page whose name is text
+    page.locator("a.user-link", has_text=HOSTILE_USER).click()
+    page.wait_for_url("**/services/usage/user?**")
+    expect(page.locator("#scope strong.name")).to_have_text(HOSTILE_USER)
+    assert page.locator("svg.chart.timeline rect.bar.session").count() == 1
+    v.shot("instructor-user")
+    # another user's page, by URL: refused, not just hidden
+    response = page.goto(f"{hub.url}/services/usage/user?name=bob&period=30d")
+    assert response.status == 403
+    expect(page.locator("#message")).to_contain_text(
+        "You can see the usage of the members of cs101 only")
+    v.shot("instructor-refused")
+    response = page.goto(f"{hub.url}/services/usage/?period=30d&group=ml-platform")
+    assert response.status == 403
+    v.check_stayed_home()
+    # the hub's OAuth carried the usage scope filtered to the class
+    assert f"{USAGE_SCOPE}!group=cs101" in oauth_scopes(hub, "prof-ada")
+
+
+def test_anyone_else_is_refused(hub, visit):
+    v = visit()
+    v.log_in("carol")
+    page = v.page
+    # no link to it in the hub's menu ...
+    assert page.get_by_role("link", name="usage", exact=True).count() == 0
+    # ... and the URL is refused with a sentence
+    response = page.goto(f"{hub.url}/services/usage/")
+    assert response.status == 403
+    expect(page.locator("body")).to_contain_text(
+        "You do not have permission to access JupyterHub service usage")
+    assert page.locator("table.report").count() == 0
+    v.shot("refused")
