@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 import weakref
 from typing import Any, ClassVar
 
@@ -24,10 +25,11 @@ from .events import EventLog
 from .gpu.pool import GpuPool, hub_inventory, request_for
 from .preempt import Evictor
 from .quota.form import render_form
-from .quota.model import Choice, QuotaTableError
+from .quota.model import Choice, QuotaTable, QuotaTableError, Role
 from .quota.options import OptionsError, resolve_choice
 from .quota.store import QuotaStore
 from .registry import Registry
+from .usage.budgets import MEMORY_FILE, check_start
 from .usage.duties import UsageDuties
 from .usage.ledger import Ledger, LedgerWriter, default_url
 
@@ -83,8 +85,11 @@ class ChoicesMixin:
                            make_url(url).render_as_string(hide_password=True), e)
             return
         pool.usage = LedgerWriter(ledger, self.log)
-        pool.usage_duties = UsageDuties(ledger, self.hub_id, self.client, pool.starting,
-                                        self.usage_retention_days, self.log)
+        pool.usage_duties = UsageDuties(
+            ledger, pool, self.usage_retention_days, self.log,
+            table=lambda: self.quota_table(pool),
+            budget_memory=os.path.join(self.state_dir or ".", MEMORY_FILE),
+            interval=self.usage_check_interval)
         pool.usage_duties.start()
 
     async def _check_engine_once(self: Any) -> None:
@@ -101,14 +106,31 @@ class ChoicesMixin:
     async def choices(self: Any, pool: GpuPool | None = None) -> list[Choice]:
         """What this user may start, from the table as it is now."""
         pool = pool or await self.gpu_pool()
-        store = QuotaStore.for_path(self.quota_file)
         try:
-            table = await asyncio.to_thread(store.get, self.log, pool.capacity)
+            table = await self.quota_table(pool)
         except QuotaTableError:  # the store has logged every problem with its file and line
             raise web.HTTPError(500, refusals.TABLE_BROKEN) from None
         warn_oversized_roles(table, ChoicesMixin._engine_info, self.log)
         pool.roles = table.roles  # for preemption: every holder's role as the table says now
         return table.choices_for(self.user.name, [g.name for g in self.user.groups])
+
+    async def quota_table(self: Any, pool: GpuPool) -> QuotaTable:
+        """The table as it is now (the last good one while the file is broken; raises
+        QuotaTableError when there never was one)."""
+        store = QuotaStore.for_path(self.quota_file)
+        return await asyncio.to_thread(store.get, self.log, pool.capacity)
+
+    async def budget_refusal(self: Any, pool: GpuPool, role: Role) -> str | None:
+        """Why this user may not start ``role`` now: a spent GPU-hour budget; None if
+        they may (or there is no ledger to tell: a broken one is logged, not enforced)."""
+        if not role.gpus or pool.usage is None:
+            return None
+        table = await self.quota_table(pool)
+        if not table.budgets:
+            return None
+        return await pool.usage.call(check_start, pool.usage.ledger.engine, table,
+                                     self.user.name, [g.name for g in self.user.groups],
+                                     role, time.time())
 
     async def render_options_form(self: Any) -> str:
         pool = await self.gpu_pool()

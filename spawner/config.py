@@ -105,6 +105,11 @@ class QuotaSpawnerConfig(Configurable):
         SQLite in state_dir (quota-spawner-usage.sqlite). "none": no ledger (no reports and
         no budgets).""",
     )
+    usage_check_interval = Float(
+        60.0, config=True,
+        help="""Seconds between the hub's checks of the ledger: GPU-hour budgets of running
+        servers, and sessions whose container vanished.""",
+    )
     usage_retention_days = Float(
         400.0, config=True,
         help="Days a finished session stays in the usage ledger; 0: kept forever.",

@@ -292,6 +292,10 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         try:
             choice = await self.resolve(choices)
             self._apply_choice(choice)
+            refusal = await self.budget_refusal(pool, choice.role)
+            if refusal:
+                self.log.warning("Refused %s: %s", self._log_name, refusal)
+                raise web.HTTPError(403, refusal)
             await self._our_container()
             ip, port = await self._start_choice(pool, choice, choices)
         except BaseException:

@@ -120,8 +120,14 @@ def test_hub_config_runs_the_culler_with_30_minutes(tmp_path, monkeypatch):
     from test_hub_config import load_hub_config
 
     c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
-    culler, watchdog = c.JupyterHub.services
-    assert culler["name"] == "idle-culler" and watchdog["name"] == "gpu-watchdog"
+    culler, watchdog, usage = c.JupyterHub.services
+    assert (culler["name"], watchdog["name"], usage["name"]) == \
+        ("idle-culler", "gpu-watchdog", "usage")
+    # the culler tells the ledger why it culls; the watchdog folds samples into it
+    ledger = c.QuotaSpawner.usage_db
+    assert ledger == f"sqlite:///{tmp_path / 'quota-spawner-usage.sqlite'}"
+    assert culler["environment"]["QUOTA_SPAWNER_USAGE_DB"] == ledger
+    assert watchdog["environment"]["QUOTA_SPAWNER_USAGE_DB"] == ledger
     assert "--timeout=1800" in culler["command"] and "--cull-every=60" in culler["command"]
     assert c.JupyterHub.last_activity_interval == 60
     assert c.Spawner.environment["JUPYTERHUB_ACTIVITY_INTERVAL"] == "60"

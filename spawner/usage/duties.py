@@ -5,7 +5,9 @@
   missing twice, a minute apart, so a start or stop under way is never taken
   for one.
 - Sessions older than the retention are deleted, once a day.
-- GPU-hour budgets are checked (budgets.py), when the table has any.
+- GPU-hour budgets are checked (budgets.py), when the table has any: the
+  notices go to the event log (the watchdog tells the people), and a server
+  whose budget is spent is stopped when the budget says ``stop: true``.
 """
 
 from __future__ import annotations
@@ -18,25 +20,33 @@ from typing import Any
 
 from ..contract import HUB_LABEL
 from ..engine import container_end
-from .ledger import Ledger, ended
+from ..quota.model import QuotaTable
+from .budgets import BudgetWatch, running_gpu_sessions
+from .ledger import BUDGET, Ledger, ended
 
 INTERVAL = 60.0
 PRUNE_EVERY = 24 * 3600.0
 
 
 class UsageDuties:
-    def __init__(self, ledger: Ledger, hub_id: str, docker: Any, starting: set[str],
-                 retention_days: float, log: logging.Logger | logging.LoggerAdapter,
-                 budgets: Callable[[float], Awaitable[None]] | None = None):
+    """``pool``: the hub's GPU pool (its engine client, event log, starting servers and
+    stop_server); ``table``: the quota table as it is now (awaited; raises when broken)."""
+
+    def __init__(self, ledger: Ledger, pool: Any, retention_days: float,
+                 log: logging.Logger | logging.LoggerAdapter,
+                 table: Callable[[], Awaitable[QuotaTable]] | None = None,
+                 budget_memory: str | None = None, interval: float = INTERVAL):
         self.ledger = ledger
-        self.hub_id = hub_id
-        self.docker = docker  # a docker APIClient (blocking)
-        self.starting = starting  # containers mid-start: not lost, whatever the engine says
+        self.pool = pool
+        self.hub_id = pool.hub_id
         self.retention_days = retention_days
         self.log = log
-        self.budgets = budgets
+        self.table = table
+        self.interval = interval
+        self.watch = BudgetWatch(budget_memory, log)
         self._missing: set[str] = set()
         self._pruned = 0.0
+        self._stopping: set[str] = set()  # servers stopped for their budget, not yet gone
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -49,7 +59,7 @@ class UsageDuties:
                 await self.tick(time.time())
             except Exception:
                 self.log.exception("Usage ledger: the periodic check failed")
-            await asyncio.sleep(INTERVAL)
+            await asyncio.sleep(self.interval)
 
     async def tick(self, now: float) -> None:
         await asyncio.to_thread(self.close_lost)
@@ -60,8 +70,44 @@ class UsageDuties:
             if gone:
                 self.log.info("Usage ledger: %d sessions older than %g days deleted", gone,
                               self.retention_days)
-        if self.budgets is not None:
-            await self.budgets(now)
+        if self.table is not None:
+            await self.check_budgets(now)
+
+    async def check_budgets(self, now: float) -> None:
+        """Tell of budgets passing their warn_at or spent; stop the servers of spent
+        budgets that say ``stop: true``."""
+        try:
+            table = await self.table()
+        except Exception:
+            return  # a broken table is logged where it is read; the last check stands
+        if not table.budgets:
+            return
+        engine = self.ledger.engine
+
+        def check() -> Any:  # budgets count every hub's sessions; this hub stops its own
+            running = running_gpu_sessions(engine, hub=self.hub_id)
+            return self.watch.check(engine, table, running, now)
+
+        found = await asyncio.to_thread(check)
+        for notice in found.notices:
+            self.pool.events.append(notice.event, **notice.fields())
+            self.log.info("GPU-hour budget: %s", notice.text)
+        for stop in found.stops:
+            name = stop.session.container
+            if name in self._stopping:
+                continue
+            self._stopping.add(name)
+            self.log.warning("Stopping %s: %s", name, stop.text)
+            await asyncio.to_thread(self.ledger.hint, self.hub_id, name, BUDGET)
+            asyncio.ensure_future(self._stop(name))
+
+    async def _stop(self, name: str) -> None:
+        try:
+            await self.pool.stop_server(name, "its GPU-hour budget is spent")
+            await asyncio.to_thread(record_end, self.ledger, self.pool.docker_client,
+                                    self.hub_id, name, None, self.log)
+        finally:
+            self._stopping.discard(name)
 
     def close_lost(self) -> list[str]:
         """Close the open sessions whose container was missing at this check and the
@@ -70,14 +116,16 @@ class UsageDuties:
         if not open_:
             self._missing = set()
             return []
-        present = {name.lstrip("/") for c in self.docker.containers(
+        present = {name.lstrip("/") for c in self.pool.docker_client.containers(
             all=True, filters={"label": f"{HUB_LABEL}={self.hub_id}"})
             for name in c.get("Names") or []}
-        missing = {name for name in open_ if name not in present and name not in self.starting}
+        missing = {name for name in open_
+                   if name not in present and name not in self.pool.starting}
         lost = sorted(missing & self._missing)
         self._missing = missing - set(lost)
         for name in lost:
-            reason = record_end(self.ledger, self.docker, self.hub_id, name, log=self.log)
+            reason = record_end(self.ledger, self.pool.docker_client, self.hub_id, name,
+                                log=self.log)
             self.log.warning("Usage ledger: the session of %s closed (%s): its container is "
                              "gone and no hub server stopped it", name, reason)
         return lost

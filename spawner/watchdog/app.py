@@ -36,7 +36,7 @@ from ..usage.ledger import Ledger, Sample
 from .containers import Containers, OomEvents
 from .host import CgroupReader, CpuMeter, gpu_memory_by_container
 from .hub_api import HubDirectory
-from .hub_events import NOTICE, for_hub, preemption_events, read_new
+from .hub_events import NOTICE, for_hub, hub_event_messages, read_new
 from .metrics import WatchdogMetrics, serve_metrics, write_dcgm_mapping
 from .model import GpuProcess, GpuSample, Server, ServerSample, Snapshot
 from .notify import Notifier
@@ -257,7 +257,8 @@ class QuotaWatchdog(Application):
         task.add_done_callback(self._sending.discard)
 
     async def hub_events(self, snapshot: Snapshot) -> list[Event]:
-        """The messages for what the hub appended to its event log since the last cycle.
+        """The messages (preemptions, budgets) for what the hub appended to its event log
+        since the last cycle.
 
         The book's position moves on (saved with it after the cycle). A log
         that cannot be read is logged once, until it can be, and holds up nothing else.
@@ -281,7 +282,7 @@ class QuotaWatchdog(Application):
             if event.get("event") == NOTICE:  # counted whether or not the rule is on
                 self.metrics.preemption(str(event.get("role") or ""),
                                         str(event.get("by_role") or ""))
-        return preemption_events(ours, self.rules, snapshot)
+        return hub_event_messages(ours, self.rules, snapshot)
 
     def record_usage(self, snapshot: Snapshot) -> None:
         """Fold the cycle's samples into the ledger's open sessions (blocking). A ledger
