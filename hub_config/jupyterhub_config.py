@@ -13,6 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
+
 from spawner.culling import culler_service
 from spawner.engine import check_engine, warn_oversized_roles
 from spawner.network import ensure_network, warn_host_network
@@ -21,7 +23,7 @@ from spawner.quota.model import QuotaTableError
 from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_duration
 from spawner.rbac import instructor_roles
-from spawner.usage.ledger import default_url
+from spawner.usage.ledger import Ledger, default_url
 from spawner.watchdog.service import watchdog_service
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
@@ -186,3 +188,12 @@ try:
     warn_oversized_roles(QuotaStore.for_path(c.QuotaSpawner.quota_file).get(log), info, log)
 except QuotaTableError:
     pass  # logged with file and line; spawns are refused until it is fixed
+
+# The usage ledger is created or upgraded now, not at the first spawn, so that the
+# watchdog and the usage page find it from the start.
+if USAGE_DB != "none":
+    try:
+        Ledger(USAGE_DB, log).dispose()
+    except Exception as e:
+        log.error("The usage ledger %s cannot be created or upgraded: %s",
+                  make_url(USAGE_DB).render_as_string(hide_password=True), e)

@@ -7,7 +7,9 @@ host for the watchdog, mounted into the containers for the GPU monitor).
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +28,7 @@ from harness import (
     teardown,
     write_fake_nvml_state,
 )
-from spawner.usage.ledger import Ledger
+from spawner.usage.ledger import STOPPED, Ledger
 from spawner.usage.schema import session_groups, sessions
 
 pytestmark = pytest.mark.e2e
@@ -67,6 +69,7 @@ culler, culler_role = culler_service(c.QuotaSpawner.quota_file, timeout=600, cul
 c.JupyterHub.services.append(culler)
 c.JupyterHub.load_roles.append(culler_role)
 c.JupyterHub.last_activity_interval = 2
+c.QuotaSpawner.usage_check_interval = 1
 """)
     url = f"sqlite:///{hub.workdir / 'quota-spawner-usage.sqlite'}"
     watchdog = WatchdogProcess(work, host_fake, "", env={
@@ -238,3 +241,84 @@ def test_crashes_lose_no_finished_session(setup, docker_client):
         time.sleep(0.5)
     hub.stop_server("crash-kept")
     assert closed(url, "crash-kept")[0]["reason"] == "stopped"
+
+
+def midday_zone() -> str:
+    """A fixed-offset zone where it is about noon now: the test's day never turns over."""
+    offset = (time.gmtime().tm_hour - 12 + 12) % 24 - 12  # Etc/GMT+N is N hours behind UTC
+    return "UTC" if offset == 0 else f"Etc/GMT{offset:+d}"
+
+
+def seed(url: str, user: str, gpu_hours: float, ended_ago: float = 60) -> None:
+    """A finished session of ``user`` that reserved ``gpu_hours`` on 4 GPUs, just now."""
+    ledger = Ledger(url, create=False)
+    try:
+        name, stopped = f"seed-{user}-{time.monotonic_ns()}", time.time() - ended_ago
+        ledger.open(hub=HUB_ID, user=user, container=name, role="gpu", image="pytorch",
+                    cpu_limit=1, mem_limit=768 * M, requested=stopped - gpu_hours * 900 - 5)
+        ledger.set_gpus(HUB_ID, name, [f"GPU-seed-{i}" for i in range(4)], "exclusive", 16 * G)
+        ledger.started(HUB_ID, name, "seed", when=stopped - gpu_hours * 900)
+        ledger.ready(HUB_ID, name, when=stopped - gpu_hours * 900 + 1)
+        ledger.close(HUB_ID, name, STOPPED, when=stopped)
+    finally:
+        ledger.dispose()
+
+
+def hub_events(hub: Hub, event: str, user: str) -> list[dict[str, Any]]:
+    path = hub.workdir / "quota-spawner-events.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in map(json.loads, lines) if e["event"] == event and e.get("user") == user]
+
+
+def wait_for(check, timeout: float, why: str):
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, why
+        time.sleep(0.5)
+    return found
+
+
+def test_a_gpu_hour_budget_warns_stops_and_refuses(setup, docker_client):
+    """bud-a's budget: 1 GPU-hour a day, stop: true. Seeded at 0.899 h, a running GPU
+    server passes 90% within seconds (warned once), is stopped when more hours land
+    (the budget is spent), and the next GPU start is refused with the sentence; a
+    CPU role still starts."""
+    hub, watchdog, url, _ = setup
+    table = hub.quota_file.read_text()
+    hub.quota_file.write_text(table + f"""budgets:
+  timezone: {midday_zone()}
+  users:
+    bud-a: {{gpu_hours: 1, per: day, stop: true}}
+""")
+    try:
+        hub.create_user("bud-a")
+        seed(url, "bud-a", 0.899)
+        hub.start_server("bud-a", {"profile": "gpu"})  # 0.899 of 1: allowed
+        warned = wait_for(lambda: hub_events(hub, "budget-warning", "bud-a"), 30,
+                          f"no budget warning:\n{hub.log()[-3000:]}")
+        assert warned[0]["budget_kind"] == "user" and warned[0]["budget_name"] == "bud-a"
+        assert "is 90% used" in warned[0]["text"] and "stopped" in warned[0]["text"]
+        assert (hub.user("bud-a")["servers"]), "a warning must not stop the server"
+
+        seed(url, "bud-a", 0.2)  # spent: stop: true stops the running server
+        hub.wait_stopped("bud-a", timeout=60)
+        (spent,) = wait_for(lambda: hub_events(hub, "budget-spent", "bud-a"), 10, "no spent")
+        assert spent["stopping"] is True
+        assert len(hub_events(hub, "budget-warning", "bud-a")) == 1  # told once
+        gpu = [r for r in closed(url, "bud-a", count=3) if not r["container"].startswith("seed")]
+        assert gpu[0]["reason"] == "budget", gpu
+
+        r = hub.spawn("bud-a", {"profile": "gpu"})
+        assert r.status_code == 403, r.text
+        message = r.json()["message"]
+        # 0.899 + 0.2 seeded, and what the stopped server reserved: 1.1 or a bit more
+        assert re.fullmatch(
+            r"Your GPU-hour budget is spent: 1\.[12] of 1 GPU-hours used today\. Budgets count "
+            r"the time GPUs were reserved, busy or not\. It resets on \d+ \w+ \d{4} at "
+            r"00:00 \S+\. Roles without GPUs can still be started\.", message), message
+        assert not hub.user("bud-a")["servers"]
+        assert len(rows(url, "bud-a")) == 3  # the refusal opened no session
+        hub.start_server("bud-a", {"profile": "small"})  # a CPU role is never refused
+        hub.stop_server("bud-a")
+    finally:
+        hub.quota_file.write_text(table)
