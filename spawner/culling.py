@@ -15,7 +15,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlparse
 
 from jupyterhub_idle_culler import format_td, parse_date
 
@@ -65,11 +65,25 @@ def _logger() -> logging.Logger:
     return log
 
 
+def owner_names(server: dict[str, Any]) -> tuple[str, str] | None:
+    """(user, server name) of a server model: from its ``full_name`` ("user/name"), else
+    from its URL, whose path ends in user/<name>/[<server>/] after the hub's base_url."""
+    if server.get("full_name"):
+        user, _, name = str(server["full_name"]).partition("/")
+        return user, name
+    parts = [unquote(p) for p in urlparse(server.get("url") or "").path.strip("/").split("/")]
+    named = 1 if server.get("name") else 0
+    if len(parts) < 2 + named or parts[-2 - named] != "user":
+        return None
+    return parts[-1 - named], server.get("name") or ""
+
+
 def owner(server: dict[str, Any]) -> str:
-    """The user (and server name) from a server model's URL, /user/<name>/[<server>/]."""
-    parts = [unquote(p) for p in (server.get("url") or "").strip("/").split("/")]
-    name = parts[1] if len(parts) > 1 else "?"
-    return f"{name}/{server['name']}" if server.get("name") else name
+    """'user' or 'user/server', for the log."""
+    names = owner_names(server)
+    if names is None:
+        return "?"
+    return f"{names[0]}/{names[1]}" if names[1] else names[0]
 
 
 class CullReasons:
@@ -90,11 +104,11 @@ class CullReasons:
     async def tell(self, server: dict[str, Any], reason: str) -> None:
         if not self.url or self.url == "none":
             return
-        parts = [unquote(p) for p in (server.get("url") or "").strip("/").split("/")]
-        if len(parts) < 2:
+        names = owner_names(server)
+        if names is None:
             return
         try:
-            await asyncio.to_thread(self._tell, parts[1], server.get("name") or "", reason)
+            await asyncio.to_thread(self._tell, *names, reason)
         except Exception as e:
             self.log.warning("Could not tell the usage ledger why %s is culled: %s",
                              owner(server), e)

@@ -1064,9 +1064,6 @@ def test_the_arbiter_tells_the_ledger_culled_or_max_age(ledger, tmp_path):
     assert [row(ledger, s)["hint"] for s in (idle, old)] == ["culled", "max-age"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "CullReasons.tell takes the user from the second segment of the server model's url, "
-    "which starts with the hub's base_url: with base_url /jhub/ it hints user 'user'"))
 def test_the_culler_hints_the_right_user_under_a_base_url(ledger):
     session = open_session(ledger)
     asyncio.run(CullReasons(ledger.url, LOG).tell(culled_server(prefix="/jhub/"), "culled"))
