@@ -24,6 +24,7 @@ from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_duration
 from spawner.rbac import instructor_roles
 from spawner.usage.ledger import Ledger, default_url
+from spawner.usage.service import CUSTOM_SCOPES, DEFAULT_URL, usage_service
 from spawner.watchdog.service import watchdog_service
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
@@ -169,13 +170,12 @@ if WATCHDOG != "0":
 # The usage report as tables and charts at /services/usage/, in the hub's
 # Services menu for admins (every session) and instructors (their class's
 # sessions, through the scope instructor_roles gives them). It reads the usage
-# ledger and listens on USAGE_URL; "0" turns it off (docs/usage.md#the-usage-page).
-from spawner.usage.service import CUSTOM_SCOPES, DEFAULT_URL, usage_service  # noqa: E402
-
+# ledger and listens on USAGE_URL; "0" turns it off, as USAGE_DB=none does
+# (docs/usage.md#the-usage-page).
 c.JupyterHub.custom_scopes = {
     **(c.JupyterHub.custom_scopes if "custom_scopes" in c.JupyterHub else {}), **CUSTOM_SCOPES}
 USAGE_URL = env("USAGE_URL", DEFAULT_URL)
-if USAGE_URL != "0":
+if USAGE_URL != "0" and USAGE_DB != "none":
     usage, usage_role = usage_service(c.JupyterHub.bind_url, USAGE_DB,
                                       c.QuotaSpawner.quota_file, url=USAGE_URL)
     c.JupyterHub.services = [

@@ -81,7 +81,8 @@ class ChoicesMixin:
             ledger = await asyncio.to_thread(Ledger, url, self.log)
         except Exception as e:
             self.log.error("The usage ledger %s cannot be opened (%s): sessions are not "
-                           "recorded and budgets not enforced until it can be",
+                           "recorded and budgets not enforced until the hub restarts with "
+                           "it fixed",
                            make_url(url).render_as_string(hide_password=True), e)
             return
         pool.usage = LedgerWriter(ledger, self.log)

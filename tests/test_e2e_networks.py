@@ -10,6 +10,7 @@ JupyterHub's own, on an in-memory database.
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 import requests
@@ -36,6 +37,8 @@ def make_spawner(**traits) -> QuotaSpawner:
     config = Config()
     config.QuotaSpawner.quota_file = str(ROOT / "hub_config" / "quotas.yaml")
     config.QuotaSpawner.prefix = "qstest-net"
+    # its files (the event log, the usage ledger) in a folder of its own, not the checkout
+    config.QuotaSpawner.state_dir = tempfile.mkdtemp(prefix="qstest-net-")
     for name, value in traits.items():
         setattr(config.QuotaSpawner, name, value)
     settings = {"spawner_class": QuotaSpawner, "config": config, "hub": Hub(), "db": db,

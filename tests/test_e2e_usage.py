@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import insert, select
 
 from harness import (
     ARTIFACTS,
@@ -250,16 +250,19 @@ def midday_zone() -> str:
 
 
 def seed(url: str, user: str, gpu_hours: float, ended_ago: float = 60) -> None:
-    """A finished session of ``user`` that reserved ``gpu_hours`` on 4 GPUs, just now."""
+    """A finished session of ``user`` that reserved ``gpu_hours`` on 4 GPUs, just now,
+    written whole in one transaction: the hub's budget check never sees it half-made."""
     ledger = Ledger(url, create=False)
+    stopped = time.time() - ended_ago
+    started = stopped - gpu_hours * 900
     try:
-        name, stopped = f"seed-{user}-{time.monotonic_ns()}", time.time() - ended_ago
-        ledger.open(hub=HUB_ID, user=user, container=name, role="gpu", image="pytorch",
-                    cpu_limit=1, mem_limit=768 * M, requested=stopped - gpu_hours * 900 - 5)
-        ledger.set_gpus(HUB_ID, name, [f"GPU-seed-{i}" for i in range(4)], "exclusive", 16 * G)
-        ledger.started(HUB_ID, name, "seed", when=stopped - gpu_hours * 900)
-        ledger.ready(HUB_ID, name, when=stopped - gpu_hours * 900 + 1)
-        ledger.close(HUB_ID, name, STOPPED, when=stopped)
+        with ledger.engine.begin() as db:
+            db.execute(insert(sessions).values(
+                hub=HUB_ID, user_name=user, container=f"seed-{user}-{time.monotonic_ns()}",
+                role="gpu", image="pytorch", gpus=",".join(f"GPU-seed-{i}" for i in range(4)),
+                gpu_count=4, gpu_mode="exclusive", gpu_reserved=4.0, cpu_limit=1,
+                mem_limit=768 * M, requested=started - 5, started=started, ready=started + 1,
+                stopped=stopped, reason=STOPPED))
     finally:
         ledger.dispose()
 

@@ -186,9 +186,15 @@ def test_a_ledger_not_created_yet_is_not_ready_and_says_how_to_create_it(tmp_pat
     url = f"sqlite:///{path}"
     with pytest.raises(LedgerNotReady) as raised:
         Ledger(url, LOG, create=False)
-    assert str(raised.value) == (
-        f"the usage ledger at {url} is at revision none, not 0001; the hub creates or "
-        "upgrades it when it starts (or run: quota-spawner ledger upgrade)")
+    if kind == "missing":  # a reader makes no file (nor folder): only the hub creates it
+        assert str(raised.value) == (
+            f"the usage ledger at {url} does not exist yet; the hub creates it when it "
+            "starts (or run: quota-spawner ledger upgrade)")
+        assert not path.parent.exists()
+    else:
+        assert str(raised.value) == (
+            f"the usage ledger at {url} is at revision none, not 0001; the hub creates or "
+            "upgrades it when it starts (or run: quota-spawner ledger upgrade)")
 
 
 def test_the_ledger_is_created_beside_jupyterhubs_own_alembic_version(tmp_path):
@@ -1017,9 +1023,9 @@ def test_a_ledger_not_created_yet_is_a_warning_and_the_next_cull_tries_again(tmp
         asyncio.run(reasons.tell(culled_server(), "culled"))  # does not raise
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(
         logging.WARNING,
-        f"Could not tell the usage ledger why ada is culled: the usage ledger at {url} is at "
-        "revision none, not 0001; the hub creates or upgrades it when it starts (or run: "
-        "quota-spawner ledger upgrade)")]
+        f"Could not tell the usage ledger why ada is culled: the usage ledger at {url} does "
+        "not exist yet; the hub creates it when it starts (or run: quota-spawner ledger "
+        "upgrade)")]
     ledger = Ledger(url, LOG)  # the hub starts
     session = open_session(ledger)
     asyncio.run(reasons.tell(culled_server(), "culled"))
@@ -1129,6 +1135,20 @@ def test_the_watchdog_logs_a_missing_ledger_once(url, caplog):
         watchdog.record_usage(Snapshot(time=2.0, host="h"))
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(
         logging.WARNING,
-        f"Cannot record usage samples (the usage ledger at {url} is at revision none, not "
-        "0001; the hub creates or upgrades it when it starts (or run: quota-spawner ledger "
-        "upgrade)); trying again each cycle")]
+        f"Cannot record usage samples (the usage ledger at {url} does not exist yet; the hub "
+        "creates it when it starts (or run: quota-spawner ledger upgrade)); trying again "
+        "each cycle")]
+
+
+def test_the_watchdog_finds_the_hubs_ledger_in_the_hubs_state_folder(monkeypatch, tmp_path):
+    from spawner.watchdog.app import QuotaWatchdog
+
+    monkeypatch.delenv("QUOTA_SPAWNER_USAGE_DB", raising=False)
+    monkeypatch.delenv("QUOTA_SPAWNER_STATE_DIR", raising=False)
+    assert QuotaWatchdog().usage_db == ""  # no state folder named: no guess
+    monkeypatch.setenv("QUOTA_SPAWNER_STATE_DIR", str(tmp_path))
+    assert QuotaWatchdog().usage_db == f"sqlite:///{tmp_path / 'quota-spawner-usage.sqlite'}"
+    monkeypatch.setenv("QUOTA_SPAWNER_USAGE_DB", "postgresql://q@db/usage")
+    assert QuotaWatchdog().usage_db == "postgresql://q@db/usage"
+    monkeypatch.setenv("QUOTA_SPAWNER_USAGE_DB", "")  # set empty: not recorded
+    assert QuotaWatchdog().usage_db == ""

@@ -156,10 +156,10 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, create: bool = True) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        if parsed.database and parsed.database != ":memory:":
+        if create and parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
@@ -225,13 +225,20 @@ class Ledger:
                  create: bool = True):
         self.url = url
         self.log = log or logging.getLogger(__name__)
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, create)
         if create:
             upgrade(self.engine, self.log)
         else:
             self.check_ready()
 
     def check_ready(self) -> None:
+        database = self.engine.url.database
+        if (self.engine.url.get_backend_name() == "sqlite" and database
+                and database != ":memory:" and not os.path.exists(database)):
+            # not even an empty file made: only the hub creates the ledger
+            raise LedgerNotReady(f"the usage ledger at {self.url_text} does not exist yet; "
+                                 "the hub creates it when it starts (or run: quota-spawner "
+                                 "ledger upgrade)")
         with self.engine.connect() as connection:
             found = current_revision(connection)
         if found != head_revision():

@@ -32,7 +32,7 @@ from traitlets.config import Application
 
 from ..config import hub_id_from_secret_file
 from ..gpu.nvml import Nvml, XidWatcher
-from ..usage.ledger import Ledger, Sample
+from ..usage.ledger import Ledger, Sample, default_url
 from .containers import Containers, OomEvents
 from .host import CgroupReader, CpuMeter, gpu_memory_by_container
 from .hub_api import HubDirectory
@@ -89,9 +89,11 @@ class QuotaWatchdog(Application):
         servers stopped. Default: $QUOTA_SPAWNER_EVENTS_FILE when set, else
         {EVENTS_FILE_NAME} in $QUOTA_SPAWNER_STATE_DIR when set; empty: not read.""")
     usage_db = Unicode(
-        os.environ.get("QUOTA_SPAWNER_USAGE_DB", ""), config=True,
+        config=True,
         help="""The usage ledger (docs/usage.md), into whose sessions each cycle's samples
-        are folded: the hub's QuotaSpawner.usage_db. Empty or "none": not recorded.""")
+        are folded: the hub's QuotaSpawner.usage_db. Default: $QUOTA_SPAWNER_USAGE_DB when
+        set, else the hub's default in $QUOTA_SPAWNER_STATE_DIR when set. Empty or "none":
+        not recorded.""")
     host_name = Unicode(socket.gethostname(), config=True, help="This host, in messages.")
     metrics_ip = Unicode(os.environ.get("QUOTA_SPAWNER_METRICS_IP", "127.0.0.1"), config=True,
                          help="Address of /metrics.")
@@ -123,6 +125,13 @@ class QuotaWatchdog(Application):
     def _state_file_default(self) -> str:
         state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", ".")
         return str(Path(state) / "watchdog-incidents.json")
+
+    @default("usage_db")
+    def _usage_db_default(self) -> str:
+        if "QUOTA_SPAWNER_USAGE_DB" in os.environ:  # set empty: not recorded
+            return os.environ["QUOTA_SPAWNER_USAGE_DB"]
+        state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", "")
+        return default_url(state) if state else ""
 
     @default("events_file")
     def _events_file_default(self) -> str:
@@ -270,8 +279,9 @@ class QuotaWatchdog(Application):
                 read_new, self.events_file, self.book.events)
         except OSError as error:
             if str(error) != self._events_error:
-                self.log.warning("Cannot read the hub's event log %s (%s); preemptions are "
-                                 "not told until it can be read", self.events_file, error)
+                self.log.warning("Cannot read the hub's event log %s (%s); preemptions and "
+                                 "budget notices are not told until it can be read",
+                                 self.events_file, error)
                 self._events_error = str(error)
             return []
         if self._events_error:
