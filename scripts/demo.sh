@@ -13,6 +13,7 @@ Quota Spawner demo: http://127.0.0.1:8000
     student1..3      -> group cs101: student
     prof-ada         -> group cs101-staff, instructor of cs101 (see /hub/admin)
   admin: user admin, password quota-spawner-admin-demo-password
+  usage page: Services > usage, /services/usage/ (admin: everyone; prof-ada: cs101)
   quota table: hub_config/quotas.yaml (edits apply at the next spawn)
   notebooks run on the bridge network quota-spawner (containers cannot reach each other)
 TXT

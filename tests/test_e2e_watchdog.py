@@ -95,6 +95,10 @@ def setup(docker_client, tmp_path_factory):
     watchdog = None
     try:  # whatever fails from here on, the hub and the watchdog are stopped
         hub.start()
+        # in its group before the watchdog first reads the hub: its directory is read at
+        # most every 30 s, and a read between the user's creation and the group's would
+        # route the memory alert without the group
+        hub.create_user("wd-mem", ["wdclass"])
         with HttpReceiver(feishu_secrets={"tok": "s3cret"}) as http, SmtpReceiver() as smtp:
             config = f"""
 c.WatchdogRules.gpu_memory_hold = {HOLD}
