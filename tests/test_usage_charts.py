@@ -156,3 +156,11 @@ def test_ticks_are_round():
     assert charts.nice_ticks(100) == [0, 20, 40, 60, 80, 100]
     assert charts.nice_ticks(0.12)[-1] >= 0.12
     assert charts.nice_ticks(0) == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("value, text", [
+    (0, "0"), (0.0025, "0.0025"), (0.0123, "0.012"), (0.25, "0.25"), (1.5, "1.5"),
+    (12.5, "12.5"), (1234, "1,234"),
+])
+def test_hour_labels_never_round_a_few_minutes_to_zero(value, text):
+    assert charts.hours(value) == text

@@ -48,11 +48,13 @@ def short(name: str, limit: int = 20) -> str:
 
 
 def hours(value: float) -> str:
-    """'12.5', '0.25', '1,234': hours for a label."""
+    """'12.5', '0.25', '1,234', '0.0025': hours for a label; a few minutes are not 0."""
     if value >= 100:
         return f"{value:,.0f}"
     if value >= 10:
         return f"{value:.1f}".removesuffix(".0")
+    if 0 < value < 0.1:  # two significant digits, never in exponent form
+        return f"{value:.{1 - math.floor(math.log10(value))}f}".rstrip("0").rstrip(".")
     return f"{value:.2f}".rstrip("0").rstrip(".") if value else "0"
 
 
