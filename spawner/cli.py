@@ -216,6 +216,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"quota-spawner report: {_one_line(e)}", file=sys.stderr)
         return 2
     sys.stdout.write(format_report(report, args.format))
+    if table is not None and not report.advice and args.format == "table":
+        print("\nRight-sizing advice: none for this window; it needs sessions with samples "
+              "from the watchdog.")
     return 0
 
 

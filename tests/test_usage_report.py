@@ -498,6 +498,13 @@ assignments:
     out = capsys.readouterr().out
     assert ("- alice used at most 1.9 GiB of 4 GiB and 0.4 of 2 CPUs over 10 sessions as big; "
             "small with 2 GiB and 1 CPU would have served 9 of them.\n") in out
+    assert "none for this window" not in out
+    # a window with no sampled session: the table says why there is no advice
+    assert cli_main(["report", "--db", advice_ledger.url, "--quota-file", str(quotas),
+                     "--since", "1980-01-01", "--until", "1980-01-05"]) == 0
+    assert capsys.readouterr().out.endswith(
+        "\nRight-sizing advice: none for this window; it needs sessions with samples from "
+        "the watchdog.\n")
 
 
 def test_report_command_defaults_to_this_month(ledger, capsys, monkeypatch):
