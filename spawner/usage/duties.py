@@ -47,6 +47,7 @@ class UsageDuties:
         self._missing: set[str] = set()
         self._pruned = 0.0
         self._stopping: set[str] = set()  # servers stopped for their budget, not yet gone
+        self._stops: set[asyncio.Task[None]] = set()  # held: the loop keeps weak references
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -99,7 +100,9 @@ class UsageDuties:
             self._stopping.add(name)
             self.log.warning("Stopping %s: %s", name, stop.text)
             await asyncio.to_thread(self.ledger.hint, self.hub_id, name, BUDGET)
-            asyncio.ensure_future(self._stop(name))
+            task = asyncio.ensure_future(self._stop(name))
+            self._stops.add(task)
+            task.add_done_callback(self._stops.discard)
 
     async def _stop(self, name: str) -> None:
         try:
