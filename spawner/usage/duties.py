@@ -109,6 +109,8 @@ class UsageDuties:
             await self.pool.stop_server(name, "its GPU-hour budget is spent")
             await asyncio.to_thread(record_end, self.ledger, self.pool.docker_client,
                                     self.hub_id, name, None, self.log)
+        except Exception:
+            self.log.exception("Could not stop %s for its spent GPU-hour budget", name)
         finally:
             self._stopping.discard(name)
 
