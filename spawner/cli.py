@@ -97,12 +97,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return status
 
 
-def cmd_show(args: argparse.Namespace) -> int:
+def _table_or_problems(path: str) -> QuotaTable | None:
+    """The table at ``path``, or None with each of its problems printed to stderr."""
     try:
-        table = load_quota_table(args.file)
+        return load_quota_table(path)
     except QuotaTableError as e:
         for problem in e.problems:
             print(problem, file=sys.stderr)
+        return None
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    table = _table_or_problems(args.file)
+    if table is None:
         return 1
     roles = table.roles_for(args.user, args.group)
     budgets = table.budgets_for(args.user, args.group)
@@ -199,11 +206,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 2
     table = None
     if args.quota_file:
-        try:
-            table = load_quota_table(args.quota_file)
-        except QuotaTableError as e:
-            for problem in e.problems:
-                print(problem, file=sys.stderr)
+        table = _table_or_problems(args.quota_file)
+        if table is None:
             return 1
     try:
         ledger = _open_ledger(args.db or default_url())

@@ -167,6 +167,23 @@ async def socket_probe_problems(client: Any, container_id: str,
     return problems
 
 
+def docker_time(stamp: str | None) -> float | None:
+    """The engine's RFC 3339 time ("2026-11-30T18:10:01.123456789Z", nanoseconds, Z or an
+    offset) in epoch seconds; None when unset ("0001-01-01T00:00:00Z") or unreadable."""
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    from datetime import datetime
+
+    main, _, rest = stamp.partition(".")
+    zone = rest.lstrip("0123456789") if rest else stamp[19:]
+    fraction = float("0." + rest[: len(rest) - len(zone)]) if rest else 0.0
+    zone = "+00:00" if zone in ("Z", "") else zone
+    try:
+        return datetime.fromisoformat(main[:19] + zone).timestamp() + fraction
+    except ValueError:
+        return None
+
+
 def container_end(client: Any, container_id: str, since: float) -> dict[str, Any] | None:
     """How a container that is gone ended, from the engine's event history (blocking):
     {"oom": killed for memory, "exit_code", "finished": epoch seconds}; None when the

@@ -11,6 +11,7 @@ a line as a whole one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -69,13 +70,24 @@ class EventLog:
 
     def _replace(self, path: str, text: str) -> None:
         try:
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                                       prefix=".quota-spawner.")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
+            write_atomically(path, text)
         except OSError as e:
             self.log.error("Could not write %s: %s", path, e.strerror)
+
+
+def write_atomically(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``path`` whole: a temporary file beside it, renamed over it, so a reader
+    sees the old text or the new, never half of one. Raises OSError."""
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                               prefix=".quota-spawner.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def read_events(path: str, offset: int = 0) -> tuple[list[dict[str, Any]], int]:

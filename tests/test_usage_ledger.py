@@ -20,7 +20,7 @@ from tornado.web import HTTPError
 
 from spawner.contract import HUB_LABEL
 from spawner.culling import CullReasons, make_arbiter
-from spawner.engine import container_end
+from spawner.engine import container_end, docker_time
 from spawner.usage import duties as duties_module
 from spawner.usage.duties import PRUNE_EVERY, UsageDuties, record_end
 from spawner.usage.ledger import (
@@ -31,7 +31,6 @@ from spawner.usage.ledger import (
     LedgerWriter,
     Sample,
     _alembic_config,
-    _epoch,
     current_revision,
     ended,
     failure,
@@ -552,7 +551,7 @@ def test_fold_leaves_out_servers_without_an_open_session(ledger):
     assert all_rows(ledger) == before
 
 
-# --- 4. ended, failure, _epoch -------------------------------------------------------------
+# --- 4. ended, failure, docker_time -------------------------------------------------------------
 
 
 def test_a_running_container_was_stopped_by_the_hub():
@@ -623,11 +622,11 @@ def test_failure_is_the_message_the_user_saw():
     ("2024-05-06T09:08:09.25+02:00", FINISHED + 0.25),
 ])
 def test_epoch(stamp, expected):
-    assert _epoch(stamp) == expected
+    assert docker_time(stamp) == expected
 
 
 def test_epoch_keeps_nanoseconds():
-    assert _epoch(FINISHED_AT) == pytest.approx(FINISHED + 0.123456789, abs=1e-6)
+    assert docker_time(FINISHED_AT) == pytest.approx(FINISHED + 0.123456789, abs=1e-6)
 
 
 # --- 5. container_end -----------------------------------------------------------------------

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any
 from sqlalchemy import Engine, and_, func, select
 
 from .. import refusals
+from ..events import write_atomically
 from ..quota.model import Budget, QuotaTable, Role, time_zone
 from .queries import in_window, seconds_in_window
 from .schema import session_groups, sessions
@@ -283,10 +283,7 @@ class BudgetWatch:
         text = json.dumps({"version": MEMORY_VERSION, "told": told}, indent=1)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".quota-spawner.")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, self.path)
+            write_atomically(self.path, text)
         except OSError as e:
             self.log.error("Budget warnings: cannot write %s: %s", self.path, e)
 

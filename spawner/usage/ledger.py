@@ -46,6 +46,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.sql.expression import bindparam
 
+from ..engine import docker_time
 from .schema import VERSION_TABLE, metadata, session_groups, sessions
 
 LEDGER_FILE = "quota-spawner-usage.sqlite"
@@ -87,22 +88,6 @@ def gpu_reserved(count: int, mode: str) -> float:
     return float(count)
 
 
-def _epoch(stamp: str | None) -> float | None:
-    """Docker's RFC 3339 time (nanoseconds, Z) in epoch seconds; None when unset."""
-    if not stamp or stamp.startswith("0001-"):
-        return None
-    from datetime import datetime
-
-    main, _, rest = stamp.partition(".")
-    zone = rest.lstrip("0123456789") if rest else stamp[19:]
-    fraction = float("0." + rest[: len(rest) - len(zone)]) if rest else 0.0
-    zone = "+00:00" if zone in ("Z", "") else zone
-    try:
-        return datetime.fromisoformat(main[:19] + zone).timestamp() + fraction
-    except ValueError:
-        return None
-
-
 def ended(container: dict[str, Any] | None = None, end: dict[str, Any] | None = None,
           ) -> tuple[str, str | None, float | None]:
     """Why a server's session ended: from its container as the engine shows it, or, once
@@ -113,7 +98,7 @@ def ended(container: dict[str, Any] | None = None, end: dict[str, Any] | None = 
         if state.get("Running"):
             return STOPPED, None, None
         end = {"oom": bool(state.get("OOMKilled")), "exit_code": state.get("ExitCode"),
-               "finished": _epoch(state.get("FinishedAt"))}
+               "finished": docker_time(state.get("FinishedAt"))}
     if end is None:
         return LOST, "its container was gone, with no record of its end", None
     code, when = end.get("exit_code"), end.get("finished")

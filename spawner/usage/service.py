@@ -364,6 +364,19 @@ class UsageHandler(HubOAuthenticated, web.RequestHandler):
         return window(self.get_argument("period", ""), self.get_argument("since", ""),
                       self.get_argument("until", ""), _now(), self.tz)
 
+    async def report_args(self) -> tuple[Access, Window, str, str | None, Any]:
+        """What the report page and its downloads both read from a request: the access,
+        the window, the grouping, the group filter and the quota table (for advice)."""
+        access = self.access()
+        w = self.window()
+        by = self.get_argument("by", "user")
+        if by not in BY:
+            by = "user"
+        group = group_filter(access, self.get_argument("group", ""))
+        table = await asyncio.get_running_loop().run_in_executor(
+            None, _load_table, self.settings["usage_quota_file"])
+        return access, w, by, group, table
+
     def query(self, **overrides: Any) -> str:
         """This page's query string, with some arguments changed."""
         keep = {k: self.get_argument(k, "") for k in ("period", "since", "until", "by",
@@ -416,16 +429,9 @@ class ReportPage(UsageHandler):
 
     @web.authenticated
     async def get(self) -> None:
-        access = self.access()
-        w = self.window()
-        by = self.get_argument("by", "user")
-        if by not in BY:
-            by = "user"
-        group = group_filter(access, self.get_argument("group", ""))
+        access, w, by, group, table = await self.report_args()
         now = _now()
         run = self.reader.run
-        table = await asyncio.get_running_loop().run_in_executor(
-            None, _load_table, self.settings["usage_quota_file"])
         main, by_user, days, groups = await asyncio.gather(
             run(lambda e: build_report(e, since=w.since, until=w.until, by=by, table=table,
                                        group=group, now=now)),
@@ -513,14 +519,7 @@ class Download(UsageHandler):
 
     @web.authenticated
     async def get(self, fmt: str) -> None:
-        access = self.access()
-        w = self.window()
-        by = self.get_argument("by", "user")
-        if by not in BY:
-            by = "user"
-        group = group_filter(access, self.get_argument("group", ""))
-        table = await asyncio.get_running_loop().run_in_executor(
-            None, _load_table, self.settings["usage_quota_file"])
+        access, w, by, group, table = await self.report_args()
         report = await self.reader.run(lambda e: build_report(
             e, since=w.since, until=w.until, by=by, table=table, group=group))
         text = format_report(report, fmt)

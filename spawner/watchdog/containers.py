@@ -18,7 +18,6 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from datetime import datetime
 from typing import Any
 
 from ..contract import (
@@ -30,19 +29,8 @@ from ..contract import (
     USER_LABEL,
     gpu_memory_limit,
 )
+from ..engine import docker_time
 from .model import Server
-
-
-def _started(stamp: str | None) -> float | None:
-    if not stamp or stamp.startswith("0001-"):
-        return None
-    try:  # "2026-11-30T18:10:01.123456789Z": Python reads at most microseconds
-        head, _, rest = stamp.partition(".")
-        fraction = "".join(ch for ch in rest if ch.isdigit())[:6]
-        text = f"{head}.{fraction or '0'}+00:00" if stamp.endswith("Z") else stamp
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        return None
 
 
 def server_from_inspect(info: Mapping[str, Any]) -> Server | None:
@@ -68,7 +56,7 @@ def server_from_inspect(info: Mapping[str, Any]) -> Server | None:
         cpus=quota / period if quota > 0 else None,
         gpu_memory_limit=gpu_memory_limit(env),
         pid=int(state.get("Pid") or 0),
-        started=_started(state.get("StartedAt")),
+        started=docker_time(state.get("StartedAt")),
     )
 
 
