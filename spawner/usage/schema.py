@@ -78,3 +78,20 @@ session_groups = Table(
     Column("group_name", String(255), primary_key=True),
 )
 Index("ix_session_groups_group", session_groups.c.group_name)
+
+# The quota table's audit trail: every version the editor saved, with who, why and the
+# diff from the version before; ``restored_from`` is the row a restore brought back.
+table_versions = Table(
+    "table_versions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("path", String(1024), nullable=False),  # the table's absolute path
+    Column("at", Float, nullable=False),
+    Column("who", String(255), nullable=False),
+    Column("comment", Text, nullable=False),
+    Column("sha256", String(64), nullable=False),  # of the file's bytes
+    Column("text", Text, nullable=False),
+    Column("diff", Text, nullable=False, server_default=""),  # unified, from the version before
+    Column("restored_from", Integer, ForeignKey("table_versions.id")),
+)
+Index("ix_table_versions_path", table_versions.c.path, table_versions.c.id)
