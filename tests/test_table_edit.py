@@ -474,7 +474,7 @@ def test_upgrading_a_ledger_from_0001_to_0002_keeps_its_sessions(tmp_path):
     engine.dispose()
     ledger = Ledger(f"sqlite:///{path}", LOG)
     with ledger.engine.connect() as connection:
-        assert current_revision(connection) == "0002"
+        assert current_revision(connection) == "0003"
         assert connection.execute(select(sessions.c.user_name, sessions.c.role)).all() == [
             ("ada", "small")]
         assert connection.execute(select(table_versions)).all() == []

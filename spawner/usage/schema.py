@@ -95,3 +95,24 @@ table_versions = Table(
     Column("restored_from", Integer, ForeignKey("table_versions.id")),
 )
 Index("ix_table_versions_path", table_versions.c.path, table_versions.c.id)
+
+# Requests for a bigger role, and their decisions: an approved one is a grant that holds
+# from ``starts`` to ``ends``; the rows are the grants' audit trail, never deleted.
+role_requests = Table(
+    "role_requests",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(255), nullable=False),
+    Column("groups", Text, nullable=False, server_default=""),  # when asked, comma-separated
+    Column("role", String(255), nullable=False),
+    Column("starts", Float, nullable=False),
+    Column("ends", Float, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("state", String(16), nullable=False),  # pending, approved, refused, withdrawn
+    Column("asked_at", Float, nullable=False),
+    Column("decided_by", String(255)),  # the admin or instructor; the user for a withdrawal
+    Column("decided_at", Float),
+    Column("decision_comment", Text, nullable=False, server_default=""),
+)
+Index("ix_role_requests_user", role_requests.c.user_name, role_requests.c.state)
+Index("ix_role_requests_state", role_requests.c.state, role_requests.c.ends)
