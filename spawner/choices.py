@@ -24,6 +24,7 @@ from .admin.requests import granted_roles
 from .engine import FrameworkLabels, check_engine_info, warn_oversized_roles
 from .events import EventLog
 from .gpu.pool import GpuPool, hub_inventory, request_for
+from .gpu.snapshot import GPUS_FILE
 from .preempt import Evictor
 from .quota.form import render_form
 from .quota.model import Choice, QuotaTable, QuotaTableError, Role
@@ -61,7 +62,8 @@ class ChoicesMixin:
                            sync_interval=self.gpu_sync_interval,
                            zombie_grace=self.zombie_grace_period, known=ChoicesMixin._claimed,
                            spawners=ChoicesMixin._spawners,
-                           events=EventLog(os.path.join(state, EVENTS_FILE), self.log))
+                           events=EventLog(os.path.join(state, EVENTS_FILE), self.log),
+                           gpus_file=os.path.join(state, GPUS_FILE))
             evictor = Evictor(pool, os.path.join(state, PREEMPTIONS_FILE), self.log)
             pool.evictions = evictor
             await evictor.recover()
