@@ -176,11 +176,11 @@ c.JupyterHub.custom_scopes = {
     **(c.JupyterHub.custom_scopes if "custom_scopes" in c.JupyterHub else {}), **CUSTOM_SCOPES}
 USAGE_URL = env("USAGE_URL", DEFAULT_URL)
 if USAGE_URL != "0" and USAGE_DB != "none":
-    usage, usage_role = usage_service(c.JupyterHub.bind_url, USAGE_DB,
-                                      c.QuotaSpawner.quota_file, url=USAGE_URL)
+    usage, usage_role, usage_own_role = usage_service(
+        c.JupyterHub.bind_url, USAGE_DB, c.QuotaSpawner.quota_file, url=USAGE_URL)
     c.JupyterHub.services = [
         *(c.JupyterHub.services if "services" in c.JupyterHub else []), usage]
-    c.JupyterHub.load_roles.append(usage_role)
+    c.JupyterHub.load_roles += [usage_role, usage_own_role]
 
 # At hub start: report a broken quota table now rather than at the first
 # spawn, and roles larger than this engine.

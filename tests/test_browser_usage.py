@@ -30,10 +30,11 @@ CHROMIUM_ARGS = [
 USAGE_CONFIG = """
 from spawner.rbac import instructor_roles
 from spawner.usage.service import usage_service
-usage, usage_role = usage_service(c.JupyterHub.bind_url, c.QuotaSpawner.usage_db,
-                                  c.QuotaSpawner.quota_file, url="http://127.0.0.1:{port}")
+usage, usage_role, usage_own_role = usage_service(
+    c.JupyterHub.bind_url, c.QuotaSpawner.usage_db, c.QuotaSpawner.quota_file,
+    url="http://127.0.0.1:{port}")
 c.JupyterHub.services.append(usage)
-c.JupyterHub.load_roles += [usage_role, *instructor_roles({{"cs101": ["prof-ada"]}})]
+c.JupyterHub.load_roles += [usage_role, usage_own_role, *instructor_roles({{"cs101": ["prof-ada"]}})]
 """
 
 

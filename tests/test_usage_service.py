@@ -180,8 +180,8 @@ def test_periods():
 
 
 def test_the_service_for_the_hub_config():
-    svc, role = usage_service("http://127.0.0.1:8000", "sqlite:////x/usage.sqlite",
-                              "/x/quotas.yaml", url="http://127.0.0.1:9999")
+    svc, role, own = usage_service("http://127.0.0.1:8000", "sqlite:////x/usage.sqlite",
+                                   "/x/quotas.yaml", url="http://127.0.0.1:9999")
     assert svc["name"] == "usage" and svc["url"] == "http://127.0.0.1:9999"
     assert svc["command"][1:] == ["-m", "spawner.usage.service"]
     assert svc["environment"]["QUOTA_SPAWNER_USAGE_DB"] == "sqlite:////x/usage.sqlite"
@@ -190,6 +190,10 @@ def test_the_service_for_the_hub_config():
     assert svc["oauth_no_confirm"] is True
     assert role["scopes"] == [USAGE_SCOPE, "access:services!service=usage"]
     assert role["users"] == []
+    # the table editor's preview reads users, groups and servers with the service's token
+    assert own == {"name": "usage-service", "description": own["description"],
+                   "scopes": ["list:users", "read:users:groups", "read:servers"],
+                   "services": ["usage"]}
     (instructor,) = instructor_roles({"cs101": ["prof-ada"]})
     assert f"{USAGE_SCOPE}!group=cs101" in instructor["scopes"]
     assert "access:services!service=usage" in instructor["scopes"]

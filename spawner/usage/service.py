@@ -58,6 +58,9 @@ CUSTOM_SCOPES = {SCOPE: {
                    "that group's members.",
 }}
 DEFAULT_URL = "http://127.0.0.1:8182"
+# What the service's own token may read: the table editor's preview needs every user's
+# groups and the role of each running server.
+SERVICE_SCOPES = ("list:users", "read:users:groups", "read:servers")
 PERIODS = {"this-month": "This month", "last-month": "Last month", "30d": "Last 30 days",
            "custom": "From … to …"}
 REFUSED = ("The usage page is for admins and for the instructors of a class, and you are "
@@ -73,9 +76,12 @@ OUTDATED = ("The usage ledger is older than this page: the hub upgrades it when 
 
 
 def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "usage",
-                  url: str = DEFAULT_URL) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The managed service, for c.JupyterHub.services, and the role of those who may see
-    everything without being admins (no one until a config lists them), for load_roles.
+                  url: str = DEFAULT_URL
+                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The managed service, for c.JupyterHub.services, and two roles for load_roles:
+    that of those who may see everything without being admins (no one until a config
+    lists them), and the service's own, for the table editor's preview (users, their
+    groups and their servers' roles, read with the service's token).
 
     The hub proxies ``/services/<name>/`` to ``url`` and lists the page in its
     Services menu for admins and instructors (who hold access to it).
@@ -105,7 +111,14 @@ def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "
         "scopes": [SCOPE, f"access:services!service={name}"],
         "users": [],
     }
-    return service, role
+    own = {
+        "name": f"{name}-service",
+        "description": "Read the users, their groups and their servers for the quota table "
+                       "editor's preview",
+        "scopes": list(SERVICE_SCOPES),
+        "services": [name],
+    }
+    return service, role, own
 
 
 # --- who sees what -------------------------------------------------------------------------
@@ -276,6 +289,10 @@ class LedgerReader:
                 ledger = Ledger(self.url, log, create=False)
                 self._engine = ledger.engine
             return self._engine
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the worker threads, without the ledger (files)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         def call() -> T:
@@ -534,9 +551,16 @@ class Download(UsageHandler):
 
 
 def make_app(*, usage_db: str, quota_file: str = "", prefix: str = "/services/usage/",
-             hub_base: str = "/", tz: tzinfo = timezone.utc, **settings: Any) -> web.Application:
+             hub_base: str = "/", tz: tzinfo = timezone.utc, hub_api_url: str = "",
+             hub_api_token: str = "", **settings: Any) -> web.Application:
+    """The service's app. ``hub_api_url`` and ``hub_api_token`` read the hub's users for
+    the table editor's preview; ``table_directory`` in ``settings`` replaces that read."""
+    from .table_api import hub_directory, table_routes
+
     prefix = prefix if prefix.endswith("/") else prefix + "/"
+    settings.setdefault("table_directory", hub_directory(hub_api_url, hub_api_token))
     return web.Application([
+        *table_routes(prefix),
         (prefix, ReportPage),
         (prefix + "user", UserPage),
         (prefix + r"report\.(csv|json)", Download),
@@ -558,7 +582,9 @@ def main() -> None:
         usage_db=os.environ.get("QUOTA_SPAWNER_USAGE_DB") or default_url(),
         quota_file=os.environ.get("QUOTA_SPAWNER_QUOTA_FILE", ""),
         prefix=os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/usage/"),
-        hub_base=os.environ.get("JUPYTERHUB_BASE_URL", "/"), tz=tz)
+        hub_base=os.environ.get("JUPYTERHUB_BASE_URL", "/"), tz=tz,
+        hub_api_url=os.environ.get("JUPYTERHUB_API_URL", ""),
+        hub_api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""))
     bind = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", DEFAULT_URL))
     server = HTTPServer(app, xheaders=True)
     server.listen(bind.port or 80, bind.hostname or "127.0.0.1")
