@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+import jupyterhub
 from sqlalchemy.engine import make_url
 
 from spawner.culling import culler_service
@@ -24,6 +25,7 @@ from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_duration
 from spawner.rbac import instructor_roles
 from spawner.usage.ledger import Ledger, default_url
+from spawner.usage.requests_api import USER_SCOPES
 from spawner.usage.service import CUSTOM_SCOPES, DEFAULT_URL, usage_service
 from spawner.watchdog.service import watchdog_service
 
@@ -177,10 +179,21 @@ c.JupyterHub.custom_scopes = {
 USAGE_URL = env("USAGE_URL", DEFAULT_URL)
 if USAGE_URL != "0" and USAGE_DB != "none":
     usage, usage_role, usage_own_role = usage_service(
-        c.JupyterHub.bind_url, USAGE_DB, c.QuotaSpawner.quota_file, url=USAGE_URL)
+        c.JupyterHub.bind_url, USAGE_DB, c.QuotaSpawner.quota_file, url=USAGE_URL,
+        state_dir=str(STATE), secret_file=c.JupyterHub.cookie_secret_file,
+        prefix=c.QuotaSpawner.prefix if "prefix" in c.QuotaSpawner else "quota")
     c.JupyterHub.services = [
         *(c.JupyterHub.services if "services" in c.JupyterHub else []), usage]
     c.JupyterHub.load_roles += [usage_role, usage_own_role]
+    # Every user may ask for a bigger role there: JupyterHub 6 adds extra_user_scopes to
+    # the default "user" role (5 needs that role redefined, with "self"); the usage report
+    # itself still refuses all but admins and instructors.
+    if jupyterhub.version_info >= (6,):
+        c.JupyterHub.extra_user_scopes = {
+            *(c.JupyterHub.extra_user_scopes if "extra_user_scopes" in c.JupyterHub else ()),
+            *USER_SCOPES}
+    else:
+        c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", *USER_SCOPES]})
 
 # At hub start: report a broken quota table now rather than at the first
 # spawn, and roles larger than this engine.

@@ -76,7 +76,8 @@ OUTDATED = ("The usage ledger is older than this page: the hub upgrades it when 
 
 
 def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "usage",
-                  url: str = DEFAULT_URL
+                  url: str = DEFAULT_URL, state_dir: str = "", secret_file: str = "",
+                  prefix: str = "quota"
                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The managed service, for c.JupyterHub.services, and two roles for load_roles:
     that of those who may see everything without being admins (no one until a config
@@ -85,13 +86,23 @@ def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "
 
     The hub proxies ``/services/<name>/`` to ``url`` and lists the page in its
     Services menu for admins and instructors (who hold access to it).
+
+    ``state_dir``: the spawner's, where requests for a role append their events to the
+    hub's event log; ``secret_file`` and ``prefix``: the hub's id for those events, as
+    the spawner derives it (unless QUOTA_SPAWNER_HUB_ID is set).
     """
     environment = {
         "QUOTA_SPAWNER_USAGE_DB": usage_db,
         "QUOTA_SPAWNER_QUOTA_FILE": quota_file,
         "JUPYTERHUB_PUBLIC_URL": public_url,
     }
-    for passed in ("QUOTA_SPAWNER_USAGE_TZ", "QUOTA_SPAWNER_USAGE_LOG_LEVEL"):
+    if state_dir:
+        environment["QUOTA_SPAWNER_STATE_DIR"] = state_dir
+    if secret_file:
+        environment["QUOTA_SPAWNER_HUB_SECRET_FILE"] = secret_file
+        environment["QUOTA_SPAWNER_PREFIX"] = prefix
+    for passed in ("QUOTA_SPAWNER_USAGE_TZ", "QUOTA_SPAWNER_USAGE_LOG_LEVEL",
+                   "QUOTA_SPAWNER_HUB_ID"):
         if os.environ.get(passed):
             environment[passed] = os.environ[passed]
     service = {
