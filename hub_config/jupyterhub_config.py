@@ -16,6 +16,7 @@ from pathlib import Path
 import jupyterhub
 from sqlalchemy.engine import make_url
 
+from spawner.admin.classes import CLASS_OAUTH_SCOPES, class_service_scopes
 from spawner.culling import culler_service
 from spawner.engine import check_engine, warn_oversized_roles
 from spawner.network import ensure_network, warn_host_network
@@ -126,7 +127,8 @@ c.JupyterHub.load_groups = {
     "cs101-staff": {"users": ["prof-ada"]},
 }
 # Instructors can list, start, stop and open their class's servers (spawner/rbac.py).
-c.JupyterHub.load_roles = instructor_roles({"cs101": ["prof-ada"]})
+CLASSES = {"cs101": ["prof-ada"]}  # group -> its instructors
+c.JupyterHub.load_roles = instructor_roles(CLASSES)
 
 # --- culling -----------------------------------------------------------------
 # jupyterhub-idle-culler stops servers idle for IDLE_TIMEOUT (a role's own
@@ -184,6 +186,11 @@ if USAGE_URL != "0" and USAGE_DB != "none":
         prefix=c.QuotaSpawner.prefix if "prefix" in c.QuotaSpawner else "quota")
     c.JupyterHub.services = [
         *(c.JupyterHub.services if "services" in c.JupyterHub else []), usage]
+    # The class dashboard: an instructor's token acts on their class's servers (the
+    # hub intersects these with the instructor's own scopes); scheduled pre-warms run
+    # with the service's token, which may start the classes' servers.
+    usage["oauth_client_allowed_scopes"] += CLASS_OAUTH_SCOPES
+    usage_own_role["scopes"] += class_service_scopes(CLASSES)
     c.JupyterHub.load_roles += [usage_role, usage_own_role]
     # Every user may ask for a bigger role there: JupyterHub 6 adds extra_user_scopes to
     # the default "user" role (5 needs that role redefined, with "self"); the usage report

@@ -170,7 +170,8 @@ def test_the_usage_service_reads_the_hubs_users_with_its_own_role(tmp_path, monk
     assert "usage" in [s["name"] for s in c.JupyterHub.services]
     role = next(r for r in c.JupyterHub.load_roles if r["name"] == "usage-service")
     assert role["services"] == ["usage"]
-    assert role["scopes"] == ["list:users", "read:users:groups", "read:servers"]
+    assert role["scopes"] == ["list:users", "read:users:groups", "read:servers",
+                              "servers!group=cs101"]  # the class dashboard's pre-warms
     assert "usage-viewer" in [r["name"] for r in c.JupyterHub.load_roles]
     off = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1",
                           QUOTA_SPAWNER_USAGE_URL="0")

@@ -116,3 +116,22 @@ role_requests = Table(
 )
 Index("ix_role_requests_user", role_requests.c.user_name, role_requests.c.state)
 Index("ix_role_requests_state", role_requests.c.state, role_requests.c.ends)
+
+# Class pre-warms an instructor scheduled: at ``at`` the usage service starts every
+# member's server of ``group_name`` with ``role`` and ``image``, with its own token;
+# ``result`` says what happened to each member. Rows are kept as the trail.
+prewarm_schedules = Table(
+    "prewarm_schedules",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("group_name", String(255), nullable=False),
+    Column("role", String(255), nullable=False),
+    Column("image", String(255), nullable=False),
+    Column("at", Float, nullable=False),
+    Column("created_by", String(255), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("state", String(16), nullable=False),  # pending, done, cancelled, failed
+    Column("result", Text, nullable=False, server_default=""),
+)
+Index("ix_prewarm_schedules_state", prewarm_schedules.c.state, prewarm_schedules.c.at)
+Index("ix_prewarm_schedules_group", prewarm_schedules.c.group_name, prewarm_schedules.c.at)
