@@ -107,13 +107,13 @@ async def api(request, tmp_path, monkeypatch):
     hub_server = HTTPServer(hub)
     hub_server.add_sockets([hub_sock])
     prefix = "/services/usage/"
-    app = service.make_app(usage_db=url, quota_file=str(quota), prefix=prefix)
     state = tmp_path / "state"
     state.mkdir()
-    app.wildcard_router.add_rules(requests_api.routes(
-        prefix, quota_file=str(quota), state_dir=str(state), hub_id=HUB_ID,
-        hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api", hub_api_token=HUB_TOKEN,
-        clock=lambda: NOW))
+    app = service.make_app(usage_db=url, quota_file=str(quota), prefix=prefix,
+                           requests_options=dict(
+                               state_dir=str(state), hub_id=HUB_ID,
+                               hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
+                               hub_api_token=HUB_TOKEN, clock=lambda: NOW))
     sock, port = bind_unused_port()
     server = HTTPServer(app)
     server.add_sockets([sock])

@@ -27,6 +27,7 @@ from spawner.usage.ledger import (
     LedgerWriter,
     _alembic_config,
     current_revision,
+    head_revision,
     make_engine,
 )
 from spawner.usage.schema import role_requests, sessions, table_versions
@@ -352,7 +353,7 @@ def test_upgrading_a_ledger_from_0002_to_0003_keeps_its_rows(tmp_path):
     engine.dispose()
     ledger = Ledger(f"sqlite:///{path}", LOG)
     with ledger.engine.connect() as connection:
-        assert current_revision(connection) == "0003"
+        assert current_revision(connection) == head_revision()  # 0003 or later
         assert connection.execute(select(sessions.c.user_name)).scalars().all() == ["ada"]
         assert connection.execute(select(table_versions.c.who)).scalars().all() == ["ann"]
         assert connection.execute(select(role_requests)).all() == []

@@ -566,12 +566,18 @@ def make_app(*, usage_db: str, quota_file: str = "", prefix: str = "/services/us
              hub_api_token: str = "", **settings: Any) -> web.Application:
     """The service's app. ``hub_api_url`` and ``hub_api_token`` read the hub's users for
     the table editor's preview; ``table_directory`` in ``settings`` replaces that read."""
+    from . import class_api, requests_api, table_page
     from .table_api import hub_directory, table_routes
 
     prefix = prefix if prefix.endswith("/") else prefix + "/"
     settings.setdefault("table_directory", hub_directory(hub_api_url, hub_api_token))
     return web.Application([
         *table_routes(prefix),
+        *table_page.routes(prefix),
+        *class_api.routes(prefix, settings.pop("class_config", None)),
+        *requests_api.routes(prefix, **{
+            "quota_file": quota_file or None, "hub_api_url": hub_api_url or None,
+            "hub_api_token": hub_api_token or None, **settings.pop("requests_options", {})}),
         (prefix, ReportPage),
         (prefix + "user", UserPage),
         (prefix + r"report\.(csv|json)", Download),
@@ -596,6 +602,9 @@ def main() -> None:
         hub_base=os.environ.get("JUPYTERHUB_BASE_URL", "/"), tz=tz,
         hub_api_url=os.environ.get("JUPYTERHUB_API_URL", ""),
         hub_api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+    from .class_api import ClassConfig, Prewarmer
+
+    Prewarmer(ClassConfig.from_environment(), app.settings["usage_reader"]).start()
     bind = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", DEFAULT_URL))
     server = HTTPServer(app, xheaders=True)
     server.listen(bind.port or 80, bind.hostname or "127.0.0.1")
