@@ -35,7 +35,13 @@ from spawner.cli import main as cli_main
 from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import GpuCapacity, Problem
 from spawner.quota.store import QuotaStore
-from spawner.usage.ledger import Ledger, _alembic_config, current_revision, make_engine
+from spawner.usage.ledger import (
+    Ledger,
+    _alembic_config,
+    current_revision,
+    head_revision,
+    make_engine,
+)
 from spawner.usage.schema import sessions, table_versions
 
 LOG = logging.getLogger("test-table-edit")
@@ -474,7 +480,7 @@ def test_upgrading_a_ledger_from_0001_to_0002_keeps_its_sessions(tmp_path):
     engine.dispose()
     ledger = Ledger(f"sqlite:///{path}", LOG)
     with ledger.engine.connect() as connection:
-        assert current_revision(connection) == "0003"
+        assert current_revision(connection) == head_revision()  # 0002 or later
         assert connection.execute(select(sessions.c.user_name, sessions.c.role)).all() == [
             ("ada", "small")]
         assert connection.execute(select(table_versions)).all() == []
