@@ -29,10 +29,12 @@ function clear(node) {
 }
 
 async function call(method, path, body) {
-  const init = { method, credentials: "same-origin", headers: { Accept: "application/json" } };
+  // JupyterHub's HubOAuth checks the XSRF token on every request that is not a page
+  // navigation, GETs from fetch() included
+  const init = { method, credentials: "same-origin",
+                 headers: { Accept: "application/json", "X-XSRFToken": xsrf } };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
-    init.headers["X-XSRFToken"] = xsrf;
     init.body = JSON.stringify(body);
   }
   let response;
