@@ -1,0 +1,298 @@
+"""The quota table editor in Chromium, reached through a real hub login: the admin types
+and sees the server's problems as they type, saves with a comment, meets a conflict when
+the file changed under them, restores an older version from the history; instructors and
+plain users are refused, the page and its API alike."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+import pytest
+from playwright.sync_api import expect, sync_playwright
+
+from harness import ARTIFACTS, Hub, free_port, teardown
+from spawner.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD
+from spawner.usage.table_api import ADMINS_ONLY
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]
+# As the shipped config's usage block does it, after the harness's own services and roles.
+USAGE_CONFIG = """
+from spawner.rbac import instructor_roles
+from spawner.usage.service import usage_service
+usage, usage_role, usage_own_role = usage_service(
+    c.JupyterHub.bind_url, c.QuotaSpawner.usage_db, c.QuotaSpawner.quota_file,
+    url="http://127.0.0.1:{port}")
+c.JupyterHub.services.append(usage)
+c.JupyterHub.load_roles += [usage_role, usage_own_role, *instructor_roles({{"cs101": ["prof-ada"]}})]
+"""
+DESCRIPTION = "Data exploration and small models"  # line 16 of the shipped table
+TYPO = "\nroles_typo: 1\n"
+
+
+@pytest.fixture(scope="module")
+def hub(docker_client, tmp_path_factory):
+    hub = Hub(tmp_path_factory.mktemp("table-hub"), prefix=f"qstable{os.getpid()}",
+              extra_config=USAGE_CONFIG.format(port=free_port()))
+    hub.start()
+    try:
+        hub.create_user("prof-ada", ["cs101-staff"])
+        hub.create_user("carol")
+        yield hub
+    finally:
+        teardown(hub, docker_client, "table")
+
+
+@pytest.fixture(scope="module")
+def original(hub) -> str:
+    return hub.quota_file.read_text(encoding="utf-8")
+
+
+@pytest.fixture
+def table(hub, original):
+    """Every test starts from the shipped table, whatever the one before saved."""
+    hub.quota_file.write_text(original, encoding="utf-8")
+    yield hub.quota_file
+    hub.quota_file.write_text(original, encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+class Visit:
+    """One person's browser, with the editor page's helpers."""
+
+    def __init__(self, browser, hub: Hub):
+        self.hub = hub
+        # tall enough that CodeMirror draws every line of the table (70vh of it)
+        self.context = browser.new_context(viewport={"width": 1200, "height": 2600})
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error"
+                     else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+
+    def log_in(self, name: str) -> None:
+        page = self.page
+        page.goto(f"{self.hub.url}/hub/login?next=/hub/home")
+        page.fill("input[name=username]", name)
+        page.fill("input[name=password]", DEMO_ADMIN_PASSWORD if name == "admin"
+                  else DEMO_PASSWORD)
+        page.click("input[type=submit], button[type=submit]")
+        page.wait_for_url("**/hub/home")
+
+    def open_editor(self):
+        response = self.page.goto(f"{self.hub.url}/services/usage/table")
+        assert response.status == 200, response.status
+        expect(self.page.locator("#editor .cm-editor")).to_be_visible()
+        # the history is read once the script runs
+        expect(self.page.locator("#versions-body")).not_to_contain_text("Reading the history")
+        return response
+
+    def editor_text(self) -> str:
+        """The document as CodeMirror draws it: every line, none left out of the viewport."""
+        return self.page.evaluate("""() => {
+          if (document.querySelector('.cm-content .cm-gap')) throw new Error('lines not drawn');
+          return Array.from(document.querySelectorAll('.cm-content .cm-line'),
+                            (line) => line.textContent).join('\\n');
+        }""")
+
+    def replace_text(self, text: str) -> None:
+        """Select everything and put ``text`` in its place, as a paste would."""
+        self.page.locator(".cm-content").click()
+        self.page.keyboard.press("Control+a")
+        self.page.keyboard.insert_text(text)
+        assert self.editor_text() == text
+
+    def save(self, comment: str) -> None:
+        self.page.fill("#comment", comment)
+        self.page.click("#save")
+
+    def shot(self, name: str) -> None:
+        ARTIFACTS.mkdir(exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"table-{name}.png"), full_page=True)
+
+
+@pytest.fixture
+def visit(browser, hub):
+    visits = []
+
+    def make() -> Visit:
+        v = Visit(browser, hub)
+        visits.append(v)
+        return v
+
+    yield make
+    for v in visits:
+        v.context.close()
+
+
+def test_a_typo_shows_as_a_problem_while_typing(table, visit):
+    before = table.read_bytes()
+    v = visit()
+    v.log_in("admin")
+    v.open_editor()
+    page = v.page
+    expect(page.locator("#check-status")).to_have_text("The table has no problems.")
+    page.locator(".cm-content").click()
+    page.keyboard.press("Control+End")
+    page.keyboard.type(TYPO)
+    lines = v.editor_text().split("\n")
+    number = next(i for i, line in enumerate(lines, 1) if "roles_typo" in line)
+    problem = page.locator("#problems li", has_text="roles_typo")
+    expect(problem).to_have_count(1, timeout=5000)
+    assert re.match(rf"Line {number}: unknown key 'roles_typo'", problem.inner_text()), \
+        problem.inner_text()
+    expect(page.locator("#check-status")).to_contain_text("one problem")
+    expect(page.locator(".cm-gutter-lint .cm-lint-marker-error")).to_have_count(1)
+    v.shot("typo")
+    # the problem's button takes the cursor to the line
+    problem.locator("button").click()
+    assert page.evaluate("""() => Array.from(document.querySelectorAll('.cm-content .cm-line'))
+        .findIndex((line) => line.classList.contains('cm-activeLine')) + 1""") == number
+    # checking writes nothing
+    time.sleep(0.5)
+    assert table.read_bytes() == before
+    assert v.errors == []
+
+
+def test_save_with_a_comment_and_the_history(table, original, visit):
+    v = visit()
+    v.log_in("admin")
+    v.open_editor()
+    page = v.page
+    edited = original.replace(DESCRIPTION, "Exploration, saved from the browser")
+    v.replace_text(edited)
+    expect(page.locator("#check-status")).to_have_text("The table has no problems.")
+    v.save("describe the explore role")
+    expect(page.locator("#save-result")).to_contain_text(
+        "Saved; the hub uses it from the next spawn.")
+    expect(page.locator("#save-result pre.diff")).to_contain_text(
+        "+    description: Exploration, saved from the browser")
+    assert table.read_text(encoding="utf-8") == edited
+    row = page.locator("#versions-body tr", has_text="describe the explore role")
+    expect(row).to_have_count(1)
+    expect(row.locator("td").nth(1)).to_have_text("admin")
+    v.shot("saved")
+
+    # another change, without a comment: refused, nothing written
+    v.replace_text(edited.replace("Exploration, saved", "Exploration, unsaved"))
+    page.fill("#comment", "")
+    page.click("#save")
+    # an empty comment: the browser's own check (the field is required) stops the form
+    assert page.evaluate("document.getElementById('comment').validity.valueMissing")
+    # blanks only: the page's sentence
+    page.fill("#comment", "   ")
+    page.click("#save")
+    expect(page.locator("#save-result")).to_have_text(
+        "Say why you make this change: the comment is required.")
+    v.shot("no-comment")
+    time.sleep(0.5)
+    assert table.read_text(encoding="utf-8") == edited
+    assert v.errors == []
+
+
+def test_a_conflict_shows_the_diff_and_loads_the_current_table(table, original, visit):
+    v = visit()
+    v.log_in("admin")
+    v.open_editor()
+    page = v.page
+    # another admin saves after this page was opened
+    theirs = original.replace(DESCRIPTION, "Changed by another admin")
+    table.write_text(theirs, encoding="utf-8")
+    mine = original.replace(DESCRIPTION, "My own description")
+    v.replace_text(mine)
+    v.save("my edit")
+    conflict = page.locator("#conflict")
+    expect(conflict).to_be_visible()
+    expect(page.locator("#save-result")).to_contain_text("nothing was written")
+    expect(page.locator("#conflict-diff")).to_contain_text("+    description: Changed by "
+                                                           "another admin")
+    expect(page.locator("#conflict-diff")).to_contain_text("+    description: My own "
+                                                           "description")
+    v.shot("conflict")
+    assert table.read_text(encoding="utf-8") == theirs
+    page.click("#load-current")
+    expect(conflict).to_be_hidden()
+    expect(page.locator(".cm-content")).to_contain_text("Changed by another admin")
+    assert v.editor_text() == theirs
+    v.shot("conflict-loaded")
+    # from the current version, a save goes through
+    v.replace_text(theirs.replace("Changed by another admin", "Agreed description"))
+    v.save("after the conflict")
+    expect(page.locator("#save-result")).to_contain_text("Saved;")
+    assert "Agreed description" in table.read_text(encoding="utf-8")
+    # the 409 itself is logged by Chromium as a failed resource; nothing else went wrong
+    assert [e for e in v.errors if "status of 409" not in e] == []
+
+
+def test_restore_an_older_version(table, original, visit):
+    v = visit()
+    v.log_in("admin")
+    v.open_editor()
+    page = v.page
+    first = original.replace(DESCRIPTION, "First of two")
+    second = original.replace(DESCRIPTION, "Second of two")
+    v.replace_text(first)
+    v.save("restore test: first")
+    expect(page.locator("#save-result")).to_contain_text("Saved;")
+    v.replace_text(second)
+    v.save("restore test: second")
+    expect(page.locator("#save-result")).to_contain_text("Saved;")
+    assert table.read_text(encoding="utf-8") == second
+
+    row = page.locator("#versions-body tr", has_text="restore test: first")
+    expect(row).to_have_count(1)
+    row.locator("button").click()
+    expect(page.locator("#version-view")).to_be_visible()
+    expect(page.locator("#version-content")).to_contain_text("Why: restore test: first")
+    expect(page.locator("#version-content")).to_contain_text("description: First of two")
+    page.fill("#restore-comment", "back to the first")
+    page.click("#restore-form button[type=submit]")
+    expect(page.locator("#restore-result")).to_contain_text("Saved")
+    assert table.read_text(encoding="utf-8") == first
+    # the editor shows the restored table, and the history says so
+    expect(page.locator(".cm-content")).to_contain_text("First of two")
+    expect(page.locator("#versions-body tr", has_text="back to the first")).to_contain_text(
+        "(restores version")
+    v.shot("restored")
+    assert v.errors == []
+
+
+CHECK_FROM_THE_PAGE = """async () => {
+  const xsrf = (document.cookie.match(/(?:^|; )_xsrf=([^;]*)/) || [])[1] || "";
+  const r = await fetch("/services/usage/api/table/check", {
+    method: "POST", credentials: "same-origin", redirect: "manual",
+    headers: {"Content-Type": "application/json", "Accept": "application/json",
+              "X-XSRFToken": decodeURIComponent(xsrf)},
+    body: JSON.stringify({text: "roles: {}\\n"})});
+  return {status: r.status, type: r.type, xsrf: xsrf !== "", body: await r.text()};
+}"""
+
+
+@pytest.mark.parametrize("name", ["prof-ada", "carol"])
+def test_anyone_but_an_admin_is_refused(table, visit, name):
+    v = visit()
+    v.log_in(name)
+    page = v.page
+    response = page.goto(f"{v.hub.url}/services/usage/table")
+    assert response.status == 403
+    expect(page.locator("body")).to_contain_text(ADMINS_ONLY)
+    assert page.locator(".cm-editor").count() == 0
+    assert ".cm-" not in page.content() and "editor.js" not in page.content()
+    v.shot(f"refused-{name}")
+    answer = page.evaluate(CHECK_FROM_THE_PAGE)
+    assert answer["status"] == 403, answer
+    assert ADMINS_ONLY in answer["body"], answer
