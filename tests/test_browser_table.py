@@ -10,6 +10,7 @@ import re
 import time
 
 import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS
 from playwright.sync_api import expect, sync_playwright
 
 from harness import ARTIFACTS, Hub, free_port, teardown
@@ -18,11 +19,6 @@ from spawner.usage.table_api import ADMINS_ONLY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-]
 # As the shipped config's usage block does it, after the harness's own services and roles.
 USAGE_CONFIG = """
 from spawner.rbac import instructor_roles

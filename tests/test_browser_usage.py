@@ -11,6 +11,7 @@ import os
 from urllib.parse import quote
 
 import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS
 from playwright.sync_api import expect, sync_playwright
 from test_usage_service import ALL_USERS, CS101, HOSTILE_USER, seed_ledger
 
@@ -21,11 +22,6 @@ from spawner.usage.ledger import default_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-]
 # As the shipped config's usage block does it, after the harness's own services and roles.
 USAGE_CONFIG = """
 from spawner.rbac import instructor_roles
@@ -208,7 +204,7 @@ def test_anyone_else_is_refused(hub, visit):
     page = v.page
     # every user may reach the service (for requests for a bigger role), but its report
     # is refused with the service's own sentence
-    response = page.goto(f"{hub.url}/services/usage/")
+    response = page.goto(f"{hub.url}/services/usage/?period=30d")
     assert response.status == 403
     expect(page.locator("body")).to_contain_text("The usage page is for admins and for the "
                                                  "instructors of a class")

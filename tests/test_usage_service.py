@@ -369,8 +369,12 @@ async def test_a_users_page_for_whom_may_see_it(site):
 
 
 async def test_anyone_else_is_refused_with_a_sentence(site):
+    # the front door sends a user to what they may do here: ask for a bigger role
+    r = await site.get("", "carol")
+    assert r.code == 302 and r.headers["Location"] == "/services/usage/requests"
     for who in ("carol", "nobody"):
-        for path in ("", "user?name=alice", "report.csv", "report.json"):
+        for path in ("" if who == "nobody" else "?period=30d", "user?name=alice",
+                     "report.csv", "report.json"):
             r = await site.get(path, who)
             assert r.code == 403, (who, path)
             assert "The usage page is for admins and for the instructors of a class" in \

@@ -159,6 +159,23 @@ def access_for(model: dict[str, Any] | None) -> Access | None:
     return None
 
 
+def nav_for(model: dict[str, Any], prefix: str) -> list[tuple[str, str]]:
+    """The service's pages this visitor may open, as (label, path), for the header.
+    Only a guide: each page and API call checks the visitor again."""
+    if not model:
+        return []
+    access = access_for(model)
+    links = []
+    if access is not None:
+        links.append(("Usage", prefix))
+    if model.get("admin") is True:
+        links += [("Quota table", prefix + "table"), ("GPU map", prefix + "gpus")]
+    if access is not None:
+        links.append(("Classes", prefix + "classes"))
+    links.append(("Role requests", prefix + "requests"))
+    return links
+
+
 class Refused(web.HTTPError):
     """A request this visitor may not make (403), or cannot (400); the sentence says why."""
 
@@ -401,13 +418,14 @@ class UsageHandler(HubOAuthenticated, web.RequestHandler):
 
     def render_page(self, template: str, status: int = 200, **values: Any) -> None:
         prefix = self.settings["usage_prefix"]
+        # the cache: an error page must not ask the hub again
+        model = getattr(self, "_hub_auth_user_cache", None) or {}
         self.set_status(status)
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.finish(self.settings["usage_templates"].get_template(template).render(
             prefix=prefix, hub_home=self.settings["usage_hub_home"],
-            # the cache: an error page must not ask the hub again
-            who=(getattr(self, "_hub_auth_user_cache", None) or {}).get("name", ""),
-            tz_name=str(self.tz), **values))
+            who=model.get("name", ""), nav=nav_for(model, prefix),
+            here=self.request.path, tz_name=str(self.tz), **values))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = kwargs.get("exc_info", (None, None, None))[1]
@@ -444,6 +462,11 @@ class ReportPage(UsageHandler):
 
     @web.authenticated
     async def get(self) -> None:
+        if access_for(self.current_user) is None and not self.request.query:
+            # the service's front door, from the hub's Services menu: a user who may not
+            # see the report lands on what they may do here
+            self.redirect(self.settings["usage_prefix"] + "requests")
+            return
         access = self.access()
         w = self.window()
         by = self.get_argument("by", "user")
@@ -566,7 +589,7 @@ def make_app(*, usage_db: str, quota_file: str = "", prefix: str = "/services/us
              hub_api_token: str = "", **settings: Any) -> web.Application:
     """The service's app. ``hub_api_url`` and ``hub_api_token`` read the hub's users for
     the table editor's preview; ``table_directory`` in ``settings`` replaces that read."""
-    from . import class_api, requests_api, table_page
+    from . import class_api, class_page, gpu_page, requests_api, requests_page, table_page
     from .table_api import hub_directory, table_routes
 
     prefix = prefix if prefix.endswith("/") else prefix + "/"
@@ -574,6 +597,9 @@ def make_app(*, usage_db: str, quota_file: str = "", prefix: str = "/services/us
     return web.Application([
         *table_routes(prefix),
         *table_page.routes(prefix),
+        *gpu_page.routes(prefix),
+        *class_page.routes(prefix),
+        *requests_page.routes(prefix),
         *class_api.routes(prefix, settings.pop("class_config", None)),
         *requests_api.routes(prefix, **{
             "quota_file": quota_file or None, "hub_api_url": hub_api_url or None,
