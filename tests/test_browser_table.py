@@ -254,6 +254,11 @@ def test_restore_an_older_version(table, original, visit):
     row.locator("button").click()
     expect(page.locator("#version-view")).to_be_visible()
     expect(page.locator("#version-content")).to_contain_text("Why: restore test: first")
+    # the audit trail keeps the diff of each change, with who made it and when
+    expect(page.locator("#version-content pre.diff").first).to_contain_text(
+        f"-    description: {DESCRIPTION}")
+    expect(page.locator("#version-content pre.diff").first).to_contain_text(
+        "+    description: First of two")
     expect(page.locator("#version-content")).to_contain_text("description: First of two")
     page.fill("#restore-comment", "back to the first")
     page.click("#restore-form button[type=submit]")
@@ -292,3 +297,84 @@ def test_anyone_but_an_admin_is_refused(table, visit, name):
     answer = page.evaluate(CHECK_FROM_THE_PAGE)
     assert answer["status"] == 403, answer
     assert ADMINS_ONLY in answer["body"], answer
+
+
+def test_completion_offers_the_fields_of_a_role(table, visit):
+    v = visit()
+    v.log_in("admin")
+    v.open_editor()
+    page = v.page
+    # a new field in the junior-researcher role, asked for with Ctrl+Space
+    page.locator(".cm-line", has_text="images: [pytorch, paddle]").first.click()
+    page.keyboard.press("End")
+    page.keyboard.press("Enter")
+    page.keyboard.type("gpu_")
+    page.keyboard.press("Control+Space")
+    options = page.locator(".cm-tooltip-autocomplete li")
+    expect(options.first).to_be_visible(timeout=5000)
+    offered = set(options.all_inner_texts())
+    assert any("gpu_mode" in o for o in offered), offered
+    assert any("gpu_share" in o for o in offered), offered
+    v.shot("completion")
+    # picking one with the keyboard writes it into the table
+    page.locator(".cm-tooltip-autocomplete li", has_text="gpu_mode").click()
+    assert re.search(r"^ +gpu_mode", v.editor_text(), re.M), v.editor_text()
+    assert v.errors == []
+
+
+def test_an_invalid_table_is_refused_at_save_with_its_line(table, original, visit):
+    v = visit()
+    v.log_in("admin")
+    v.open_editor()
+    page = v.page
+    bad = original.replace("    memory: 4G\n", "    memory: four gigabytes\n", 1)
+    line = bad.split("\n").index("    memory: four gigabytes") + 1
+    v.replace_text(bad)
+    problem = page.locator("#problems li", has_text=f"Line {line}:")
+    expect(problem).to_have_count(1, timeout=5000)
+    # the page lets the admin press save; the service refuses, with the same problems
+    v.save("a size nobody can read")
+    expect(page.locator("#save-result")).to_have_text(
+        "The table has 1 problem; nothing was written.")
+    expect(problem).to_have_count(1)
+    v.shot("invalid-save")
+    time.sleep(0.5)
+    assert table.read_text(encoding="utf-8") == original
+    history = page.locator("#versions-body tr", has_text="a size nobody can read")
+    expect(history).to_have_count(0)
+    assert [e for e in v.errors if "status of 400" not in e] == []
+
+
+def test_a_saved_edit_applies_at_the_next_spawn(table, original, visit, docker_client):
+    """The preview names the running server that keeps its limits; the next spawn gets
+    the new ones."""
+    from harness import container_for
+
+    hub = visit().hub
+    hub.start_server("carol", {"profile": "junior-researcher", "image": "pytorch"})
+    try:
+        assert container_for(docker_client, "carol").attrs["HostConfig"]["Memory"] == 4 * 2**30
+        v = visit()
+        v.log_in("admin")
+        v.open_editor()
+        page = v.page
+        v.replace_text(original.replace("    memory: 4G\n", "    memory: 3G\n", 1))
+        expect(page.locator("#check-status")).to_have_text("The table has no problems.")
+        page.click("#preview")
+        result = page.locator("#preview-result li")
+        expect(result.first).to_be_visible()
+        sentences = result.all_inner_texts()
+        assert "1 running server keeps its limits until it stops." in sentences, sentences
+        assert any(s.startswith("junior-researcher changes: memory") for s in sentences), \
+            sentences
+        v.shot("preview")
+        v.save("smaller explore servers")
+        expect(page.locator("#save-result")).to_contain_text("Saved;")
+        # the running server keeps its limits
+        assert container_for(docker_client, "carol").attrs["HostConfig"]["Memory"] == 4 * 2**30
+        hub.stop_server("carol")
+        hub.start_server("carol", {"profile": "junior-researcher", "image": "pytorch"})
+        assert container_for(docker_client, "carol").attrs["HostConfig"]["Memory"] == 3 * 2**30
+        assert v.errors == []
+    finally:
+        hub.stop_server("carol")
