@@ -205,6 +205,9 @@ async def test_an_instructor_sees_their_class_only(api):
     assert found["gpu_usage"] == "fresh"
     # only student is held by every member: the picker offers nothing wider
     assert found["choices"] == [{"role": "student", "image": "pytorch"}]
+    # and what only some hold, with who lacks it, so the page can say why it is not offered
+    assert found["partial_choices"] == [
+        {"role": "gpu-lab", "image": "pytorch", "lacking": ["student1", "student2"]}]
     # the hub was asked with the instructor's own token, never the service's
     assert {c[2] for c in api.hub.calls} == {"token user-prof-ada"}
 
@@ -362,6 +365,21 @@ def test_the_shipped_hub_config_gives_the_service_its_class_scopes(tmp_path, mon
     (own,) = [r for r in c.JupyterHub.load_roles if r["name"] == "usage-service"]
     assert "servers!group=cs101" in own["scopes"]
     assert usage["environment"]["QUOTA_SPAWNER_STATE_DIR"] == c.QuotaSpawner.state_dir
+
+
+def test_the_link_to_a_server_is_escaped_as_the_hub_escapes_it():
+    user = {"name": "a b/<c>@~", "servers": {"": {"ready": True, "pending": None}}}
+    row = classes.member_row(user, {}, {}, False, "/jh/")
+    assert row["url"] == "/jh/user/a%20b%2F%3Cc%3E@~/"
+
+
+def test_the_prewarm_interval_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(class_api.PREWARM_INTERVAL_ENV, raising=False)
+    assert class_api.prewarm_interval() == 30.0
+    monkeypatch.setenv(class_api.PREWARM_INTERVAL_ENV, "2")
+    assert class_api.prewarm_interval() == 2.0
+    monkeypatch.setenv(class_api.PREWARM_INTERVAL_ENV, "soon")
+    assert class_api.prewarm_interval() == 30.0
 
 
 def test_the_gpu_memory_needs_a_fresh_file():

@@ -6,7 +6,8 @@ Everything here is plain or blocking (the ledger); the usage service's class API
 
 - ``members(users, group)``: the hub's user models (``GET /hub/api/users``) of a group;
 - ``common_choices(table, members)``: the role and image pairs every member may start,
-  the pre-warm picker's choices; ``lacking`` says who may not start one;
+  the pre-warm picker's choices; ``partial_choices`` those only some hold, with who
+  lacks them; ``lacking`` says who may not start one;
 - ``member_row``: one member's server state, role, image, last activity, with the
   ledger's CPU and memory of the open session and the watchdog's GPU memory;
 - ``add_schedule``, ``schedules``, ``cancel``, ``due``, ``finish``: the pre-warm
@@ -20,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+from urllib.parse import quote
 
 from sqlalchemy import Engine, and_, insert, select, update
 
@@ -93,6 +95,20 @@ def common_choices(table: QuotaTable, users: Sequence[dict[str, Any]]) -> list[d
     return [{"role": role, "image": image} for role, image in first if (role, image) in common]
 
 
+def partial_choices(table: QuotaTable, users: Sequence[dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """The role and image pairs some of ``users`` may start but not all, each with the
+    names of those who may not (``lacking``): the page shows why a pair is not offered."""
+    held = {str(u["name"]): _pairs(table, u) for u in users}
+    every = [pair for pairs in held.values() for pair in pairs]
+    found = []
+    for pair in dict.fromkeys(every):
+        missing = [name for name, pairs in held.items() if pair not in pairs]
+        if missing:
+            found.append({"role": pair[0], "image": pair[1], "lacking": missing})
+    return found
+
+
 def lacking(table: QuotaTable, users: Sequence[dict[str, Any]], role: str,
             image: str) -> list[str]:
     """The names of those among ``users`` who may not start ``role`` with ``image``."""
@@ -158,7 +174,9 @@ def member_row(user: dict[str, Any], used: Mapping[str, dict[str, Any]],
         "image": options.get("image") if server else None,
         "started": server.get("started"),
         "last_activity": user.get("last_activity") or server.get("last_activity"),
-        "url": f"{hub_base.rstrip('/')}/user/{name}/" if state == "running" else None,
+        # escaped as the hub escapes it in its own URLs: a name may hold any character
+        "url": (f"{hub_base.rstrip('/')}/user/{quote(name, safe='@~')}/"
+                if state == "running" else None),
         "cpu": session.get("cpu"),
         "cpu_peak": session.get("cpu_peak"),
         "cpu_limit": session.get("cpu_limit"),

@@ -5,8 +5,8 @@ Routes under the service's prefix (``routes(prefix, config)``):
 - ``GET api/classes``: the visitor's classes (an instructor's groups; admins: every group);
 - ``GET api/classes/<g>``: each member's server state, role, image, last activity, CPU
   and memory (the usage ledger's open session) and GPU memory (the watchdog's file),
-  the role and image pairs every member may start (the pre-warm picker) and the
-  class's pre-warm schedules;
+  the role and image pairs every member may start (the pre-warm picker), those only
+  some hold with who lacks them, and the class's pre-warm schedules;
 - ``POST api/classes/<g>/stop`` ``{users: [...]}`` or ``{all: true}``: stop servers;
 - ``POST api/classes/<g>/prewarm`` ``{role, image, at?}``: without ``at`` start every
   member's stopped server now with ``{"profile": role, "image": image}``, reporting per
@@ -20,7 +20,8 @@ and ``list:users!group=G``. A group the visitor is not an instructor of (the usa
 scope's ``!group=`` filters, spawner/rbac.py) is refused here before any hub call; a
 refusal of the hub is passed on as a sentence. Scheduled pre-warms run when nobody is
 there, so the ``Prewarmer`` runs them with the service's own token, whose role holds
-``servers!group=G`` for the hub config's classes (``class_service_scopes``).
+``servers!group=G`` for the hub config's classes (``class_service_scopes``). It looks
+for due schedules every QUOTA_SPAWNER_PREWARM_INTERVAL seconds (30 unless set).
 
 A pre-warmed server is an ordinary server: the idle culler stops it if nobody comes.
 """
@@ -53,6 +54,8 @@ NOT_AN_INSTRUCTOR = ("The class dashboard is for admins and for the instructors 
                      "and you are neither.")
 NO_TOKEN = "Your login to this page carries no hub token; log in again."
 STARTS_AT_ONCE = 8  # concurrent start requests to the hub
+PREWARM_INTERVAL_ENV = "QUOTA_SPAWNER_PREWARM_INTERVAL"
+DEFAULT_PREWARM_INTERVAL = 30.0
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,37 @@ def summary(results: Sequence[dict[str, Any]]) -> str:
                                                         else "") for r in results)
 
 
+async def snapshot(config: ClassConfig, reader: LedgerReader, quota_file: str, token: str,
+                   group: str) -> dict[str, Any]:
+    """What the dashboard shows of ``group``, as the hub shows it to ``token``: the
+    members' rows, the pre-warm choices (every member's, and those only some hold with
+    who lacks them), the GPU file's state and the schedules. HubRefused from the hub."""
+    found = classes.members(await hub_users(config, token), group)
+    names = [str(u["name"]) for u in found]
+    now = time.time()
+    table = await reader.call(_load_table, quota_file)
+    path = config.gpu_usage_file
+    usage = await reader.call(read_json_file, path) if path else None
+    try:
+        used = await reader.run(classes.open_sessions, names)
+        planned = await reader.run(classes.schedules, group)
+    except NotReady:
+        used, planned = {}, []
+    gpu = classes.gpu_memory_by_user(usage, now)
+    fresh = usage_state(usage, now)
+    return {
+        "group": group,
+        "members": [classes.member_row(u, used, gpu, fresh == "fresh", config.hub_base)
+                    for u in found],
+        "choices": classes.common_choices(table, found) if table else [],
+        "partial_choices": classes.partial_choices(table, found) if table else [],
+        "table_missing": table is None,
+        "gpu_usage": fresh,
+        "schedules": planned,
+        "now": now,
+    }
+
+
 def class_access(model: dict[str, Any] | None) -> Access | None:
     """Admins see every class; an instructor the groups of their usage scope's filters;
     a viewer of every session is no instructor."""
@@ -272,28 +306,12 @@ class ClassHandler(ClassApi):
     @web.authenticated
     async def get(self, group: str) -> None:
         self.group(group)
-        found = await self.members(group)
-        names = [str(u["name"]) for u in found]
-        now = time.time()
-        table = await self.blocking(_load_table, self.settings["usage_quota_file"])
-        path = self.config.gpu_usage_file
-        usage = await self.blocking(read_json_file, path) if path else None
         try:
-            used = await self.ledger(classes.open_sessions, names)
-            planned = await self.ledger(classes.schedules, group)
-        except NotReady:
-            used, planned = {}, []
-        gpu = classes.gpu_memory_by_user(usage, now)
-        fresh = usage_state(usage, now)
-        self.reply({
-            "group": group,
-            "members": [classes.member_row(u, used, gpu, fresh == "fresh",
-                                           self.config.hub_base) for u in found],
-            "choices": classes.common_choices(table, found) if table else [],
-            "gpu_usage": fresh,
-            "schedules": planned,
-            "now": now,
-        })
+            found = await snapshot(self.config, self.reader, self.settings["usage_quota_file"],
+                                   self.token(), group)
+        except HubRefused as e:
+            raise self.hub_refused(e, f"list the members of {group}") from None
+        self.reply(found)
 
 
 class StopHandler(ClassApi):
@@ -410,14 +428,27 @@ class ScheduleHandler(ClassApi):
         self.reply(await self._one(group, schedule_id))
 
 
+def prewarm_interval() -> float:
+    """Seconds between looks for due schedules: QUOTA_SPAWNER_PREWARM_INTERVAL, else 30
+    (a lab's servers start within half a minute of the time asked); tests shorten it."""
+    try:
+        found = float(os.environ.get(PREWARM_INTERVAL_ENV, "") or DEFAULT_PREWARM_INTERVAL)
+    except ValueError:
+        log.warning("Pre-warm: %s is not a number of seconds; checking every %ss",
+                    PREWARM_INTERVAL_ENV, DEFAULT_PREWARM_INTERVAL)
+        return DEFAULT_PREWARM_INTERVAL
+    return max(0.5, found)
+
+
 class Prewarmer:
     """Runs the due pre-warm schedules with the service's own token, every ``interval``
     seconds once started (``start()``, on the service's IOLoop)."""
 
-    def __init__(self, config: ClassConfig, reader: LedgerReader, interval: float = 30.0):
+    def __init__(self, config: ClassConfig, reader: LedgerReader,
+                 interval: float | None = None):
         self.config = config
         self.reader = reader
-        self.interval = interval
+        self.interval = prewarm_interval() if interval is None else interval
         self._busy = False
         self._callback: PeriodicCallback | None = None
 
