@@ -256,3 +256,53 @@ def test_read_json_file_tolerates_missing_and_half_written(tmp_path):
     assert read_json_file(str(path)) is None
     path.write_text('{"version": 1}')
     assert read_json_file(str(path)) == {"version": 1}
+
+
+async def test_an_idle_incident_of_a_former_holder_does_not_mark_the_gpu():
+    """The watchdog closes an incident a cycle after its server let the GPU go: until
+    then the GPU, free or held by someone else, is not idle."""
+    pool = await busy_pool()
+    usage = gpu_usage_snapshot(watched(), idle_book(), 5.0)
+    pool.leave("quota-dave", "test")  # else the queue takes the GPU alice lets go
+    pool.release("quota-alice", "stopped")
+    rows = gpu_map(pool_snapshot(pool, T), usage, T + 5)
+    assert rows[0]["state"] == "free" and not rows[0]["idle"]
+    assert rows[0]["idle_since"] is None
+    pool.servers["quota-erin"] = Server("erin", "solo", T)
+    pool.acquire("quota-erin", GpuRequest(1))
+    (row, *_) = gpu_map(pool_snapshot(pool, T), usage, T + 5)
+    assert row["holders"][0]["user"] == "erin" and not row["idle"]
+    assert not row["holders"][0]["idle"]
+
+
+async def test_a_holder_the_watchdog_sees_without_processes_uses_no_memory():
+    pool = await busy_pool()
+    usage = gpu_usage_snapshot(watched(), idle_book(), 5.0)
+    usage["servers"]["quota-carol"] = {"user": "carol", "role": "lab", "gpus": ["GPU-1"],
+                                       "gpu_memory": {}}
+    g1 = gpu_map(pool_snapshot(pool, T), usage, T + 5)[1]
+    assert [(h["user"], h["gpu_memory"]) for h in g1["holders"]] == [("bob", 6 * G),
+                                                                      ("carol", 0)]
+    pool.leave("quota-dave", "test")
+
+
+async def test_odd_shapes_in_either_file_are_left_out():
+    pool = await busy_pool()
+    snap = pool_snapshot(pool, T)
+    snap["gpus"][0]["holders"].append("not a holder")
+    snap["gpus"].append(["not", "a", "gpu"])
+    usage = {"version": 1, "time": T, "interval": 5.0, "gpus": ["GPU-0"],
+             "servers": "nobody", "idle": {"GPU-0": 1}}
+    rows = gpu_map(snap, usage, T + 1)
+    assert [r["uuid"] for r in rows] == ["GPU-0", "GPU-1", "GPU-2"]
+    assert [h["user"] for h in rows[0]["holders"]] == ["alice"]
+    assert all(r["usage"] == "missing" and not r["idle"] for r in rows)
+    assert gpu_map({"version": 1, "gpus": "none"}, None, T) == []
+    assert gpu_map(["not", "a", "pool"], None, T) == []  # type: ignore[arg-type]
+    pool.leave("quota-dave", "test")
+
+
+def test_a_short_interval_is_not_stale_before_ten_seconds():
+    usage = {"version": 1, "time": T, "interval": 0.5}
+    assert usage_state(usage, T + 9.9) == "fresh"
+    assert usage_state(usage, T + 10) == "stale"

@@ -12,13 +12,21 @@ GPU the watchdog sees on the host. Each row has the pool's fields (``uuid``,
 ``in_pool``) and:
 
 - ``usage``: "fresh", "stale" (the watchdog's file is older than
-  ``STALE_CYCLES`` of its intervals) or "missing" (no file, or not this GPU);
+  ``STALE_CYCLES`` of its intervals, and at least ``MIN_STALE_AGE`` seconds) or
+  "missing" (no file, or not this GPU);
 - ``utilization`` (0 to 1), ``memory_used``, ``memory_total``, ``lost``: the
   watchdog's, when fresh, else None;
 - ``idle``: the GPU is held and the watchdog's ``gpu_idle`` rule has an open
-  incident for it (fresh only); ``idle_since``: the earliest such incident;
+  incident for one of its holders on it (fresh only; an incident of a server that
+  no longer holds it, which the watchdog closes a cycle later, does not count);
+  ``idle_since``: the earliest such incident;
 - ``holders``: the pool's holders, each with ``gpu_memory`` (its own
-  processes' memory on this GPU, when fresh) and ``idle`` (its incident).
+  processes' memory on this GPU, when fresh: 0 when the watchdog sees the server
+  and no process of it there, None when it does not see the server) and ``idle``
+  (its incident).
+
+Parts of a file that do not have the expected shape are left out, never raised on:
+the page that shows the map must not fail on one odd file.
 """
 
 from __future__ import annotations
@@ -27,6 +35,9 @@ import json
 from typing import Any
 
 STALE_CYCLES = 3  # a watchdog file older than this many of its intervals is stale
+# ... and at least this old: the file carries its cycle's start and is written at the
+# cycle's end, so with a short interval a slow cycle would flicker between fresh and stale
+MIN_STALE_AGE = 10.0
 DEFAULT_INTERVAL = 5.0  # the watchdog's default, when its file does not say
 VERSION = 1  # the versions of both files this reads
 
@@ -48,7 +59,8 @@ def usage_state(usage: dict[str, Any] | None, now: float) -> str:
         return "missing"
     interval = usage.get("interval")
     interval = interval if _number(interval) and interval > 0 else DEFAULT_INTERVAL
-    return "fresh" if now - usage["time"] < STALE_CYCLES * interval else "stale"
+    limit = max(STALE_CYCLES * interval, MIN_STALE_AGE)
+    return "fresh" if now - usage["time"] < limit else "stale"
 
 
 def gpu_map(pool: dict[str, Any] | None, usage: dict[str, Any] | None,
@@ -57,15 +69,16 @@ def gpu_map(pool: dict[str, Any] | None, usage: dict[str, Any] | None,
     state = usage_state(usage, now)
     fresh = state == "fresh"
     data = usage if fresh and usage else {}
-    numbers: dict[str, Any] = data.get("gpus") or {}
-    servers: dict[str, Any] = data.get("servers") or {}
+    numbers = {u: g for u, g in _dict(data.get("gpus")).items()
+               if isinstance(u, str) and isinstance(g, dict)}
+    servers = _dict(data.get("servers"))
     idle: dict[str, dict[str, float | None]] = {}  # uuid -> server -> since
-    for incident in data.get("idle") or []:
+    for incident in _list(data.get("idle")):
         if isinstance(incident, dict) and incident.get("uuid"):
             idle.setdefault(incident["uuid"], {})[incident.get("server") or ""] = \
                 incident.get("since")
-    pool_gpus = [g for g in ((pool or {}).get("gpus") or []) if isinstance(g, dict)] \
-        if (pool or {}).get("version") == VERSION else []
+    pool = pool if isinstance(pool, dict) and pool.get("version") == VERSION else {}
+    pool_gpus = [g for g in _list(pool.get("gpus")) if isinstance(g, dict)]
     rows = []
     seen = set()
     for gpu in pool_gpus:
@@ -75,7 +88,9 @@ def gpu_map(pool: dict[str, Any] | None, usage: dict[str, Any] | None,
     for uuid, sample in sorted(numbers.items(), key=lambda kv: _index_key(kv[1])):
         if uuid in seen or uuid.startswith("unknown:"):
             continue
-        gpu = {"uuid": uuid, "index": str(sample.get("index")), "name": sample.get("name"),
+        index = sample.get("index")
+        gpu = {"uuid": uuid, "index": None if index is None else str(index),
+               "name": sample.get("name"),
                "memory": sample.get("memory_total"), "state": "unknown", "free_slots": None,
                "reserved_for": None, "holders": []}
         rows.append(_row(gpu, False, sample, servers, idle.get(uuid, {}), state))
@@ -87,12 +102,18 @@ def _row(gpu: dict[str, Any], in_pool: bool, sample: dict[str, Any] | None,
     uuid = gpu.get("uuid")
     sample = sample if isinstance(sample, dict) else None
     holders = []
-    for holder in gpu.get("holders") or []:
+    held_idle: dict[str, float | None] = {}  # the incidents of this GPU's holders
+    for holder in _list(gpu.get("holders")):
+        if not isinstance(holder, dict):
+            continue
         owner = holder.get("owner")
-        server = servers.get(owner) or {}
-        memory = (server.get("gpu_memory") or {}).get(uuid) if server else None
+        server = servers.get(owner) if isinstance(owner, str) else None
+        memory = _dict(server.get("gpu_memory")).get(uuid, 0) \
+            if isinstance(server, dict) else None
+        if owner in idle:
+            held_idle[owner] = idle[owner]
         holders.append({**holder, "gpu_memory": memory, "idle": owner in idle})
-    since = [s for s in idle.values() if _number(s)]
+    since = [s for s in held_idle.values() if _number(s)]
     return {
         "uuid": uuid, "index": gpu.get("index"), "name": gpu.get("name"),
         "memory": gpu.get("memory"), "state": gpu.get("state"),
@@ -103,10 +124,18 @@ def _row(gpu: dict[str, Any], in_pool: bool, sample: dict[str, Any] | None,
         "memory_used": sample.get("memory_used") if sample else None,
         "memory_total": sample.get("memory_total") if sample else None,
         "lost": sample.get("lost") if sample else None,
-        "idle": bool(idle),
+        "idle": bool(held_idle),
         "idle_since": min(since) if since else None,
         "holders": holders,
     }
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
 
 
 def _number(value: Any) -> bool:
