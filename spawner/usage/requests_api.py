@@ -104,6 +104,53 @@ def request_json(r: rr.RoleRequest) -> dict[str, Any]:
             "decided_at": r.decided_at, "comment": r.decision_comment}
 
 
+def decider_for_model(model: dict[str, Any], table: QuotaTable) -> str | None:
+    """None when this visitor may decide some requests (an admin; an instructor when the
+    table lets instructors decide), else the sentence that refuses them."""
+    admin = model.get("admin") is True
+    access = access_for(model)
+    if not admin and (access is None or access.everything):
+        return NOT_DECIDER
+    if not admin and not table.requests.instructors_approve:
+        return "On this hub, requests are decided by admins only."
+    return None
+
+
+async def decider_for(model: dict[str, Any], table: QuotaTable,
+                      pending: list[rr.RoleRequest],
+                      groups_of: GroupsOf) -> Callable[[rr.RoleRequest], bool]:
+    """Who may decide, with the groups of the requests' users read from the hub once."""
+    admin = model.get("admin") is True
+    access = access_for(model)
+    taught = access.groups if access is not None and not access.everything else ()
+    groups: dict[str, list[str]] = {}
+    if not admin and taught and table.requests.instructors_approve:
+        for user in {r.user_name for r in pending}:
+            groups[user] = await groups_of(user)
+    return rr.decider(table, admin=admin, instructor_of=taught,
+                      groups_of=lambda user: groups.get(user, ()))
+
+
+async def load_table(reader: Any, quota_file: str) -> QuotaTable:
+    """The quota table, read on the service's worker threads, or Refused with a sentence."""
+    if not quota_file:
+        raise Refused(NO_TABLE, 404)
+    try:
+        return await reader.call(QuotaStore.for_path(quota_file).get, log)
+    except QuotaTableError:
+        raise Refused(BAD_TABLE, 503) from None
+
+
+def shared_options(app: web.Application) -> dict[str, Any]:
+    """The options ``routes`` gave the API's handlers in this app (the table, the event
+    log, the hub's groups, the clock), so the requests page reads what the API writes."""
+    for rule in app.wildcard_router.rules:
+        target = rule.target
+        if isinstance(target, type) and issubclass(target, RequestsApi):
+            return dict(rule.target_kwargs)
+    raise LookupError("the app has no routes of the requests API")
+
+
 class RequestsApi(TableApi):
     """Shared by the requests' endpoints: any logged-in user, JSON in and out."""
 
@@ -128,29 +175,14 @@ class RequestsApi(TableApi):
         return str(self.current_user["name"])
 
     async def quota_table(self) -> QuotaTable:
-        if not self.quota_file:
-            raise Refused(NO_TABLE, 404)
-        try:
-            return await self.blocking(QuotaStore.for_path(self.quota_file).get, log)
-        except QuotaTableError:
-            raise Refused(BAD_TABLE, 503) from None
+        return await load_table(self.reader, self.quota_file)
 
     async def my_groups(self) -> list[str]:
         return await self.groups_of(self.who())
 
     async def decider(self, table: QuotaTable,
                       pending: list[rr.RoleRequest]) -> Callable[[rr.RoleRequest], bool]:
-        """Who may decide, with the groups of the requests' users read from the hub once."""
-        model = self.current_user
-        admin = model.get("admin") is True
-        access = access_for(model)
-        taught = access.groups if access is not None and not access.everything else ()
-        groups: dict[str, list[str]] = {}
-        if not admin and taught and table.requests.instructors_approve:
-            for user in {r.user_name for r in pending}:
-                groups[user] = await self.groups_of(user)
-        return rr.decider(table, admin=admin, instructor_of=taught,
-                          groups_of=lambda user: groups.get(user, ()))
+        return await decider_for(self.current_user, table, pending, self.groups_of)
 
     def told(self, outcome: rr.Outcome) -> None:
         """The outcome's event appended to the hub's log, then the answer; a refusal: 400."""
@@ -232,13 +264,13 @@ class PendingHandler(RequestsApi):
 
     @web.authenticated
     async def get(self) -> None:
-        model = self.current_user
-        access = access_for(model)
+        model, access = self.current_user, access_for(self.current_user)
         if model.get("admin") is not True and (access is None or access.everything):
-            raise Refused(NOT_DECIDER)
+            raise Refused(NOT_DECIDER)  # before reading the table: nothing to tell them
         table = await self.quota_table()
-        if model.get("admin") is not True and not table.requests.instructors_approve:
-            raise Refused("On this hub, requests are decided by admins only.")
+        refusal = decider_for_model(model, table)
+        if refusal:
+            raise Refused(refusal)
         waiting = await self.reader.run(rr.pending)
         may = await self.decider(table, waiting)
         self.reply({"requests": [request_json(r) for r in waiting if may(r)]})
