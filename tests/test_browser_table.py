@@ -10,25 +10,15 @@ import re
 import time
 
 import pytest
-from browser import CHROMIUM, CHROMIUM_ARGS
-from playwright.sync_api import expect, sync_playwright
+from browser import Visit as BrowserVisit
+from browser import launch, usage_config, visits
+from playwright.sync_api import expect
 
-from harness import ARTIFACTS, Hub, free_port, teardown
-from spawner.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD
+from harness import Hub, free_port, teardown
 from spawner.usage.table_api import ADMINS_ONLY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-# As the shipped config's usage block does it, after the harness's own services and roles.
-USAGE_CONFIG = """
-from spawner.rbac import instructor_roles
-from spawner.usage.service import usage_service
-usage, usage_role, usage_own_role = usage_service(
-    c.JupyterHub.bind_url, c.QuotaSpawner.usage_db, c.QuotaSpawner.quota_file,
-    url="http://127.0.0.1:{port}")
-c.JupyterHub.services.append(usage)
-c.JupyterHub.load_roles += [usage_role, usage_own_role, *instructor_roles({{"cs101": ["prof-ada"]}})]
-"""
 DESCRIPTION = "Data exploration and small models"  # line 16 of the shipped table
 TYPO = "\nroles_typo: 1\n"
 
@@ -36,7 +26,7 @@ TYPO = "\nroles_typo: 1\n"
 @pytest.fixture(scope="module")
 def hub(docker_client, tmp_path_factory):
     hub = Hub(tmp_path_factory.mktemp("table-hub"), prefix=f"qstable{os.getpid()}",
-              extra_config=USAGE_CONFIG.format(port=free_port()))
+              extra_config=usage_config(free_port()))
     hub.start()
     try:
         hub.create_user("prof-ada", ["cs101-staff"])
@@ -61,33 +51,15 @@ def table(hub, original):
 
 @pytest.fixture(scope="module")
 def browser():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+    yield from launch()
 
 
-class Visit:
+class Visit(BrowserVisit):
     """One person's browser, with the editor page's helpers."""
 
     def __init__(self, browser, hub: Hub):
-        self.hub = hub
         # tall enough that CodeMirror draws every line of the table (70vh of it)
-        self.context = browser.new_context(viewport={"width": 1200, "height": 2600})
-        self.page = self.context.new_page()
-        self.errors: list[str] = []
-        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error"
-                     else None)
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-
-    def log_in(self, name: str) -> None:
-        page = self.page
-        page.goto(f"{self.hub.url}/hub/login?next=/hub/home")
-        page.fill("input[name=username]", name)
-        page.fill("input[name=password]", DEMO_ADMIN_PASSWORD if name == "admin"
-                  else DEMO_PASSWORD)
-        page.click("input[type=submit], button[type=submit]")
-        page.wait_for_url("**/hub/home")
+        super().__init__(browser, hub, viewport={"width": 1200, "height": 2600})
 
     def open_editor(self):
         response = self.page.goto(f"{self.hub.url}/services/usage/table")
@@ -117,22 +89,12 @@ class Visit:
         self.page.click("#save")
 
     def shot(self, name: str) -> None:
-        ARTIFACTS.mkdir(exist_ok=True)
-        self.page.screenshot(path=str(ARTIFACTS / f"table-{name}.png"), full_page=True)
+        super().shot(f"table-{name}")
 
 
 @pytest.fixture
 def visit(browser, hub):
-    visits = []
-
-    def make() -> Visit:
-        v = Visit(browser, hub)
-        visits.append(v)
-        return v
-
-    yield make
-    for v in visits:
-        v.context.close()
+    yield from visits(browser, hub, Visit)
 
 
 def test_a_typo_shows_as_a_problem_while_typing(table, visit):
