@@ -350,6 +350,19 @@ async def test_a_schedule_the_hub_refuses_is_marked_failed(api, monkeypatch):
     assert f"student2: refused ({DENIED})" in ran["result"]
 
 
+async def test_a_server_outside_the_tokens_filter_is_refused(monkeypatch):
+    # the hub's answer when the token holds servers!user=… or !group=… but not this one
+    async def hub_call(config, token, method, path, body=None):
+        return 404, {"status": 404, "message": "No access to resources or resources not found"}
+
+    monkeypatch.setattr(class_api, "hub_call", hub_call)
+    config = class_api.ClassConfig(hub_api_url="http://hub/hub/api")
+    for act in (class_api.stop_one(config, "t", "ann"),
+                class_api.start_one(config, "t", "ann", {"profile": "student"})):
+        assert await act == {"user": "ann", "outcome": "refused",
+                             "message": "No access to resources or resources not found"}
+
+
 def test_the_service_scopes_of_the_classes():
     assert classes.class_service_scopes({"cs102": ["prof-bo"], "cs101": ["prof-ada"]}) == [
         "servers!group=cs101", "servers!group=cs102"]

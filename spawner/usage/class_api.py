@@ -134,6 +134,13 @@ async def hub_users(config: ClassConfig, token: str) -> list[dict[str, Any]]:
         offset = int(following.get("offset", offset + 200))
 
 
+# The hub refuses a server outside the token's filters with 404 ("No access to resources
+# or resources not found"), not 403, when the token holds the scope for some servers: an
+# instructor's token always does (their own, from "self"), so 404 is how the hub says no
+# to another class's member (checked on a real hub by tests/test_browser_classes.py).
+REFUSALS = {403: "refused", 404: "refused"}
+
+
 def _server_path(name: str) -> str:
     return f"users/{quote(name, safe='')}/server"
 
@@ -142,8 +149,8 @@ async def start_one(config: ClassConfig, token: str, name: str, options: dict[st
                     ) -> dict[str, Any]:
     code, found = await hub_call(config, token, "POST", _server_path(name), options)
     message = (found or {}).get("message", "") if isinstance(found, dict) else ""
-    outcome = {201: "started", 202: "starting", 400: "skipped", 403: "refused",
-               429: "busy"}.get(code, "failed")
+    outcome = {201: "started", 202: "starting", 400: "skipped", 429: "busy",
+               **REFUSALS}.get(code, "failed")
     if code == 599:
         message = "The hub did not answer."
     return {"user": name, "outcome": outcome, "message": message}
@@ -152,8 +159,7 @@ async def start_one(config: ClassConfig, token: str, name: str, options: dict[st
 async def stop_one(config: ClassConfig, token: str, name: str) -> dict[str, Any]:
     code, found = await hub_call(config, token, "DELETE", _server_path(name))
     message = (found or {}).get("message", "") if isinstance(found, dict) else ""
-    outcome = {204: "stopped", 202: "stopping", 400: "skipped", 403: "refused"}.get(
-        code, "failed")
+    outcome = {204: "stopped", 202: "stopping", 400: "skipped", **REFUSALS}.get(code, "failed")
     if code == 599:
         message = "The hub did not answer."
     return {"user": name, "outcome": outcome, "message": message}
