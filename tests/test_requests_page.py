@@ -283,7 +283,12 @@ async def test_requests_off_and_no_table(site):
 async def test_the_admin_sees_every_waiting_request(site):
     await site.ask()
     await site.ask(who="dora", role="senior-engineer", reason="Lab project.")
+    own = await site.ask(who="admin", reason="To try the GPU queue.")
     page = await site.page("admin")
+    # nobody decides their own request: the admin's is under "Your requests" only
+    assert [r.split(" ")[0] for r in rows(page)] == ["gpu-training"]
+    assert (await site.decide(own, "admin", True))[1]["message"] == \
+        "You cannot decide your own request."
     assert "Requests to decide" in page
     assert rows(page, "decide") == [
         "student1 asks for the role gpu-training Window 2026-11-18 11:06 UTC to 2026-11-25 "

@@ -134,7 +134,9 @@ class RequestsPage(UsageHandler):
             try:
                 may = await requests_api.decider_for(model, table, waiting,
                                                      options["groups_of"])
-                to_decide = [row(r, now, when) for r in waiting if may(r)]
+                # nobody decides their own request: an admin's shows under theirs only
+                to_decide = [row(r, now, when) for r in waiting
+                             if may(r) and r.user_name != user]
             except Refused as e:
                 to_decide, decide_problem = [], e.sentence
         elif table is None and model.get("admin") is True:
