@@ -102,9 +102,14 @@ class Visit:
     def api(self, method: str, path: str, data: Any = None):
         """A call to the service's JSON API from this browser, with its login cookies and
         the XSRF token the service's pages send (the ``_xsrf`` cookie)."""
-        xsrf = next((c["value"] for c in self.context.cookies() if c["name"] == "_xsrf"), "")
+        url = f"{self.hub.url}/services/usage/{path}"
+        # the service's own cookie, not the hub's (path /hub/): the one sent to this URL
+        # with the longest path
+        sent = sorted((c for c in self.context.cookies(url) if c["name"] == "_xsrf"),
+                      key=lambda c: len(c.get("path", "")))
+        xsrf = sent[-1]["value"] if sent else ""
         return self.context.request.fetch(
-            f"{self.hub.url}/services/usage/{path}", method=method,
+            url, method=method,
             headers={"X-XSRFToken": xsrf, "Content-Type": "application/json"},
             data=data, fail_on_status_code=False)
 
