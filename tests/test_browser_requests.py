@@ -186,7 +186,9 @@ def test_a_plain_user_lands_on_role_requests_from_the_services_menu(person):
     expect(page.get_by_text("You have not asked for a role yet.")).to_be_visible()
     p.shot("requests-plain-user")
     # the report stays refused; the deciders' API too
-    assert p.api("GET", "api/requests/pending").status == 403
+    assert p.api("GET", "?period=30d").status == 403
+    r = p.api("GET", "api/requests/pending")
+    assert (r.status, r.json()["message"]) == (403, NOT_DECIDER)
     p.check_clean()
 
 
