@@ -636,7 +636,10 @@ def main() -> None:
     server.listen(bind.port or 80, bind.hostname or "127.0.0.1")
     log.info("Usage page at %s, serving %s", bind.geturl(),
              os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/usage/"))
-    IOLoop.current().start()
+    try:
+        IOLoop.current().start()
+    except KeyboardInterrupt:  # the hub stopping its services: not an error
+        log.info("Usage page stopped")
 
 
 if __name__ == "__main__":
