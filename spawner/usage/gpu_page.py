@@ -170,7 +170,7 @@ def duration(seconds: float | None) -> str:
 
 def size(num_bytes: float | None) -> str:
     """'80 GiB', '1.5 GiB', '512 MiB'; '–' when unknown."""
-    if not _number(num_bytes) or num_bytes is None:
+    if num_bytes is None or not _number(num_bytes):
         return "–"
     value = float(num_bytes)
     unit = "B"
@@ -187,7 +187,9 @@ def size(num_bytes: float | None) -> str:
 
 
 def percent(fraction: float | None) -> str:
-    return "–" if not _number(fraction) or fraction is None else f"{_half_up(fraction * 100)}%"
+    if fraction is None or not _number(fraction):
+        return "–"
+    return f"{_half_up(fraction * 100)}%"
 
 
 def plural(count: int, word: str) -> str:
