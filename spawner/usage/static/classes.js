@@ -111,7 +111,7 @@
     const head = make("th", "text name", name);
     head.scope = "row";
     const state = make("td", "text state");
-    state.append(make("span", "state"));
+    state.append(make("span", "badge"));
     const actions = make("td", "text actions");
     const open = make("a", "open", "Open");
     open.target = "_blank";
@@ -129,7 +129,7 @@
   function fillRow(tr, m, now) {
     const cell = (name) => tr.querySelector(`td.${name}`);
     const state = cell("state").firstElementChild;
-    state.className = `state state-${m.state}`;
+    state.className = `badge state-${m.state}`;
     setText(state, m.state);
     setText(cell("role"), roleText(m));
     const activity = cell("activity");
