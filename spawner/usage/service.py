@@ -170,7 +170,7 @@ def nav_for(model: dict[str, Any], prefix: str) -> list[tuple[str, str]]:
         links.append(("Usage", prefix))
     if model.get("admin") is True:
         links += [("Quota table", prefix + "table"), ("GPU map", prefix + "gpus")]
-    if access is not None:
+    if model.get("admin") is True or (access is not None and access.groups):
         links.append(("Classes", prefix + "classes"))
     links.append(("Role requests", prefix + "requests"))
     return links
