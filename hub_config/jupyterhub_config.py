@@ -171,11 +171,13 @@ if WATCHDOG != "0":
     c.JupyterHub.load_roles.append(watchdog_role)
 
 # --- the usage page ------------------------------------------------------------
-# The usage report as tables and charts at /services/usage/, in the hub's
-# Services menu for admins (every session) and instructors (their class's
-# sessions, through the scope instructor_roles gives them). It reads the usage
-# ledger and listens on USAGE_URL; "0" turns it off, as USAGE_DB=none does
-# (docs/usage.md#the-usage-page).
+# The usage service at /services/usage/, in the hub's Services menu: the usage
+# report for admins (every session) and instructors (their class's sessions,
+# through the scope instructor_roles gives them), the quota table editor and
+# GPU map for admins, the class dashboard for instructors, and requests for a
+# bigger role for everyone (docs/usage.md#the-usage-page, docs/security.md). It
+# reads the usage ledger and listens on USAGE_URL; "0" turns it off, as
+# USAGE_DB=none does.
 c.JupyterHub.custom_scopes = {
     **(c.JupyterHub.custom_scopes if "custom_scopes" in c.JupyterHub else {}), **CUSTOM_SCOPES}
 USAGE_URL = env("USAGE_URL", DEFAULT_URL)

@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 from browser import Visit, expect, launch, usage_config
 
-from harness import ROOT, Hub, container_for, containers, free_port, teardown
+from harness import (
+    Hub,
+    container_for,
+    containers,
+    free_port,
+    shipped_table_without_requests,
+    teardown,
+)
 from spawner.config import hub_id_from_secret_file
 from spawner.contract import ROLE_LABEL
 from spawner.events import read_events
@@ -37,7 +44,7 @@ HOSTILE_REASON = '<img src=x onerror="alert(1)"> for the term project & more'
 
 def quota_text() -> str:
     """The shipped table, a small role nobody holds, and requests that instructors decide."""
-    text = (ROOT / "hub_config" / "quotas.yaml").read_text()
+    text = shipped_table_without_requests()
     role = (f"  {ROLE}:\n    description: Term projects, beyond the lab\n    cpus: 1\n"
             "    memory: 1G\n    images: [pytorch]\n")
     text = text.replace("  instructor:\n", role + "  instructor:\n", 1)

@@ -16,11 +16,11 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
+from harness import shipped_table_without_requests
 from spawner.events import read_events
 from spawner.usage import requests_api, service
 from spawner.usage.ledger import Ledger
 
-ROOT = Path(__file__).resolve().parent.parent
 HUB_TOKEN = "service-token"
 HUB_ID = "quota-0123456789ab"
 NOW = 1_795_000_000.0  # 2026-11-18 11:06:40 UTC
@@ -87,7 +87,7 @@ class Api:
 
 
 def table(instructors_approve: bool) -> str:
-    text = (ROOT / "hub_config" / "quotas.yaml").read_text()
+    text = shipped_table_without_requests()
     return text + ("\nrequests:\n  roles: [gpu-training, senior-engineer]\n  max_days: 14\n"
                    f"  instructors_approve: {'true' if instructors_approve else 'false'}\n")
 

@@ -29,6 +29,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
+from harness import shipped_table_without_requests
 from spawner.usage import requests_api, requests_page, service
 from spawner.usage.ledger import Ledger
 
@@ -263,7 +264,7 @@ async def test_a_user_who_holds_every_requestable_role(site):
 
 
 async def test_requests_off_and_no_table(site):
-    site.quota.write_text((ROOT / "hub_config" / "quotas.yaml").read_text())
+    site.quota.write_text(shipped_table_without_requests())
     page = await site.page("student1")
     assert "Roles cannot be requested on this hub; ask an admin." in page
     assert "ask-form" not in page

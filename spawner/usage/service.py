@@ -59,7 +59,7 @@ CUSTOM_SCOPES = {SCOPE: {
 }}
 DEFAULT_URL = "http://127.0.0.1:8182"
 # What the service's own token may read: the table editor's preview needs every user's
-# groups and the role of each running server.
+# groups and the role of each running server, the role requests the requesters' groups.
 SERVICE_SCOPES = ("list:users", "read:users:groups", "read:servers")
 PERIODS = {"this-month": "This month", "last-month": "Last month", "30d": "Last 30 days",
            "custom": "From … to …"}
@@ -81,11 +81,13 @@ def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "
                   ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The managed service, for c.JupyterHub.services, and two roles for load_roles:
     that of those who may see everything without being admins (no one until a config
-    lists them), and the service's own, for the table editor's preview (users, their
-    groups and their servers' roles, read with the service's token).
+    lists them), and the service's own (users, their groups and their servers' roles,
+    for the table editor's preview and the role requests; the hub config adds the
+    classes' servers, for scheduled pre-warms).
 
-    The hub proxies ``/services/<name>/`` to ``url`` and lists the page in its
-    Services menu for admins and instructors (who hold access to it).
+    The hub proxies ``/services/<name>/`` to ``url`` and lists it in its Services menu
+    for everyone who holds access to it: with the shipped config, every user, since
+    anyone may ask for a bigger role there; its pages check who may see what.
 
     ``state_dir``: the spawner's, where requests for a role append their events to the
     hub's event log; ``secret_file`` and ``prefix``: the hub's id for those events, as
@@ -124,8 +126,8 @@ def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "
     }
     own = {
         "name": f"{name}-service",
-        "description": "Read the users, their groups and their servers for the quota table "
-                       "editor's preview",
+        "description": "Read the users, their groups and their servers, for the quota "
+                       "table editor's preview and role requests",
         "scopes": list(SERVICE_SCOPES),
         "services": [name],
     }
