@@ -38,7 +38,10 @@ SPEC is ``image=TAG`` (run that image, e.g. a build kept from before a change) a
 ``home=DIR`` (copy DIR's files into the student's home volume before the spawn: a
 ``.jupyter/jupyter_server_config.json`` or ``.jupyter/labconfig/page_config.json``
 there overrides the image's for that student only, so a setting can be compared
-against the image as built, in the same run, without a rebuild), joined with ``,``.
+against the image as built, in the same run, without a rebuild), and/or
+``early-launcher`` (an experiment, in the page: the launcher opened as soon as
+JupyterLab's layout is restored, as a lab plugin could, instead of when the file
+browser sees the route done, after the workspace's debounced save), joined with ``,``.
 
     .venv/bin/python bench/lab_load_trace.py                       # 5 logins, shipped image
     .venv/bin/python bench/lab_load_trace.py --logins 9 --cached --detail 1
@@ -137,6 +140,18 @@ INIT_SCRIPT = r"""
     seen.add(p);
     const activate = p.activate;
     p.activate = function (...args) {
+      if (!T.app && args[0] && args[0].commands && args[0].restored) {
+        T.app = args[0];
+        if (window.__qsEarlyLauncher) {
+          // The experiment: the launcher as soon as the layout is restored.
+          T.app.restored.then(() => {
+            if (T.app.shell.isEmpty && T.app.shell.isEmpty('main')
+                && T.app.commands.hasCommand('launcher:create')) {
+              T.app.commands.execute('launcher:create');
+            }
+          });
+        }
+      }
       const rec = T.plugins[p.id] = {start: performance.now()};
       let out;
       try { out = activate.apply(this, args); }
@@ -238,6 +253,7 @@ class Variant:
     name: str
     image: str = DEFAULT_IMAGE
     home: Path | None = None
+    early_launcher: bool = False  # the experiment: open the launcher at app.restored
     user: str = ""
     key: str = ""  # the image's key in the bench's quota table
 
@@ -316,8 +332,11 @@ def parse_variant(text: str) -> Variant:
             variant.home = Path(value)
             if not variant.home.is_dir():
                 raise argparse.ArgumentTypeError(f"home={value}: not a folder")
+        elif part == "early-launcher":
+            variant.early_launcher = True
         else:
-            raise argparse.ArgumentTypeError(f"{part!r}: want image=TAG or home=DIR")
+            raise argparse.ArgumentTypeError(
+                f"{part!r}: want image=TAG, home=DIR or early-launcher")
     return variant
 
 
@@ -638,6 +657,11 @@ def report(logins: list[Login], variants: list[Variant], details: int) -> None:
 
 # ------------------------------------------------------------------- main ---
 
+def init_script(variant: Variant) -> str:
+    flag = "window.__qsEarlyLauncher = true;\n" if variant.early_launcher else ""
+    return flag + INIT_SCRIPT.replace("__CHUNK_GLOBALS__", json.dumps(CHUNK_GLOBALS))
+
+
 def run(args: argparse.Namespace, hub: Hub, client, prefix: str) -> list[Login]:
     variants: list[Variant] = args.variant
     hub.start()
@@ -661,8 +685,7 @@ def run(args: argparse.Namespace, hub: Hub, client, prefix: str) -> list[Login]:
                   flush=True)
             for variant in variants:
                 context = browser.new_context(viewport={"width": 1280, "height": 900})
-                context.add_init_script(INIT_SCRIPT.replace("__CHUNK_GLOBALS__",
-                                                            json.dumps(CHUNK_GLOBALS)))
+                context.add_init_script(init_script(variant))
                 try:
                     login(context, hub, variant, False, None, browser, "warmup")
                 finally:
@@ -673,8 +696,7 @@ def run(args: argparse.Namespace, hub: Hub, client, prefix: str) -> list[Login]:
                 turn = variants[i % len(variants):] + variants[:i % len(variants)]
                 for variant in turn:
                     context = browser.new_context(viewport={"width": 1280, "height": 900})
-                    context.add_init_script(INIT_SCRIPT.replace("__CHUNK_GLOBALS__",
-                                                                json.dumps(CHUNK_GLOBALS)))
+                    context.add_init_script(init_script(variant))
                     try:
                         for again in ((False, True) if args.cached else (False,)):
                             label = f"{variant.name}-{i}{'-cached' if again else ''}"
