@@ -4,8 +4,8 @@
 One student of the shipped images with a running server (as after a class pre-warm), a
 fresh Chromium context and an empty workspace per test: the login shows one launcher,
 opened before JupyterLab's first workspace save (its own launcher comes only after that
-save); a /lab/tree/<notebook> URL and a workspace with a tab get no launcher; with the
-plugin disabled JupyterLab's own launcher still comes, once.
+save), also in a named workspace; a /lab/tree/<notebook> URL and a workspace with a tab
+get no launcher; with the plugin disabled JupyterLab's own launcher still comes, once.
 """
 
 from __future__ import annotations
@@ -132,6 +132,16 @@ def test_login_shows_one_launcher_opened_before_the_workspace_save(hub, empty_wo
     assert page.errors == []
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "lab-start-launcher.png"))
+
+
+def test_named_workspace_shows_one_launcher(hub, empty_workspace, page):
+    """/lab/workspaces/<name>: no tree path, an empty main area."""
+    log_in(page, hub, NAME, next_url=f"/user/{NAME}/lab/workspaces/lab2")
+    page.wait_for_selector(".jp-Launcher", state="visible", timeout=TIMEOUT_MS)
+    assert settled_tabs(page) == ["Launcher"]
+    times = page.evaluate("window.__qsStart")
+    assert times.get("save") is not None and times["launcher"] < times["save"], times
+    assert page.errors == []
 
 
 def test_tree_url_opens_the_notebook_and_no_launcher(hub, empty_workspace, page):
