@@ -40,8 +40,10 @@ SPEC is ``image=TAG`` (run that image, e.g. a build kept from before a change) a
 there overrides the image's for that student only, so a setting can be compared
 against the image as built, in the same run, without a rebuild), and/or
 ``early-launcher`` (an experiment, in the page: the launcher opened as soon as
-JupyterLab's layout is restored, as a lab plugin could, instead of when the file
-browser sees the route done, after the workspace's debounced save), joined with ``,``.
+JupyterLab's layout is restored, instead of when the file browser sees the route
+done, after the workspace's debounced save; the images' lab extension now does this
+itself, its ``early-launcher`` plugin, so this is for an image built before it,
+``image=TAG,early-launcher``), joined with ``,``.
 
     .venv/bin/python bench/lab_load_trace.py                       # 5 logins, shipped image
     .venv/bin/python bench/lab_load_trace.py --logins 9 --cached --detail 1
@@ -111,15 +113,6 @@ INIT_SCRIPT = r"""
       for (const e of list.getEntries()) T.longtasks.push([e.startTime, e.duration]);
     }).observe({type: 'longtask', buffered: true});
   } catch (e) {}
-  // The first frame with the launcher on screen (Playwright's wait polls, so it may
-  // see it up to a few hundred ms later).
-  const look = () => {
-    const el = document.querySelector('.jp-Launcher');
-    const box = el && el.getBoundingClientRect();
-    if (box && box.width > 0 && box.height > 0) T.launcher = performance.now();
-    else requestAnimationFrame(look);
-  };
-  requestAnimationFrame(look);
   // Timers of 100 ms or more: when set, for how long, by whom, and when they fired.
   T.timers = [];
   const setTimeout0 = window.setTimeout;
@@ -224,6 +217,34 @@ INIT_SCRIPT = r"""
   for (const name of __CHUNK_GLOBALS__) hook(name);
 })();
 """
+# The first animation frame with the launcher on screen, as window.__qsLab.launcher
+# (performance.now()): Playwright's wait polls, so it may see it up to a few hundred ms
+# later. Also bench/prewarm_bench.py's clock.
+LAUNCHER_SCRIPT = r"""
+(() => {
+  const T = window.__qsLab = window.__qsLab || {};
+  const look = () => {
+    const el = document.querySelector('.jp-Launcher');
+    const box = el && el.getBoundingClientRect();
+    if (box && box.width > 0 && box.height > 0) T.launcher = performance.now();
+    else requestAnimationFrame(look);
+  };
+  requestAnimationFrame(look);
+})();
+"""
+
+
+def wait_for_launcher(page: Page, epoch: float, timeout_ms: float = LAB_TIMEOUT_MS) -> float:
+    """Waits until LAUNCHER_SCRIPT (an init script of the page's context) has seen the
+    launcher on screen; returns that frame's time in seconds after ``epoch`` (wall clock,
+    as ``time.time()``; Chromium runs on this machine)."""
+    handle = page.wait_for_function(
+        "() => { const T = window.__qsLab; "
+        "return T && T.launcher ? performance.timeOrigin + T.launcher : null; }",
+        polling="raf", timeout=timeout_ms)
+    return handle.json_value() / 1000 - epoch
+
+
 # JupyterLab's own bundles, and the federated extensions in the images (webpack's
 # uniqueName from the package name: every character outside [A-Za-z0-9_$] becomes _).
 CHUNK_GLOBALS = ["rspackChunk_jupyterlab_application_top",
@@ -659,7 +680,8 @@ def report(logins: list[Login], variants: list[Variant], details: int) -> None:
 
 def init_script(variant: Variant) -> str:
     flag = "window.__qsEarlyLauncher = true;\n" if variant.early_launcher else ""
-    return flag + INIT_SCRIPT.replace("__CHUNK_GLOBALS__", json.dumps(CHUNK_GLOBALS))
+    return (flag + INIT_SCRIPT.replace("__CHUNK_GLOBALS__", json.dumps(CHUNK_GLOBALS))
+            + LAUNCHER_SCRIPT)
 
 
 def run(args: argparse.Namespace, hub: Hub, client, prefix: str) -> list[Login]:
