@@ -2,7 +2,7 @@
 # containers goes through `setup` first; it is idempotent and skips what is
 # already done (a no-op run takes a second or two).
 
-.PHONY: setup images demo test lint bench labextension
+.PHONY: setup images demo test lint bench labextension editor
 
 setup:
 	scripts/setup.sh
@@ -42,3 +42,11 @@ labextension:
 	.venv/bin/jupyter-builder build labextension --core-package-file="$$(.venv/bin/python -c \
 	  'import jupyterlab, pathlib; print(pathlib.Path(jupyterlab.__file__).parent / "staging" / "package.json")')"
 	.venv/bin/python labextension/stamp.py
+
+# The quota table editor's browser bundle: builds editor/ (CodeMirror 6 with the table's
+# JSON Schema) into spawner/usage/static/editor.js and its license file, both committed
+# and installed with the package. Pinned versions (editor/package-lock.json); needs node
+# >= 20 and npm.
+editor:
+	cd editor && npm ci --no-audit --no-fund
+	cd editor && npm run build

@@ -13,8 +13,10 @@ import os
 import sys
 from pathlib import Path
 
+import jupyterhub
 from sqlalchemy.engine import make_url
 
+from spawner.admin.classes import CLASS_OAUTH_SCOPES, class_service_scopes
 from spawner.culling import culler_service
 from spawner.engine import check_engine, warn_oversized_roles
 from spawner.network import ensure_network, warn_host_network
@@ -24,6 +26,7 @@ from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_duration
 from spawner.rbac import instructor_roles
 from spawner.usage.ledger import Ledger, default_url
+from spawner.usage.requests_api import USER_SCOPES
 from spawner.usage.service import CUSTOM_SCOPES, DEFAULT_URL, usage_service
 from spawner.watchdog.service import watchdog_service
 
@@ -124,7 +127,8 @@ c.JupyterHub.load_groups = {
     "cs101-staff": {"users": ["prof-ada"]},
 }
 # Instructors can list, start, stop and open their class's servers (spawner/rbac.py).
-c.JupyterHub.load_roles = instructor_roles({"cs101": ["prof-ada"]})
+CLASSES = {"cs101": ["prof-ada"]}  # group -> its instructors
+c.JupyterHub.load_roles = instructor_roles(CLASSES)
 
 # --- culling -----------------------------------------------------------------
 # jupyterhub-idle-culler stops servers idle for IDLE_TIMEOUT (a role's own
@@ -167,20 +171,38 @@ if WATCHDOG != "0":
     c.JupyterHub.load_roles.append(watchdog_role)
 
 # --- the usage page ------------------------------------------------------------
-# The usage report as tables and charts at /services/usage/, in the hub's
-# Services menu for admins (every session) and instructors (their class's
-# sessions, through the scope instructor_roles gives them). It reads the usage
-# ledger and listens on USAGE_URL; "0" turns it off, as USAGE_DB=none does
-# (docs/usage.md#the-usage-page).
+# The usage service at /services/usage/, in the hub's Services menu: the usage
+# report for admins (every session) and instructors (their class's sessions,
+# through the scope instructor_roles gives them), the quota table editor and
+# GPU map for admins, the class dashboard for instructors, and requests for a
+# bigger role for everyone (docs/usage.md#the-usage-page, docs/security.md). It
+# reads the usage ledger and listens on USAGE_URL; "0" turns it off, as
+# USAGE_DB=none does.
 c.JupyterHub.custom_scopes = {
     **(c.JupyterHub.custom_scopes if "custom_scopes" in c.JupyterHub else {}), **CUSTOM_SCOPES}
 USAGE_URL = env("USAGE_URL", DEFAULT_URL)
 if USAGE_URL != "0" and USAGE_DB != "none":
-    usage, usage_role = usage_service(c.JupyterHub.bind_url, USAGE_DB,
-                                      c.QuotaSpawner.quota_file, url=USAGE_URL)
+    usage, usage_role, usage_own_role = usage_service(
+        c.JupyterHub.bind_url, USAGE_DB, c.QuotaSpawner.quota_file, url=USAGE_URL,
+        state_dir=str(STATE), secret_file=c.JupyterHub.cookie_secret_file,
+        prefix=c.QuotaSpawner.prefix if "prefix" in c.QuotaSpawner else "quota")
     c.JupyterHub.services = [
         *(c.JupyterHub.services if "services" in c.JupyterHub else []), usage]
-    c.JupyterHub.load_roles.append(usage_role)
+    # The class dashboard: an instructor's token acts on their class's servers (the
+    # hub intersects these with the instructor's own scopes); scheduled pre-warms run
+    # with the service's token, which may start the classes' servers.
+    usage["oauth_client_allowed_scopes"] += CLASS_OAUTH_SCOPES
+    usage_own_role["scopes"] += class_service_scopes(CLASSES)
+    c.JupyterHub.load_roles += [usage_role, usage_own_role]
+    # Every user may ask for a bigger role there: JupyterHub 6 adds extra_user_scopes to
+    # the default "user" role (5 needs that role redefined, with "self"); the usage report
+    # itself still refuses all but admins and instructors.
+    if jupyterhub.version_info >= (6,):
+        c.JupyterHub.extra_user_scopes = {
+            *(c.JupyterHub.extra_user_scopes if "extra_user_scopes" in c.JupyterHub else ()),
+            *USER_SCOPES}
+    else:
+        c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", *USER_SCOPES]})
 
 # At hub start: report a broken quota table now rather than at the first
 # spawn, and roles larger than this engine.

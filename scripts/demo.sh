@@ -8,12 +8,18 @@ cat <<'TXT'
 Quota Spawner demo: http://127.0.0.1:8000
   log in as any name with password  quota-demo
     alice            -> junior-researcher (the default role)
-    bob              -> group ml-platform: senior-engineer or pipeline
-    research-lead    -> senior-engineer
-    student1..3      -> group cs101: student
+    bob              -> group ml-platform: senior-engineer, pipeline or gpu-training
+    research-lead    -> senior-engineer or gpu-training
+    student1..3      -> group cs101: student or gpu-lab
     prof-ada         -> group cs101-staff, instructor of cs101 (see /hub/admin)
   admin: user admin, password quota-spawner-admin-demo-password
-  usage page: Services > usage, /services/usage/ (admin: everyone; prof-ada: cs101)
+  Services > usage (/services/usage/), pages in its header:
+    Usage          admin: everyone; prof-ada: cs101
+    Quota table    admin: edit hub_config/quotas.yaml with checks, preview and history
+    GPU map        admin: every GPU, its holders and the queue, live
+    Classes        prof-ada: cs101's servers, stop, pre-warm now or at a time
+    Role requests  everyone: ask for gpu-training or senior-engineer; admin and
+                   prof-ada (for cs101) decide
   quota table: hub_config/quotas.yaml (edits apply at the next spawn)
   notebooks run on the bridge network quota-spawner (containers cannot reach each other)
 TXT

@@ -20,9 +20,11 @@ from sqlalchemy.engine import make_url
 from tornado import web
 
 from . import refusals
+from .admin.requests import granted_roles
 from .engine import FrameworkLabels, check_engine_info, warn_oversized_roles
 from .events import EventLog
 from .gpu.pool import GpuPool, hub_inventory, request_for
+from .gpu.snapshot import GPUS_FILE
 from .preempt import Evictor
 from .quota.form import render_form
 from .quota.model import Choice, QuotaTable, QuotaTableError, Role
@@ -60,7 +62,8 @@ class ChoicesMixin:
                            sync_interval=self.gpu_sync_interval,
                            zombie_grace=self.zombie_grace_period, known=ChoicesMixin._claimed,
                            spawners=ChoicesMixin._spawners,
-                           events=EventLog(os.path.join(state, EVENTS_FILE), self.log))
+                           events=EventLog(os.path.join(state, EVENTS_FILE), self.log),
+                           gpus_file=os.path.join(state, GPUS_FILE))
             evictor = Evictor(pool, os.path.join(state, PREEMPTIONS_FILE), self.log)
             pool.evictions = evictor
             await evictor.recover()
@@ -113,7 +116,16 @@ class ChoicesMixin:
             raise web.HTTPError(500, refusals.TABLE_BROKEN) from None
         warn_oversized_roles(table, ChoicesMixin._engine_info, self.log)
         pool.roles = table.roles  # for preemption: every holder's role as the table says now
-        return table.choices_for(self.user.name, [g.name for g in self.user.groups])
+        granted = await self.granted_roles(pool) if table.requests.roles else set()
+        return table.choices_for(self.user.name, [g.name for g in self.user.groups], granted)
+
+    async def granted_roles(self: Any, pool: GpuPool) -> set[str]:
+        """The roles an approved request grants this user now; none without a ledger, or
+        when it cannot be read (logged: the user keeps the roles the table gives)."""
+        if pool.usage is None:
+            return set()
+        return await pool.usage.call(granted_roles, pool.usage.ledger.engine,
+                                     self.user.name, time.time()) or set()
 
     async def quota_table(self: Any, pool: GpuPool) -> QuotaTable:
         """The table as it is now (the last good one while the file is broken; raises

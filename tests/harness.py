@@ -316,6 +316,13 @@ c.QuotaSpawner.args = {list(monitor_args)!r}
 # --- quota-table text for the unit tests (test_quota_gpu_fields.py, test_cli.py) ------
 
 
+def shipped_table_without_requests() -> str:
+    """hub_config/quotas.yaml without its ``requests:`` section, for tests that write
+    their own (or need requests off)."""
+    text = (ROOT / "hub_config" / "quotas.yaml").read_text()
+    return text.split("\nrequests:", 1)[0].rstrip("\n") + "\n"
+
+
 def line_of(text: str, needle: str, after: str | None = None) -> int:
     """The 1-based line of the first line holding ``needle`` (after the line holding ``after``)."""
     lines = text.splitlines()

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS, log_in
 from playwright.sync_api import sync_playwright
 
 from harness import ARTIFACTS, container_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-]
 
 
 @pytest.fixture
@@ -23,15 +19,6 @@ def page():
         page = browser.new_page(viewport={"width": 1280, "height": 900})
         yield page
         browser.close()
-
-
-def log_in(page, hub, name: str) -> None:
-    """Through the hub's login form, as a person does (demo password)."""
-    page.goto(f"{hub.url}/hub/login?next=/hub/home")
-    page.fill("input[name=username]", name)
-    page.fill("input[name=password]", "quota-demo")
-    page.click("input[type=submit], button[type=submit]")
-    page.wait_for_url("**/hub/home")
 
 
 def test_login_pick_role_and_image_reach_lab(hub, docker_client, page):

@@ -7,6 +7,7 @@ import re
 import time
 
 import pytest
+from browser import CHROMIUM, CHROMIUM_ARGS
 from playwright.sync_api import expect, sync_playwright
 
 from harness import ARTIFACTS
@@ -14,11 +15,6 @@ from monitor_server import TOKEN, GiB, MonitorServer, gpu_state, start_servers
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
-]
 LIMIT = 8 * GiB
 ARGS = ("--GpuMonitor.interval=0.2", "--GpuMonitor.busy_window=2")
 

@@ -115,7 +115,7 @@ def test_no_budgets_is_none_and_utc():
     plain = table("").replace("budgets:\n", "")
     t = parse_quota_table(plain, "q.yaml")
     assert (t.budgets, t.budget_timezone) == ((), "UTC")
-    assert TOP_FIELDS == ("images", "roles", "assignments", "budgets")
+    assert TOP_FIELDS == ("images", "roles", "assignments", "budgets", "requests")
 
 
 def test_the_schema_takes_budgets_and_refuses_what_the_loader_refuses():
@@ -188,7 +188,7 @@ def test_every_mistake_at_once_and_the_others_still_checked():
     ]
     assert problems(table("  {}\n").replace("budgets:\n  {}\n", "extra: 1\n")) == [
         "q.yaml:9: unknown key 'extra' in the quota table; expected one of: images, roles, "
-        "assignments, budgets"]
+        "assignments, budgets, requests"]
 
 
 def test_show_prints_one_line_per_budget(tmp_path, capsys):

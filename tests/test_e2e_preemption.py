@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import requests
+from browser import CHROMIUM, CHROMIUM_ARGS, log_in
 from playwright.sync_api import expect, sync_playwright
-from test_browser import CHROMIUM, CHROMIUM_ARGS, log_in
 from tornado.httpclient import HTTPRequest
 from tornado.websocket import websocket_connect
 

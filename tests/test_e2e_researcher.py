@@ -23,8 +23,8 @@ import time
 
 import pytest
 import requests
+from browser import CHROMIUM, CHROMIUM_ARGS, log_in
 from playwright.sync_api import expect, sync_playwright
-from test_browser import CHROMIUM, CHROMIUM_ARGS, log_in
 
 from harness import (
     ARTIFACTS,

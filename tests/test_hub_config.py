@@ -163,3 +163,16 @@ def test_a_secret_from_the_environment_becomes_the_watchdogs_hub_id(tmp_path, mo
     env = next(s for s in c.JupyterHub.services if s["name"] == "gpu-watchdog")["environment"]
     assert env["QUOTA_SPAWNER_HUB_ID"] == hub_id_from_secret("quota", bytes.fromhex(secret))
     assert secret not in str(env)  # the id goes to the watchdog, never the secret
+
+
+def test_the_usage_service_reads_the_hubs_users_with_its_own_role(tmp_path, monkeypatch):
+    c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
+    assert "usage" in [s["name"] for s in c.JupyterHub.services]
+    role = next(r for r in c.JupyterHub.load_roles if r["name"] == "usage-service")
+    assert role["services"] == ["usage"]
+    assert role["scopes"] == ["list:users", "read:users:groups", "read:servers",
+                              "servers!group=cs101"]  # the class dashboard's pre-warms
+    assert "usage-viewer" in [r["name"] for r in c.JupyterHub.load_roles]
+    off = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1",
+                          QUOTA_SPAWNER_USAGE_URL="0")
+    assert "usage-service" not in [r["name"] for r in off.JupyterHub.load_roles]

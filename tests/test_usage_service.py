@@ -180,8 +180,8 @@ def test_periods():
 
 
 def test_the_service_for_the_hub_config():
-    svc, role = usage_service("http://127.0.0.1:8000", "sqlite:////x/usage.sqlite",
-                              "/x/quotas.yaml", url="http://127.0.0.1:9999")
+    svc, role, own = usage_service("http://127.0.0.1:8000", "sqlite:////x/usage.sqlite",
+                                   "/x/quotas.yaml", url="http://127.0.0.1:9999")
     assert svc["name"] == "usage" and svc["url"] == "http://127.0.0.1:9999"
     assert svc["command"][1:] == ["-m", "spawner.usage.service"]
     assert svc["environment"]["QUOTA_SPAWNER_USAGE_DB"] == "sqlite:////x/usage.sqlite"
@@ -190,6 +190,10 @@ def test_the_service_for_the_hub_config():
     assert svc["oauth_no_confirm"] is True
     assert role["scopes"] == [USAGE_SCOPE, "access:services!service=usage"]
     assert role["users"] == []
+    # the table editor's preview reads users, groups and servers with the service's token
+    assert own == {"name": "usage-service", "description": own["description"],
+                   "scopes": ["list:users", "read:users:groups", "read:servers"],
+                   "services": ["usage"]}
     (instructor,) = instructor_roles({"cs101": ["prof-ada"]})
     assert f"{USAGE_SCOPE}!group=cs101" in instructor["scopes"]
     assert "access:services!service=usage" in instructor["scopes"]
@@ -365,8 +369,12 @@ async def test_a_users_page_for_whom_may_see_it(site):
 
 
 async def test_anyone_else_is_refused_with_a_sentence(site):
+    # the front door sends a user to what they may do here: ask for a bigger role
+    r = await site.get("", "carol")
+    assert r.code == 302 and r.headers["Location"] == "/services/usage/requests"
     for who in ("carol", "nobody"):
-        for path in ("", "user?name=alice", "report.csv", "report.json"):
+        for path in ("" if who == "nobody" else "?period=30d", "user?name=alice",
+                     "report.csv", "report.json"):
             r = await site.get(path, who)
             assert r.code == 403, (who, path)
             assert "The usage page is for admins and for the instructors of a class" in \

@@ -6,7 +6,8 @@
  * polling here does not either; it pauses while the browser tab is hidden.
  * While the hub preempts the server (the answer's `preemption`), the item
  * counts down to the stop and a notification says so, once per notice.
- * Docs: docs/jupyterlab-status-bar.md.
+ * Docs: docs/jupyterlab-status-bar.md. The package's second plugin is in
+ * launcher.ts.
  */
 
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
@@ -28,6 +29,7 @@ import {
   preemptionOf,
   viewOf
 } from './format';
+import { earlyLauncher } from './launcher';
 
 /** The status item's id in the status bar. */
 export const STATUS_ITEM_ID = 'quota-spawner:gpu-status';
@@ -344,4 +346,4 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+export default [plugin, earlyLauncher];

@@ -33,6 +33,7 @@ from .allocator import GpuAllocator, GpuRequest
 from .inventory import Inventory, declared_inventory, discover_nvml, free_memory
 from .preemption import Running
 from .queue import Dispatched, GpuQueue, Ticket
+from .snapshot import SnapshotWriter
 
 if TYPE_CHECKING:
     from ..usage.ledger import LedgerWriter
@@ -118,6 +119,7 @@ class GpuPool:
         known: set[str] | None = None,
         spawners: weakref.WeakValueDictionary[str, Any] | None = None,
         events: EventLog | None = None,
+        gpus_file: str = "",
     ):
         self.inventory = inventory
         self.allocator = GpuAllocator(inventory.devices)
@@ -143,6 +145,9 @@ class GpuPool:
         self.spawners: weakref.WeakValueDictionary[str, Any] = (
             spawners if spawners is not None else weakref.WeakValueDictionary())
         self.events = events or EventLog("")
+        # the admins' GPU map reads this file (gpu/snapshot.py): every change of the
+        # holdings or the queue passes through acquire, dispatch or _reconcile
+        self.snapshots = SnapshotWriter(self, gpus_file, self.events.replace)
         self.evictions: Evictions | None = None
         self.usage: LedgerWriter | None = None  # the usage ledger, when there is one
         self.usage_duties: Any = None
@@ -201,7 +206,10 @@ class GpuPool:
     def acquire(self, owner: str, request: GpuRequest) -> tuple[str, ...]:
         """Hold GPUs at once, outside the queue (raises NoGpuFree)."""
         self._changed[owner] = time.monotonic()
-        return self.allocator.acquire(owner, request)
+        try:
+            return self.allocator.acquire(owner, request)
+        finally:
+            self.snapshots.changed()
 
     def join(self, owner: str, server: Server, role: Role) -> Ticket:
         """Ask for ``role``'s GPUs for ``owner``: served now, or queued (await
@@ -290,6 +298,7 @@ class GpuPool:
             for ticket, victims in done.called_off:
                 self.evictions.call_off(ticket, victims, f"{ticket.user} got GPUs without "
                                         "needing this server's")
+        self.snapshots.changed()
         return done
 
     async def _queue_loop(self) -> None:
@@ -363,6 +372,7 @@ class GpuPool:
         for name in list(self._suspects):
             if name not in alive or name in self.known:
                 self._suspects.pop(name)
+        self.snapshots.changed()  # adoptions; a write that changes nothing is skipped
 
     def _adopt(self, name: str, uuids: tuple[str, ...], request: GpuRequest) -> None:
         conflicts = self.allocator.adopt(name, uuids, request)

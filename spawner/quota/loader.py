@@ -26,6 +26,7 @@ from .model import (
     MAX_GPUS,
     MAX_PIDS,
     MAX_PRIORITY,
+    MAX_REQUEST_DAYS,
     MAX_SIZE,
     MIN_PRIORITY,
     NAME_PATTERN,
@@ -37,6 +38,7 @@ from .model import (
     Problem,
     QuotaTable,
     QuotaTableError,
+    RequestRules,
     Role,
     time_zone,
 )
@@ -324,7 +326,8 @@ ROLE_FIELDS = (
 ASSIGNMENT_FIELDS = ("default", "groups", "users")
 BUDGETS_FIELDS = ("timezone", "groups", "users")
 BUDGET_FIELDS = ("gpu_hours", "per", "stop", "warn_at")
-TOP_FIELDS = ("images", "roles", "assignments", "budgets")
+REQUESTS_FIELDS = ("roles", "max_days", "instructors_approve")
+TOP_FIELDS = ("images", "roles", "assignments", "budgets", "requests")
 REQUIRED_TOP_FIELDS = ("images", "roles", "assignments")
 
 
@@ -547,6 +550,22 @@ def _read_budgets(r: _Reader, node: Node) -> tuple[tuple[Budget, ...], str]:
     return tuple(budgets), zone
 
 
+def _read_requests(r: _Reader, node: Node, role_names: set[str]) -> RequestRules:
+    """Which roles may be requested, for how long, and whether instructors decide."""
+    fields = r.mapping(node, "requests", REQUESTS_FIELDS)
+    values: dict[str, Any] = {}
+    if "roles" in fields:
+        values["roles"] = tuple(r.references(fields["roles"][1], "requests: roles",
+                                             "requests: roles", "role", role_names))
+    if "max_days" in fields:
+        values["max_days"] = r.positive_number(fields["max_days"][1], "requests: max_days",
+                                               MAX_REQUEST_DAYS)
+    if "instructors_approve" in fields:
+        values["instructors_approve"] = r.flag(fields["instructors_approve"][1],
+                                               "requests: instructors_approve")
+    return RequestRules(**{k: v for k, v in values.items() if v is not None})
+
+
 def _syntax_problem(e: Exception, text: str, path: str) -> Problem:
     """The Problem for a file that YAML cannot even parse."""
     if isinstance(e, yaml.MarkedYAMLError):
@@ -619,7 +638,11 @@ def _read_table(r: _Reader, root: Node, path: str) -> QuotaTable:
         _read_budgets(r, top["budgets"][1]) if "budgets" in top
         else ((), DEFAULT_BUDGET_TIMEZONE)
     )
-    return QuotaTable(path, images, roles, default, groups, users, budgets, zone)
+    requests = (
+        _read_requests(r, top["requests"][1], role_names) if "requests" in top
+        else RequestRules()
+    )
+    return QuotaTable(path, images, roles, default, groups, users, budgets, zone, requests)
 
 
 def load_quota_table(path: str | Path, gpus: GpuCapacity | None = None) -> QuotaTable:

@@ -1,5 +1,5 @@
-"""The quota table's model: roles, images, assignments, budgets, and the limits a field
-may take."""
+"""The quota table's model: roles, images, assignments, budgets, role requests, and the
+limits a field may take."""
 
 from __future__ import annotations
 
@@ -35,6 +35,9 @@ BUDGET_PERIODS = ("day", "week", "month")
 MAX_GPU_HOURS = 1_000_000.0  # 64 GPUs for a year is about 560,000
 DEFAULT_WARN_AT = 0.9
 DEFAULT_BUDGET_TIMEZONE = "UTC"
+# Requests for a bigger role (docs/role-requests.md).
+DEFAULT_REQUEST_MAX_DAYS = 14.0
+MAX_REQUEST_DAYS = 366.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,19 @@ class Budget:
         return f"the {self.kind} {self.name}"
 
 
+@dataclass(frozen=True)
+class RequestRules:
+    """Which roles users may ask for, for how long, and who may decide."""
+
+    roles: tuple[str, ...] = ()  # none: requests are off
+    max_days: float = DEFAULT_REQUEST_MAX_DAYS  # the longest window
+    instructors_approve: bool = False  # a group's instructors decide for its members
+
+    @property
+    def max_seconds(self) -> float:
+        return self.max_days * 86400
+
+
 def time_zone(name: str) -> tzinfo:
     """The zone of an IANA name; ValueError when this machine does not know it.
 
@@ -171,6 +187,7 @@ class QuotaTable:
     users: dict[str, tuple[str, ...]] = field(default_factory=dict)
     budgets: tuple[Budget, ...] = ()
     budget_timezone: str = DEFAULT_BUDGET_TIMEZONE  # periods start at its midnight
+    requests: RequestRules = field(default_factory=RequestRules)
 
     @property
     def budget_zone(self) -> tzinfo:
@@ -182,8 +199,10 @@ class QuotaTable:
         return ([b for b in self.budgets if b.kind == "user" and b.name == username]
                 + [b for b in self.budgets if b.kind == "group" and b.name in held])
 
-    def role_names_for(self, username: str, groups: Iterable[str] = ()) -> list[str]:
-        """Users first, then the union of their groups, then ``default``."""
+    def role_names_for(self, username: str, groups: Iterable[str] = (),
+                       granted: Iterable[str] = ()) -> list[str]:
+        """Users first, then the union of their groups, then ``default``; then the roles
+        ``granted`` for now by an approved request (those the table still defines)."""
         if username in self.users:
             held = set(self.users[username])
         else:
@@ -192,14 +211,17 @@ class QuotaTable:
                 held.update(self.groups.get(group, ()))
             if not held:
                 held = set(self.default)
+        held.update(granted)
         return [name for name in self.roles if name in held]
 
-    def roles_for(self, username: str, groups: Iterable[str] = ()) -> list[Role]:
-        return [self.roles[name] for name in self.role_names_for(username, groups)]
+    def roles_for(self, username: str, groups: Iterable[str] = (),
+                  granted: Iterable[str] = ()) -> list[Role]:
+        return [self.roles[name] for name in self.role_names_for(username, groups, granted)]
 
-    def choices_for(self, username: str, groups: Iterable[str] = ()) -> list[Choice]:
+    def choices_for(self, username: str, groups: Iterable[str] = (),
+                    granted: Iterable[str] = ()) -> list[Choice]:
         return [
             Choice(role, self.images[key])
-            for role in self.roles_for(username, groups)
+            for role in self.roles_for(username, groups, granted)
             for key in role.images
         ]

@@ -78,3 +78,60 @@ session_groups = Table(
     Column("group_name", String(255), primary_key=True),
 )
 Index("ix_session_groups_group", session_groups.c.group_name)
+
+# The quota table's audit trail: every version the editor saved, with who, why and the
+# diff from the version before; ``restored_from`` is the row a restore brought back.
+table_versions = Table(
+    "table_versions",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("path", String(1024), nullable=False),  # the table's absolute path
+    Column("at", Float, nullable=False),
+    Column("who", String(255), nullable=False),
+    Column("comment", Text, nullable=False),
+    Column("sha256", String(64), nullable=False),  # of the file's bytes
+    Column("text", Text, nullable=False),
+    Column("diff", Text, nullable=False, server_default=""),  # unified, from the version before
+    Column("restored_from", Integer, ForeignKey("table_versions.id")),
+)
+Index("ix_table_versions_path", table_versions.c.path, table_versions.c.id)
+
+# Requests for a bigger role, and their decisions: an approved one is a grant that holds
+# from ``starts`` to ``ends``; the rows are the grants' audit trail, never deleted.
+role_requests = Table(
+    "role_requests",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_name", String(255), nullable=False),
+    Column("groups", Text, nullable=False, server_default=""),  # when asked, comma-separated
+    Column("role", String(255), nullable=False),
+    Column("starts", Float, nullable=False),
+    Column("ends", Float, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("state", String(16), nullable=False),  # pending, approved, refused, withdrawn
+    Column("asked_at", Float, nullable=False),
+    Column("decided_by", String(255)),  # the admin or instructor; the user for a withdrawal
+    Column("decided_at", Float),
+    Column("decision_comment", Text, nullable=False, server_default=""),
+)
+Index("ix_role_requests_user", role_requests.c.user_name, role_requests.c.state)
+Index("ix_role_requests_state", role_requests.c.state, role_requests.c.ends)
+
+# Class pre-warms an instructor scheduled: at ``at`` the usage service starts every
+# member's server of ``group_name`` with ``role`` and ``image``, with its own token;
+# ``result`` says what happened to each member. Rows are kept as the trail.
+prewarm_schedules = Table(
+    "prewarm_schedules",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("group_name", String(255), nullable=False),
+    Column("role", String(255), nullable=False),
+    Column("image", String(255), nullable=False),
+    Column("at", Float, nullable=False),
+    Column("created_by", String(255), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("state", String(16), nullable=False),  # pending, done, cancelled, failed
+    Column("result", Text, nullable=False, server_default=""),
+)
+Index("ix_prewarm_schedules_state", prewarm_schedules.c.state, prewarm_schedules.c.at)
+Index("ix_prewarm_schedules_group", prewarm_schedules.c.group_name, prewarm_schedules.c.at)

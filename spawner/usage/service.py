@@ -58,6 +58,9 @@ CUSTOM_SCOPES = {SCOPE: {
                    "that group's members.",
 }}
 DEFAULT_URL = "http://127.0.0.1:8182"
+# What the service's own token may read: the table editor's preview needs every user's
+# groups and the role of each running server, the role requests the requesters' groups.
+SERVICE_SCOPES = ("list:users", "read:users:groups", "read:servers")
 PERIODS = {"this-month": "This month", "last-month": "Last month", "30d": "Last 30 days",
            "custom": "From … to …"}
 REFUSED = ("The usage page is for admins and for the instructors of a class, and you are "
@@ -73,19 +76,35 @@ OUTDATED = ("The usage ledger is older than this page: the hub upgrades it when 
 
 
 def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "usage",
-                  url: str = DEFAULT_URL) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The managed service, for c.JupyterHub.services, and the role of those who may see
-    everything without being admins (no one until a config lists them), for load_roles.
+                  url: str = DEFAULT_URL, state_dir: str = "", secret_file: str = "",
+                  prefix: str = "quota"
+                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The managed service, for c.JupyterHub.services, and two roles for load_roles:
+    that of those who may see everything without being admins (no one until a config
+    lists them), and the service's own (users, their groups and their servers' roles,
+    for the table editor's preview and the role requests; the hub config adds the
+    classes' servers, for scheduled pre-warms).
 
-    The hub proxies ``/services/<name>/`` to ``url`` and lists the page in its
-    Services menu for admins and instructors (who hold access to it).
+    The hub proxies ``/services/<name>/`` to ``url`` and lists it in its Services menu
+    for everyone who holds access to it: with the shipped config, every user, since
+    anyone may ask for a bigger role there; its pages check who may see what.
+
+    ``state_dir``: the spawner's, where requests for a role append their events to the
+    hub's event log; ``secret_file`` and ``prefix``: the hub's id for those events, as
+    the spawner derives it (unless QUOTA_SPAWNER_HUB_ID is set).
     """
     environment = {
         "QUOTA_SPAWNER_USAGE_DB": usage_db,
         "QUOTA_SPAWNER_QUOTA_FILE": quota_file,
         "JUPYTERHUB_PUBLIC_URL": public_url,
     }
-    for passed in ("QUOTA_SPAWNER_USAGE_TZ", "QUOTA_SPAWNER_USAGE_LOG_LEVEL"):
+    if state_dir:
+        environment["QUOTA_SPAWNER_STATE_DIR"] = state_dir
+    if secret_file:
+        environment["QUOTA_SPAWNER_HUB_SECRET_FILE"] = secret_file
+        environment["QUOTA_SPAWNER_PREFIX"] = prefix
+    for passed in ("QUOTA_SPAWNER_USAGE_TZ", "QUOTA_SPAWNER_USAGE_LOG_LEVEL",
+                   "QUOTA_SPAWNER_HUB_ID"):
         if os.environ.get(passed):
             environment[passed] = os.environ[passed]
     service = {
@@ -105,7 +124,14 @@ def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "
         "scopes": [SCOPE, f"access:services!service={name}"],
         "users": [],
     }
-    return service, role
+    own = {
+        "name": f"{name}-service",
+        "description": "Read the users, their groups and their servers, for the quota "
+                       "table editor's preview and role requests",
+        "scopes": list(SERVICE_SCOPES),
+        "services": [name],
+    }
+    return service, role, own
 
 
 # --- who sees what -------------------------------------------------------------------------
@@ -133,6 +159,23 @@ def access_for(model: dict[str, Any] | None) -> Access | None:
     if groups:
         return Access(name, everything=False, groups=tuple(groups))
     return None
+
+
+def nav_for(model: dict[str, Any], prefix: str) -> list[tuple[str, str]]:
+    """The service's pages this visitor may open, as (label, path), for the header.
+    Only a guide: each page and API call checks the visitor again."""
+    if not model:
+        return []
+    access = access_for(model)
+    links = []
+    if access is not None:
+        links.append(("Usage", prefix))
+    if model.get("admin") is True:
+        links += [("Quota table", prefix + "table"), ("GPU map", prefix + "gpus")]
+    if model.get("admin") is True or (access is not None and access.groups):
+        links.append(("Classes", prefix + "classes"))
+    links.append(("Role requests", prefix + "requests"))
+    return links
 
 
 class Refused(web.HTTPError):
@@ -277,6 +320,10 @@ class LedgerReader:
                 self._engine = ledger.engine
             return self._engine
 
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the worker threads, without the ledger (files)."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         def call() -> T:
             return fn(self._open(), *args, **kwargs)
@@ -386,13 +433,14 @@ class UsageHandler(HubOAuthenticated, web.RequestHandler):
 
     def render_page(self, template: str, status: int = 200, **values: Any) -> None:
         prefix = self.settings["usage_prefix"]
+        # the cache: an error page must not ask the hub again
+        model = getattr(self, "_hub_auth_user_cache", None) or {}
         self.set_status(status)
         self.set_header("Content-Type", "text/html; charset=utf-8")
         self.finish(self.settings["usage_templates"].get_template(template).render(
             prefix=prefix, hub_home=self.settings["usage_hub_home"],
-            # the cache: an error page must not ask the hub again
-            who=(getattr(self, "_hub_auth_user_cache", None) or {}).get("name", ""),
-            tz_name=str(self.tz), **values))
+            who=model.get("name", ""), nav=nav_for(model, prefix),
+            here=self.request.path, tz_name=str(self.tz), **values))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = kwargs.get("exc_info", (None, None, None))[1]
@@ -429,6 +477,11 @@ class ReportPage(UsageHandler):
 
     @web.authenticated
     async def get(self) -> None:
+        if access_for(self.current_user) is None and not self.request.query:
+            # the service's front door, from the hub's Services menu: a user who may not
+            # see the report lands on what they may do here
+            self.redirect(self.settings["usage_prefix"] + "requests")
+            return
         access, w, by, group, table = await self.report_args()
         now = _now()
         run = self.reader.run
@@ -533,9 +586,25 @@ class Download(UsageHandler):
 
 
 def make_app(*, usage_db: str, quota_file: str = "", prefix: str = "/services/usage/",
-             hub_base: str = "/", tz: tzinfo = timezone.utc, **settings: Any) -> web.Application:
+             hub_base: str = "/", tz: tzinfo = timezone.utc, hub_api_url: str = "",
+             hub_api_token: str = "", **settings: Any) -> web.Application:
+    """The service's app. ``hub_api_url`` and ``hub_api_token`` read the hub's users for
+    the table editor's preview; ``table_directory`` in ``settings`` replaces that read."""
+    from . import class_api, class_page, gpu_page, requests_api, requests_page, table_page
+    from .table_api import hub_directory, table_routes
+
     prefix = prefix if prefix.endswith("/") else prefix + "/"
+    settings.setdefault("table_directory", hub_directory(hub_api_url, hub_api_token))
     return web.Application([
+        *table_routes(prefix),
+        *table_page.routes(prefix),
+        *gpu_page.routes(prefix),
+        *class_page.routes(prefix),
+        *requests_page.routes(prefix),
+        *class_api.routes(prefix, settings.pop("class_config", None)),
+        *requests_api.routes(prefix, **{
+            "quota_file": quota_file or None, "hub_api_url": hub_api_url or None,
+            "hub_api_token": hub_api_token or None, **settings.pop("requests_options", {})}),
         (prefix, ReportPage),
         (prefix + "user", UserPage),
         (prefix + r"report\.(csv|json)", Download),
@@ -557,13 +626,21 @@ def main() -> None:
         usage_db=os.environ.get("QUOTA_SPAWNER_USAGE_DB") or default_url(),
         quota_file=os.environ.get("QUOTA_SPAWNER_QUOTA_FILE", ""),
         prefix=os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/usage/"),
-        hub_base=os.environ.get("JUPYTERHUB_BASE_URL", "/"), tz=tz)
+        hub_base=os.environ.get("JUPYTERHUB_BASE_URL", "/"), tz=tz,
+        hub_api_url=os.environ.get("JUPYTERHUB_API_URL", ""),
+        hub_api_token=os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+    from .class_api import ClassConfig, Prewarmer
+
+    Prewarmer(ClassConfig.from_environment(), app.settings["usage_reader"]).start()
     bind = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", DEFAULT_URL))
     server = HTTPServer(app, xheaders=True)
     server.listen(bind.port or 80, bind.hostname or "127.0.0.1")
     log.info("Usage page at %s, serving %s", bind.geturl(),
              os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/usage/"))
-    IOLoop.current().start()
+    try:
+        IOLoop.current().start()
+    except KeyboardInterrupt:  # the hub stopping its services: not an error
+        log.info("Usage page stopped")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import socket
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -40,10 +41,13 @@ from .hub_events import NOTICE, for_hub, hub_event_messages, read_new
 from .metrics import WatchdogMetrics, serve_metrics, write_dcgm_mapping
 from .model import GpuProcess, GpuSample, Server, ServerSample, Snapshot
 from .notify import Notifier
-from .rules import RULES, Event, IncidentBook, WatchdogRules
+from .rules import GPU_IDLE, RULES, Event, IncidentBook, WatchdogRules
 
 # The hub's event log, in its state folder unless the hub's config says otherwise.
 EVENTS_FILE_NAME = "quota-spawner-events.jsonl"
+# Each cycle's GPU numbers, for the admins' GPU map (spawner/admin/gpu_map.py).
+GPU_USAGE_FILE_NAME = "quota-spawner-gpu-usage.json"
+GPU_USAGE_VERSION = 1
 
 
 class QuotaWatchdog(Application):
@@ -58,6 +62,7 @@ class QuotaWatchdog(Application):
     }
     _events_error = ""  # why the hub's event log could not be read, logged once
     _usage_error = ""  # why the usage ledger could not be written, logged once
+    _gpu_usage_error = ""  # why the GPU usage file could not be written, logged once
     _ledger: Ledger | None = None
 
     config_file = Unicode(
@@ -94,6 +99,11 @@ class QuotaWatchdog(Application):
         are folded: the hub's QuotaSpawner.usage_db. Default: $QUOTA_SPAWNER_USAGE_DB when
         set, else the hub's default in $QUOTA_SPAWNER_STATE_DIR when set. Empty or "none":
         not recorded.""")
+    gpu_usage_file = Unicode(
+        config=True,
+        help=f"""Where each cycle's per-GPU and per-server GPU numbers are written, for the
+        admins' GPU map. Default: {GPU_USAGE_FILE_NAME} in $QUOTA_SPAWNER_STATE_DIR when
+        set; empty: not written.""")
     host_name = Unicode(socket.gethostname(), config=True, help="This host, in messages.")
     metrics_ip = Unicode(os.environ.get("QUOTA_SPAWNER_METRICS_IP", "127.0.0.1"), config=True,
                          help="Address of /metrics.")
@@ -140,6 +150,11 @@ class QuotaWatchdog(Application):
         # Only in a state folder the hub named: "." would be a guess at the hub's.
         state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", "")
         return str(Path(state) / EVENTS_FILE_NAME) if state else ""
+
+    @default("gpu_usage_file")
+    def _gpu_usage_file_default(self) -> str:
+        state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", "")
+        return str(Path(state) / GPU_USAGE_FILE_NAME) if state else ""
 
     def initialize(self, argv: list[str] | None = None) -> None:
         self.parse_command_line(argv)
@@ -254,6 +269,8 @@ class QuotaWatchdog(Application):
             await asyncio.to_thread(write_dcgm_mapping, Path(self.dcgm_mapping_dir), snapshot)
         if self.usage_db and self.usage_db != "none":
             await asyncio.to_thread(self.record_usage, snapshot)
+        if self.gpu_usage_file:
+            await asyncio.to_thread(self.write_gpu_usage, snapshot)
         saved = json.dumps(self.book.to_json(), sort_keys=True)
         if saved != self._saved:  # most cycles change nothing: no write
             await asyncio.to_thread(self.book.save, Path(self.state_file))
@@ -312,6 +329,20 @@ class QuotaWatchdog(Application):
             self.log.info("Usage samples are recorded again")
             self._usage_error = ""
 
+    def write_gpu_usage(self, snapshot: Snapshot) -> None:
+        """This cycle's GPU numbers to ``gpu_usage_file``, atomically (blocking); a
+        failure is logged once, until a write succeeds again."""
+        data = gpu_usage_snapshot(snapshot, self.book, self.interval)
+        try:
+            write_json_atomic(Path(self.gpu_usage_file), data)
+        except OSError as error:
+            if str(error) != self._gpu_usage_error:
+                self.log.warning("Cannot write %s (%s); trying again each cycle",
+                                 self.gpu_usage_file, error)
+                self._gpu_usage_error = str(error)
+            return
+        self._gpu_usage_error = ""
+
     async def notify_in_order(self, events: list[Event]) -> None:
         for event in events:
             await self.notify(event)
@@ -367,6 +398,50 @@ def usage_samples(snapshot: Snapshot) -> list[Sample]:
             gpu_memory=sum(sample.gpu_memory.values()) if server.gpus else None,
             oom_kills=sample.oom_kills))
     return samples
+
+
+def gpu_usage_snapshot(snapshot: Snapshot, book: IncidentBook, interval: float) -> dict:
+    """One cycle's GPU numbers as JSON (``"version": 1``; epoch seconds, bytes, 0 to 1).
+
+    ``time``, ``host``, ``interval`` (seconds between cycles, to judge freshness);
+    ``gpus``: by UUID, ``index``, ``name``, ``utilization``, ``memory_used``,
+    ``memory_total``, ``lost`` (NVML's reason, or None); ``servers``: by
+    container name, ``user``, ``role``, ``gpus`` (held) and ``gpu_memory`` (its
+    own processes' memory, by UUID); ``idle``: the open ``gpu_idle`` incidents
+    (a GPU reserved and idle): ``uuid``, ``server``, ``user``, ``since``, ``opened``.
+    """
+    idle = sorted(
+        ({"uuid": i.gpu_uuid, "server": i.server.name if i.server else None,
+          "user": i.server.user if i.server else None, "since": i.since, "opened": i.opened}
+         for i in book.open.values() if i.rule == GPU_IDLE and i.gpu_uuid),
+        key=lambda d: (d["uuid"], d["server"] or ""))
+    return {
+        "version": GPU_USAGE_VERSION,
+        "time": snapshot.time,
+        "host": snapshot.host,
+        "interval": interval,
+        "gpus": {u: {"index": g.index, "name": g.name, "utilization": g.utilization,
+                     "memory_used": g.memory_used, "memory_total": g.memory_total,
+                     "lost": g.lost}
+                 for u, g in sorted(snapshot.gpus.items())},
+        "servers": {s.server.name: {"user": s.server.user, "role": s.server.role,
+                                    "gpus": list(s.server.gpus),
+                                    "gpu_memory": dict(sorted(s.gpu_memory.items()))}
+                    for s in sorted(snapshot.servers.values(), key=lambda s: s.server.name)},
+        "idle": idle,
+    }
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """``data`` as JSON to ``path``: a temporary file, then a rename (blocking)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, sort_keys=True)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 main = QuotaWatchdog.launch_instance

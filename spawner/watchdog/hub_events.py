@@ -22,7 +22,13 @@ server is being stopped when ``stopping``) into messages about that server
 channels (its instructors), never to the user's other groups. The hub tells
 each once per user, budget and period (``spawner.usage.budgets.BudgetWatch``).
 
-``hub_event_messages`` is both, in the log's order: what a cycle tells.
+``role_request_events`` turns the hub's requests for a bigger role
+(``spawner.admin.requests``; rule ``role_request``) into messages about the user
+and the role asked for: ``role-request`` to admins and the user's groups'
+channels (their instructors, who may decide when the table allows it);
+``role-request-approved``, ``-refused`` and ``-withdrawn`` to the user.
+
+``hub_event_messages`` is all of them, in the log's order: what a cycle tells.
 
 Only ``read_new`` blocks (file I/O).
 """
@@ -36,12 +42,24 @@ from typing import Any
 from ..events import read_events
 from ..quota.units import human_duration
 from .model import Server, Snapshot
-from .rules import BUDGET, PREEMPTION, Event, EventCursor, Incident, WatchdogRules, _instant
+from .rules import (
+    BUDGET,
+    PREEMPTION,
+    ROLE_REQUEST,
+    Event,
+    EventCursor,
+    Incident,
+    WatchdogRules,
+    _instant,
+)
 
 NOTICE, STOPPED, WITHDRAWN = "preemption", "preempted", "preemption-withdrawn"
 PREEMPTION_EVENTS = (NOTICE, STOPPED, WITHDRAWN)
 BUDGET_WARNING, BUDGET_SPENT = "budget-warning", "budget-spent"
 BUDGET_EVENTS = (BUDGET_WARNING, BUDGET_SPENT)
+ASKED, APPROVED, REFUSED, GIVEN_UP = ("role-request", "role-request-approved",
+                                      "role-request-refused", "role-request-withdrawn")
+REQUEST_EVENTS = (ASKED, APPROVED, REFUSED, GIVEN_UP)
 _CHUNK = 1 << 16
 
 
@@ -248,12 +266,67 @@ def budget_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
     return told
 
 
+# --- requests for a bigger role --------------------------------------------------
+
+
+def request_facts(event: dict[str, Any]) -> dict[str, Any]:
+    """What the messages use of one request event, each field of its type or left out."""
+    out: dict[str, Any] = {"event": _text(event.get("event"))}
+    for name in ("user", "hub", "role", "reason", "who", "comment", "text"):
+        if _text(event.get(name)):
+            out[name] = _text(event[name])
+    for name in ("time", "starts", "ends"):
+        if _number(event.get(name)) is not None:
+            out[name] = _number(event[name])
+    if isinstance(event.get("id"), int) and not isinstance(event.get("id"), bool):
+        out["id"] = event["id"]
+    return out
+
+
+def _request_what(f: dict[str, Any]) -> str:
+    """The hub's sentence, or one made from the fields when it gave none."""
+    if f.get("text"):
+        return _sentence(f["text"])
+    role = f"the role '{f['role']}'" if f.get("role") else "a role"
+    who = f.get("who", "")
+    if f["event"] == ASKED:
+        return f"{f['user']} asks for {role}."
+    if f["event"] == GIVEN_UP:
+        return f"{f['user']} withdrew the request for {role}."
+    state = "approved" if f["event"] == APPROVED else "refused"
+    return f"The request for {role} was {state}{' by ' + who if who else ''}."
+
+
+def role_request_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
+                        snapshot: Snapshot) -> list[Event]:
+    """The messages for this hub's requests for a bigger role, in the log's order. The
+    incident's server names the user and the role asked for (no container). An event
+    without a user is left out."""
+    if not rules.enabled(ROLE_REQUEST):
+        return []
+    told = []
+    for event in events:
+        f = request_facts(event)
+        if f["event"] not in REQUEST_EVENTS or "user" not in f:
+            continue
+        at = f.get("time", snapshot.time)
+        server = Server(container_id="", name="", user=f["user"], role=f.get("role", ""),
+                        image="", hub_id=f.get("hub", ""))
+        key = f"{ROLE_REQUEST}:{f.get('id', f['user'])}:{f['event']}"
+        incident = Incident(key=key, rule=ROLE_REQUEST, severity="info", server=server,
+                            since=at, host=snapshot.host, what=_request_what(f),
+                            hub_event=f)
+        told.append(_instant(incident, at))
+    return told
+
+
 def hub_event_messages(events: Iterable[dict[str, Any]], rules: WatchdogRules,
                        snapshot: Snapshot) -> list[Event]:
-    """The messages of every hub event the watchdog tells (preemptions and budgets), in
-    the log's order."""
+    """The messages of every hub event the watchdog tells (preemptions, budgets and
+    requests for a role), in the log's order."""
     told = []
     for event in events:
         told += preemption_events([event], rules, snapshot)
         told += budget_events([event], rules, snapshot)
+        told += role_request_events([event], rules, snapshot)
     return told

@@ -63,6 +63,7 @@ from .rules import (
     INSTANT_RULES,
     MEMORY,
     PREEMPTION,
+    ROLE_REQUEST,
     ZOMBIE,
     Event,
     Incident,
@@ -142,6 +143,26 @@ def _budget(incident: Incident, whose: str) -> str:
     return f"{budget} {share} used: {whose}"
 
 
+def _role_request(incident: Incident) -> str:
+    """The title's subject of the hub's requests for a bigger role (hub_events.py)."""
+    event = incident.hub_event
+    user = incident.server.user if incident.server else "a user"
+    role = f"the role {event['role']}" if event.get("role") else "a role"
+    by = f" by {event['who']}" if event.get("who") else ""
+    kind = event.get("event")
+    if kind == "role-request-approved":
+        return f"{user}'s request for {role} approved{by}"
+    if kind == "role-request-refused":
+        return f"{user}'s request for {role} refused{by}"
+    if kind == "role-request-withdrawn":
+        return f"{user} withdrew the request for {role}"
+    return f"{user} asks for {role}"
+
+
+def _day_and_time(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
 def _when(incident: Incident, now: float) -> str | None:
     """When a preempted server stops, against ``now``: the deadline is what counts."""
     deadline = incident.hub_event.get("deadline")
@@ -185,6 +206,8 @@ def _headline(incident: Incident, numbers: bool = True) -> str:
         return _preemption(incident, f"{user}'s server" if user else "a server")
     if rule == BUDGET:
         return _budget(incident, f"{user}'s server" if user else "a server")
+    if rule == ROLE_REQUEST:
+        return _role_request(incident)
     return incident.what or rule
 
 
@@ -264,6 +287,17 @@ ADVICE = {
     "budget-stopping": (
         "Go on with a role without GPUs, which budgets do not count; the home folder is "
         "kept. GPU roles can be started again when the budget resets."),
+    # by the hub's event, for the role_request rule; a withdrawal needs nothing
+    "role-request": (
+        "Admins, and the user's instructors when the quota table allows it, approve or "
+        "refuse it in the usage service's requests; a refusal needs a comment, which the "
+        "user is told."),
+    "role-request-approved": (
+        "Choose the role on the spawn form while the window holds; the grant ends by "
+        "itself at its end, and a running server keeps its limits until it stops. Give it "
+        "up in the usage service's requests if you no longer need it."),
+    "role-request-refused": (
+        "Ask again with another window or a clearer reason, or ask whoever refused it."),
 }
 
 
@@ -275,6 +309,8 @@ def _advice(incident: Incident) -> str | None:
         if event.get("event") == "budget-spent" and event.get("stopping"):
             return ADVICE["budget-stopping"]
         return ADVICE.get(event.get("event", ""))
+    if incident.rule == ROLE_REQUEST:
+        return ADVICE.get(incident.hub_event.get("event", ""))
     return ADVICE.get(incident.rule)
 
 
@@ -307,6 +343,16 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
     when = _when(incident, now)
     if when:
         lines.append(f"When: {when}")
+    if incident.rule == ROLE_REQUEST:  # about a user and a role, not a server
+        asked = incident.hub_event
+        if server is not None:
+            lines.append(f"Who: {server.user}")
+        if asked.get("role"):
+            lines.append(f"Role: {asked['role']}")
+        if "starts" in asked and "ends" in asked:
+            lines.append(f"Window: from {_day_and_time(asked['starts'])} to "
+                         f"{_day_and_time(asked['ends'])}")
+        server = None
     if server is not None:
         # a stopped server's image is not known (its event does not say)
         image = f", image {server.image}" if server.image else ""
@@ -323,7 +369,7 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
             lines.append(f"GPUs: {', '.join(gpus)}")
     lines.append(f"Host: {getattr(incident, 'host', '') or host}")
     since = datetime.fromtimestamp(incident.since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    if incident.rule in (*INSTANT_RULES, PREEMPTION, BUDGET, "test"):
+    if incident.rule in (*INSTANT_RULES, PREEMPTION, BUDGET, ROLE_REQUEST, "test"):
         lines.append(f"At: {since}")
     else:
         lines.append(f"Since: {since} ({lasted})")
@@ -357,6 +403,12 @@ def routes(channel: Mapping[str, Any], incident: Incident, groups: list[str],
     server = incident.server
     if server is None or incident.rule in admin_only_rules:
         return False
+    if incident.rule == ROLE_REQUEST:
+        # a request goes to those who may decide it (the user's groups' channels, where
+        # their instructors are); its decision or withdrawal to the user
+        if incident.hub_event.get("event") == "role-request":
+            return bool(set(groups) & set(channel.get("groups") or ()))
+        return server.user in (channel.get("users") or ())
     if incident.rule == BUDGET:
         # a budget is its user's, or its group's: not a concern of the user's other
         # groups, nor of the server's role

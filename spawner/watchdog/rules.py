@@ -49,7 +49,8 @@ RULES = (GPU_MEMORY, MEMORY, OOM, GPU_LOST, XID, GPU_IDLE, ZOMBIE)
 # Rules that tell what the hub's event log says (hub_events.py): no incident to keep.
 PREEMPTION = "preemption"  # the hub stops a server to free its GPUs for a higher priority
 BUDGET = "budget"  # a GPU-hour budget of a running server's user nears its end or is spent
-HUB_EVENT_RULES = (PREEMPTION, BUDGET)
+ROLE_REQUEST = "role_request"  # a user asked for a bigger role; it was decided or withdrawn
+HUB_EVENT_RULES = (PREEMPTION, BUDGET, ROLE_REQUEST)
 # Every name disabled_rules and a channel's rules take.
 ALL_RULES = RULES + HUB_EVENT_RULES
 

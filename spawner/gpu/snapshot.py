@@ -1,0 +1,173 @@
+"""The GPU pool as a JSON document, for the admins' GPU map in another process.
+
+The hub holds the GPUs and the queue in memory; the usage service that draws
+the map is another process. So the pool writes ``pool_snapshot`` to
+``<state_dir>/quota-spawner-gpus.json`` (``GPUS_FILE``) whenever its holdings or
+its queue change, at most once a second (``SnapshotWriter``).
+
+Format (``"version": 1``; times are epoch seconds, memory in bytes):
+
+- ``version``, ``time`` (when it was taken), ``hub`` (the hub id);
+- ``inventory``: ``source`` ("nvml", "declared", "none") and ``reason``;
+- ``usage``: counts of GPUs ``total``, ``exclusive``, ``shared``, ``free``;
+- ``gpus``: one object per GPU of the pool, in inventory order: ``uuid``,
+  ``index``, ``name``, ``memory`` (None: unknown), ``parent`` (a MIG
+  instance's GPU), ``state`` ("free", "exclusive" or "shared"), ``free_slots``
+  (how many more shared holders it takes; None when free, 0 when exclusive),
+  ``reserved_for`` (the owner a preemption keeps it for, or None) and
+  ``holders``: ``owner`` (container name), ``user``, ``role``, ``mode``
+  ("exclusive" or "shared:N"), ``memory_cap`` (a shared role's soft cap, or
+  None), ``since`` (the server's start, None when unknown), ``evicting_for``
+  (the owner whose preemption stops it, or None);
+- ``queue``: the waiting tickets in order: ``position`` (1-based), ``owner``,
+  ``user``, ``role``, ``priority``, ``since``, ``gpus`` (how many asked),
+  ``mode``, ``preempting`` (a preemption is under way for it), ``victims``
+  (the owners being stopped for it) and ``reserved`` (the GPUs kept for it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from .allocator import GpuAllocator, GpuRequest, Slot
+from .inventory import Inventory
+from .queue import GpuQueue
+
+SNAPSHOT_VERSION = 1
+GPUS_FILE = "quota-spawner-gpus.json"
+WRITE_INTERVAL = 1.0  # seconds: the most often the file is written
+
+
+class PoolView(Protocol):
+    """What a snapshot reads of a GpuPool."""
+
+    inventory: Inventory
+    allocator: GpuAllocator
+    queue: GpuQueue
+    servers: Mapping[str, Any]  # owner -> pool.Server (user, role, started)
+    hub_id: str
+
+
+def _mode(request: GpuRequest) -> str:
+    return f"shared:{request.share}" if request.shared else "exclusive"
+
+
+def pool_snapshot(pool: PoolView, now: float, monotonic_now: float | None = None) -> dict:
+    """The pool's GPUs, holders and queue at ``now`` (epoch); JSON-serialisable.
+
+    ``monotonic_now``: the queue's clock at ``now``, to turn its arrival times
+    into epoch seconds (default: ``time.monotonic()``).
+    """
+    mono = time.monotonic() if monotonic_now is None else monotonic_now
+    holders, reserved = pool.allocator.snapshot()
+    evicting = dict(pool.queue.evicting)
+    usage = pool.allocator.usage()
+    gpus = []
+    for device in pool.inventory.devices:
+        held = holders.get(device.uuid, {})
+        slot = Slot.of(held.values())
+        if not held:
+            state, free_slots = "free", None
+        elif slot.exclusive:
+            state, free_slots = "exclusive", 0
+        else:
+            state, free_slots = "shared", max(0, slot.share - slot.count)
+        rows = []
+        for owner, request in sorted(held.items()):
+            server = pool.servers.get(owner)
+            rows.append({
+                "owner": owner,
+                "user": getattr(server, "user", None),
+                "role": getattr(server, "role", None),
+                "mode": _mode(request),
+                "memory_cap": request.memory if request.shared else None,
+                "since": getattr(server, "started", None) or None,
+                "evicting_for": evicting.get(owner),
+            })
+        gpus.append({
+            "uuid": device.uuid, "index": device.index, "name": device.name,
+            "memory": device.memory, "parent": device.parent, "state": state,
+            "free_slots": free_slots, "reserved_for": reserved.get(device.uuid),
+            "holders": rows,
+        })
+    queue = []
+    for position, ticket in enumerate(pool.queue.waiting(), 1):
+        victims = ([v for v in ticket.plan.victims if evicting.get(v) == ticket.owner]
+                   if ticket.plan is not None else [])
+        queue.append({
+            "position": position, "owner": ticket.owner, "user": ticket.user,
+            "role": ticket.role, "priority": ticket.priority,
+            "since": round(now - (mono - ticket.arrived), 1),
+            "gpus": ticket.request.count, "mode": _mode(ticket.request),
+            "preempting": ticket.plan is not None, "victims": victims,
+            "reserved": sorted(u for u, o in reserved.items() if o == ticket.owner),
+        })
+    return {
+        "version": SNAPSHOT_VERSION,
+        "time": round(now, 3),
+        "hub": pool.hub_id,
+        "inventory": {"source": pool.inventory.source, "reason": pool.inventory.reason},
+        "usage": {"total": usage.total, "exclusive": usage.exclusive,
+                  "shared": usage.shared, "free": usage.free},
+        "gpus": gpus,
+        "queue": queue,
+    }
+
+
+class SnapshotWriter:
+    """Writes a pool's snapshot to ``path`` after changes, at most every ``interval``.
+
+    ``changed`` only marks the snapshot dirty and, on a running event loop,
+    schedules one write; the write goes through ``replace`` (the pool's
+    EventLog: atomic, on its own thread). An empty path writes nothing.
+    """
+
+    def __init__(self, pool: PoolView, path: str, replace: Any,
+                 interval: float = WRITE_INTERVAL):
+        self.pool = pool
+        self.path = path
+        self._replace = replace  # (path, text) -> None
+        self.interval = interval
+        self.dirty = False
+        self.written = 0  # how many times the file was written
+        self._last = -float("inf")  # monotonic time of the last write
+        self._timer: asyncio.TimerHandle | None = None
+        self._body: dict | None = None  # the last written, less its time
+
+    def changed(self) -> None:
+        if not self.path:
+            return
+        self.dirty = True
+        if self._timer is not None:
+            return  # a write is already due: this change goes with it
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a test, a sync call): the next change on the loop writes
+        delay = max(0.0, self._last + self.interval - time.monotonic())
+        self._timer = loop.call_later(delay, self.write)
+
+    def write(self) -> None:
+        """Write now if dirty (the timer's call)."""
+        self._timer = None
+        if not self.dirty or not self.path:
+            return
+        self.dirty = False
+        self._last = time.monotonic()
+        snapshot = pool_snapshot(self.pool, time.time(), self._last)
+        body = {k: v for k, v in snapshot.items() if k != "time"}
+        if body == self._body:
+            return  # nothing but the time moved
+        self._body = body
+        self.written += 1
+        self._replace(self.path, json.dumps(snapshot, sort_keys=True))
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+

@@ -1,0 +1,213 @@
+"""The class dashboard's pages, for instructors (their classes) and admins (every group).
+
+- ``GET {prefix}classes``: the visitor's classes, each a link to its dashboard;
+- ``GET {prefix}classes/<group>``: the dashboard: each member's server state, role and
+  image, last activity, CPU, memory and GPU memory; open a member's server, stop one or
+  all, pre-warm now or at a time, the pre-warm schedules.
+
+The page is rendered here first, from the same snapshot as ``GET api/classes/<g>``
+(spawner/usage/class_api.py), then ``static/classes.js`` refreshes it from that API every
+few seconds and sends the actions to it, with the service's XSRF token. Who may see and
+do what is decided as in the API: a visitor who is neither an admin nor an instructor is
+refused with a sentence, an instructor sees their own classes only, and every hub call is
+made with the visitor's own OAuth token, so the hub's scopes have the last word.
+Group and user names are chosen by people: Jinja escapes them, links carry them
+URL-encoded, and the script writes them as text only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from datetime import datetime, timezone
+from functools import cache
+from importlib.resources import files
+from typing import Any
+from urllib.parse import quote
+
+from tornado import web
+
+from ..admin import classes
+from .class_api import (
+    NO_TOKEN,
+    NOT_AN_INSTRUCTOR,
+    ClassConfig,
+    HubRefused,
+    class_access,
+    hub_users,
+    snapshot,
+)
+from .service import Access, Refused, UsageHandler, _names
+from .table_page import PAGE_CSP
+
+log = logging.getLogger("quota_spawner.usage")
+
+REFRESH_SECONDS = 5
+
+
+@cache
+def script_version() -> str:
+    """The script's hash, in its URL, so a browser never runs an old one from its cache."""
+    return hashlib.sha256(files(__package__).joinpath("static", "classes.js").read_bytes()
+                          ).hexdigest()[:12]
+
+
+# --- how a row reads; static/classes.js writes the same text -----------------------------
+
+
+def size_text(value: float | None) -> str:
+    if value is None:
+        return "–"
+    if value >= 1 << 30:
+        return f"{value / (1 << 30):.1f} GiB"
+    return f"{round(value / (1 << 20))} MiB"
+
+
+def cpu_text(row: dict[str, Any]) -> str:
+    if row.get("cpu") is None:
+        return "–"
+    limit = row.get("cpu_limit")
+    return f"{row['cpu']:.2f}" + (f" of {limit:g} cores" if limit else " cores")
+
+
+def memory_text(row: dict[str, Any]) -> str:
+    if row.get("memory") is None:
+        return "–"
+    limit = row.get("memory_limit")
+    return size_text(row["memory"]) + (f" of {size_text(limit)}" if limit else "")
+
+
+def role_text(row: dict[str, Any]) -> str:
+    if not row.get("role"):
+        return "–"
+    return str(row["role"]) + (f" · {row['image']}" if row.get("image") else "")
+
+
+def _parse_time(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        found = datetime.fromisoformat(str(text).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return (found if found.tzinfo else found.replace(tzinfo=timezone.utc)).timestamp()
+
+
+def ago_text(text: str | None, now: float) -> str:
+    """The hub's ISO time as "12 min ago"; "never" when there is none."""
+    when = _parse_time(text)
+    if when is None:
+        return "never"
+    seconds = max(0, now - when)
+    if seconds < 60:
+        return "just now"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min ago"
+    if seconds < 86400:
+        return f"{int(seconds // 3600)} h ago"
+    return f"{int(seconds // 86400)} days ago"
+
+
+def class_link(prefix: str, group: str) -> str:
+    return f"{prefix}classes/{quote(group, safe='')}"
+
+
+# --- the pages ----------------------------------------------------------------------------
+
+
+class ClassPages(UsageHandler):
+    """Shared by the two pages: the visitor's classes, their token, the page's headers."""
+
+    def initialize(self, config: ClassConfig) -> None:
+        self.config = config
+
+    def set_default_headers(self) -> None:
+        super().set_default_headers()
+        self.set_header("Content-Security-Policy", PAGE_CSP)
+
+    def mine(self) -> Access:
+        found = class_access(self.current_user)
+        if found is None:
+            log.info("Class dashboard page: refused %s", (self.current_user or {}).get("name"))
+            raise Refused(NOT_AN_INSTRUCTOR)
+        return found
+
+    def token(self) -> str:
+        found = self.hub_auth.get_token(self)
+        if not found:
+            raise Refused(NO_TOKEN)
+        return str(found)
+
+    @staticmethod
+    def hub_refused(e: HubRefused, what: str) -> Refused:
+        if e.status == 599:
+            return Refused("The hub did not answer; try again in a moment.", 503)
+        return Refused(f"The hub refused to {what} for you"
+                       + (f": {e.message}" if e.message else ".")
+                       + ("" if e.status == 403 else f" (HTTP {e.status})"),
+                       403 if e.status == 403 else 502)
+
+    def xsrf(self) -> str:
+        token = self.xsrf_token
+        return token.decode() if isinstance(token, bytes) else str(token)
+
+
+class ClassesPage(ClassPages):
+    """GET {prefix}classes: links to the dashboards of the visitor's classes."""
+
+    @web.authenticated
+    async def get(self) -> None:
+        access = self.mine()
+        if access.everything:
+            try:
+                groups = classes.groups_of(await hub_users(self.config, self.token()))
+            except HubRefused as e:
+                raise self.hub_refused(e, "list the users") from None
+        else:
+            groups = list(access.groups)
+        prefix = self.settings["usage_prefix"]
+        self.render_page("classes.html", title="Classes", admin=access.everything,
+                         groups=[(g, class_link(prefix, g)) for g in groups])
+
+
+class ClassPage(ClassPages):
+    """GET {prefix}classes/<group>: the dashboard of one class."""
+
+    @web.authenticated
+    async def get(self, group: str) -> None:
+        access = self.mine()
+        if not access.everything and group not in access.groups:
+            log.info("Class dashboard page: refused %s the class %s",
+                     self.current_user.get("name"), group)
+            raise Refused(f"You manage the servers of {_names(access.groups)} only, "
+                          f"not of {group}.")
+        try:
+            found = await snapshot(self.config, self.reader, self.settings["usage_quota_file"],
+                                   self.token(), group)
+        except HubRefused as e:
+            raise self.hub_refused(e, f"list the members of {group}") from None
+        prefix = self.settings["usage_prefix"]
+        now = found["now"]
+        self.render_page(
+            "class.html", title=f"Class {group}", group=group, data=found,
+            admin=access.everything, classes_link=prefix + "classes",
+            api=class_link(prefix + "api/", group), xsrf=self.xsrf(),
+            refresh_ms=REFRESH_SECONDS * 1000,
+            script=f"{prefix}static/classes.js?v={script_version()}",
+            cpu_text=cpu_text, memory_text=memory_text, size_text=size_text,
+            role_text=role_text, ago=lambda t: ago_text(t, now),
+            when=lambda t: datetime.fromtimestamp(t, self.tz).strftime("%Y-%m-%d %H:%M"),
+            iso=lambda t: datetime.fromtimestamp(t, timezone.utc).isoformat(),
+            choice_value=lambda c: json.dumps([c["role"], c["image"]]))
+
+
+def routes(prefix: str, config: ClassConfig | None = None) -> list[tuple[Any, ...]]:
+    """The pages' routes, for make_app; ``config`` defaults to the service's environment
+    (as the API's does). The script is served by table_page's static route."""
+    prefix = prefix if prefix.endswith("/") else prefix + "/"
+    extra = {"config": config or ClassConfig.from_environment()}
+    return [
+        (prefix + "classes", ClassesPage, extra),
+        (prefix + r"classes/([^/]+)", ClassPage, extra),
+    ]

@@ -1,0 +1,146 @@
+"""What the Chromium tests share: the browser, a person's visit through the hub's login,
+and the usage service's block of hub config (as the shipped config writes it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from playwright.sync_api import Browser, expect, sync_playwright
+
+from harness import ARTIFACTS
+from spawner.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic",
+]
+
+
+def launch() -> Iterator[Browser]:
+    """One Chromium for a module's tests (``yield from launch()`` in a fixture)."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def password(name: str) -> str:
+    return DEMO_ADMIN_PASSWORD if name == "admin" else DEMO_PASSWORD
+
+
+def log_in(page, hub, name: str, next_url: str = "/hub/home") -> None:
+    """Through the hub's login form, as a person does (the demo passwords)."""
+    page.goto(f"{hub.url}/hub/login?next={next_url}")
+    page.fill("input[name=username]", name)
+    page.fill("input[name=password]", password(name))
+    page.click("input[type=submit], button[type=submit]")
+    if next_url == "/hub/home":
+        page.wait_for_url("**/hub/home")
+
+
+def usage_config(port: int, classes: dict[str, list[str]] | None = None) -> str:
+    """The usage service's block of the shipped hub config, for Hub(extra_config=…),
+    after the harness's own services and roles: the service on ``port``, its roles,
+    instructors for ``classes`` (default cs101: prof-ada), the class dashboard's scopes
+    and every user's access to the service."""
+    classes = {"cs101": ["prof-ada"]} if classes is None else classes
+    return f"""
+import jupyterhub
+from spawner.admin.classes import CLASS_OAUTH_SCOPES, class_service_scopes
+from spawner.rbac import instructor_roles
+from spawner.usage.requests_api import USER_SCOPES
+from spawner.usage.service import CUSTOM_SCOPES, usage_service
+CLASSES = {classes!r}
+c.JupyterHub.custom_scopes = CUSTOM_SCOPES
+usage, usage_role, usage_own_role = usage_service(
+    c.JupyterHub.bind_url, c.QuotaSpawner.usage_db, c.QuotaSpawner.quota_file,
+    url="http://127.0.0.1:{port}", state_dir=c.QuotaSpawner.state_dir,
+    secret_file=c.JupyterHub.cookie_secret_file, prefix=c.DockerSpawner.prefix)
+usage["oauth_client_allowed_scopes"] += CLASS_OAUTH_SCOPES
+usage_own_role["scopes"] += class_service_scopes(CLASSES)
+c.JupyterHub.services.append(usage)
+c.JupyterHub.load_roles += [usage_role, usage_own_role, *instructor_roles(CLASSES)]
+if jupyterhub.version_info >= (6,):
+    c.JupyterHub.extra_user_scopes = list(USER_SCOPES)
+else:
+    c.JupyterHub.load_roles.append({{"name": "user", "scopes": ["self", *USER_SCOPES]}})
+"""
+
+
+class Visit:
+    """One person's browser context: script errors, requests and dialogs recorded."""
+
+    def __init__(self, browser: Browser, hub, viewport: dict[str, int] | None = None,
+                 **context: Any):
+        self.hub = hub
+        self.context = browser.new_context(viewport=viewport or {"width": 1200, "height": 900},
+                                           **context)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.requests: list[str] = []
+        self.dialogs: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error"
+                     else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+
+    def log_in(self, name: str) -> None:
+        log_in(self.page, self.hub, name)
+
+    def open_service_page(self, path: str, status: int = 200):
+        """``/services/usage/<path>``, as typed in the address bar; checks the status."""
+        response = self.page.goto(f"{self.hub.url}/services/usage/{path}")
+        assert response is not None and response.status == status, (
+            response and response.status)
+        return response
+
+    def api(self, method: str, path: str, data: Any = None):
+        """A call to the service's JSON API from this browser, with its login cookies and
+        the XSRF token the service's pages send (the ``_xsrf`` cookie)."""
+        url = f"{self.hub.url}/services/usage/{path}"
+        # the service's own cookie, not the hub's (path /hub/): the one sent to this URL
+        # with the longest path
+        sent = sorted((c for c in self.context.cookies(url) if c["name"] == "_xsrf"),
+                      key=lambda c: len(c.get("path", "")))
+        xsrf = sent[-1]["value"] if sent else ""
+        return self.context.request.fetch(
+            url, method=method,
+            headers={"X-XSRFToken": xsrf, "Content-Type": "application/json"},
+            data=data, fail_on_status_code=False)
+
+    def shot(self, name: str) -> None:
+        ARTIFACTS.mkdir(exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+    def check_stayed_home(self) -> None:
+        outside = [u for u in self.requests if not u.startswith(self.hub.url + "/")
+                   and not u.startswith("data:")]
+        assert outside == [], f"requests that left the hub: {outside}"
+        # a refused page is a 4xx that Chromium logs as a failed resource: not a script's
+        errors = [e for e in self.errors if not e.startswith("Failed to load resource")]
+        assert errors == [], f"script errors: {errors}"
+        assert self.dialogs == [], f"a script opened a dialog: {self.dialogs}"
+
+
+def visits(browser: Browser, hub, kind: type[Visit] = Visit, **context: Any) -> Iterator[Any]:
+    """A fixture's body: ``make()`` opens a ``kind`` of Visit; all are closed after the
+    test."""
+    opened: list[Visit] = []
+
+    def make() -> Visit:
+        v = kind(browser, hub, **context)
+        opened.append(v)
+        return v
+
+    yield make
+    for v in opened:
+        v.context.close()
+
+
+__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "Visit", "expect", "launch", "log_in", "password",
+           "usage_config", "visits"]

@@ -1,0 +1,279 @@
+"""The admins' GPU map in Chromium, reached through a real hub login, with real servers.
+
+A real hub, proxy, dockerd (with the fake NVIDIA hook) and the real watchdog process;
+only NVML is FAKE, at the host's boundary: the hub declares two fake GPUs, and the
+watchdog reads them from tests/fake_nvml_container/pynvml.py, whose process list holds
+the host PIDs of the real notebook containers. The hub and the watchdog share the state
+folder, as in production, and write the two files the map merges.
+
+The admin sees one GPU held exclusively (idle: the fake GPU shows 0% utilisation) and one
+shared by two servers, each holder's GPU memory, and a start waiting in the queue; the
+page follows a server's stop, the queue's end and a GPU coming free without a reload,
+and keyboard focus stays where it was. An instructor and a plain user are refused, on
+the page and at the API.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from browser import Visit, expect, launch, usage_config
+
+from harness import (
+    Hub,
+    WatchdogProcess,
+    container_for,
+    fake_nvml_config,
+    free_port,
+    install_fake_nvml,
+    teardown,
+    write_fake_gpus,
+)
+from spawner.usage.gpu_page import ADMINS_ONLY
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+PREFIX = f"qsgmap{os.getpid()}"
+HUB_ID = f"qsgmap-hub-{os.getpid()}"
+G0 = "GPU-gmap-0000-0000-0000-000000000000"
+G1 = "GPU-gmap-0000-0000-0000-000000000001"
+GiB = 2**30
+QUOTAS = """\
+images:
+  pytorch:
+    display_name: PyTorch
+    image: quota-spawner/pytorch:latest
+roles:
+  solo:
+    description: One whole GPU
+    cpus: 0.5
+    memory: 512M
+    gpus: 1
+    queue_timeout: 5m
+    images: [pytorch]
+  pair:
+    description: Half a GPU
+    cpus: 0.5
+    memory: 512M
+    gpus: 1
+    gpu_mode: shared
+    gpu_share: 2
+    gpu_memory: 4G
+    images: [pytorch]
+assignments:
+  default: [solo, pair]
+"""
+SOLO = {"profile": "solo"}
+PAIR = {"profile": "pair"}
+WAIT = 60_000  # ms: what the page may take to show a change (a watchdog cycle, a poll)
+
+
+def fake_gpus(processes: dict[str, list[list[int]]] | None = None) -> list[dict]:
+    """What the host's fake NVML reports: G0 idle, G1 busy; their processes."""
+    processes = processes or {}
+    return [{"uuid": uuid, "name": "Fake GPU", "memory": 16 * GiB, "utilization": busy,
+             "used": sum(p[1] for p in processes.get(uuid, [])),
+             "processes": processes.get(uuid, [])}
+            for uuid, busy in ((G0, 0), (G1, 40))]
+
+
+@pytest.fixture(scope="module")
+def setup(docker_client, tmp_path_factory):
+    work = tmp_path_factory.mktemp("gpu-map")
+    (work / "container-nvml").mkdir()
+    (work / "host-nvml").mkdir()
+    container_fake = install_fake_nvml(work / "container-nvml")
+    host_fake = install_fake_nvml(work / "host-nvml")
+    write_fake_gpus(host_fake, fake_gpus())
+    hub = Hub(work / "hub", quota_text=QUOTAS, prefix=PREFIX,
+              extra_config=fake_nvml_config(container_fake, PREFIX, gpus=(G0, G1))
+              + f"c.QuotaSpawner.hub_id = {HUB_ID!r}\n" + usage_config(free_port()))
+    watchdog = None
+    try:
+        hub.start()
+        # the hub's state folder is the watchdog's too: its usage file lands where the
+        # usage service reads it; a short idle hold so the idle GPU is marked in the test
+        watchdog = WatchdogProcess(
+            hub.workdir, host_fake, "c.WatchdogRules.idle_gpu_hold = 2.0\n", interval=1.0,
+            env={"QUOTA_SPAWNER_HUB_ID": HUB_ID})
+        watchdog.start()
+        hub.create_user("prof-ada", ["cs101-staff"])
+        for name in ("carol", "gm-solo", "gm-a", "gm-b", "gm-wait"):
+            hub.create_user(name)
+        yield hub, watchdog, host_fake
+    finally:
+        if watchdog is not None:
+            watchdog.stop()
+        teardown(hub, docker_client, "gpu-map")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    yield from launch()
+
+
+@pytest.fixture
+def visit(browser, setup):
+    hub = setup[0]
+    opened: list[Visit] = []
+
+    def make() -> Visit:
+        v = Visit(browser, hub)
+        opened.append(v)
+        return v
+
+    yield make
+    for v in opened:
+        v.context.close()
+
+
+def spawn_in_background(hub: Hub, name: str, options: dict) -> threading.Thread:
+    """POST a start that waits in the GPU queue (it answers only later)."""
+    thread = threading.Thread(target=hub.spawn, args=(name, options), daemon=True)
+    thread.start()
+    return thread
+
+
+def gpu_row(page, uuid: str):
+    return page.locator(f'#gpus tr[data-key="{uuid}"]')
+
+
+def holder(row, user: str):
+    """The holder's line (keyed by its container's name, which DockerSpawner escapes)."""
+    return row.locator("ul.holders li").filter(has=row.page.locator("a", has_text=user))
+
+
+# #live without whitespace-only text, numbers as N (ages move on between two loads)
+DRAWING = """() => {
+  const copy = document.getElementById("live").cloneNode(true);
+  const walk = (node) => {
+    for (const child of Array.from(node.childNodes)) {
+      if (child.nodeType === 3 && !child.nodeValue.trim()) node.removeChild(child);
+      else walk(child);
+    }
+  };
+  walk(copy);
+  return copy.outerHTML.replace(/[0-9]+/g, "N");
+}"""
+
+
+def drawing(page) -> str:
+    return page.evaluate(DRAWING)
+
+
+def test_the_admin_sees_the_map_follow_the_servers(setup, visit, docker_client):
+    hub, watchdog, host_fake = setup
+    hub.start_server("gm-solo", SOLO)
+    hub.start_server("gm-a", PAIR)
+    hub.start_server("gm-b", PAIR)
+    pid = {u: container_for(docker_client, u).attrs["State"]["Pid"]
+           for u in ("gm-solo", "gm-a", "gm-b")}
+    write_fake_gpus(host_fake, fake_gpus({G0: [[pid["gm-solo"], 1 * GiB]],
+                                          G1: [[pid["gm-a"], 2 * GiB], [pid["gm-b"], 3 * GiB]]}))
+    waiting = spawn_in_background(hub, "gm-wait", SOLO)  # no GPU is free for it
+
+    v = visit()
+    v.log_in("admin")
+    v.open_service_page("gpus")
+    page = v.page
+    expect(page.locator("header nav a[aria-current=page]")).to_have_text("GPU map")
+    g0, g1 = gpu_row(page, G0), gpu_row(page, G1)
+    expect(g0).to_contain_text("Exclusive")
+    expect(g0.locator("ul.holders li")).to_have_count(1)
+    expect(g0.locator("ul.holders li")).to_contain_text("gm-solo · solo · exclusive")
+    expect(g1).to_contain_text("Shared · 2 of 2 places taken")
+    expect(g1.locator("ul.holders a")).to_have_text(["gm-a", "gm-b"])
+    # the watchdog's figures: utilisation, memory, each holder's own memory, idle marked
+    expect(g0.locator("td.util")).to_have_text("0%", timeout=WAIT)
+    expect(g1.locator("td.util")).to_have_text("40%", timeout=WAIT)
+    expect(g1.locator("td.memory")).to_have_text("5 GiB of 16 GiB", timeout=WAIT)
+    expect(holder(g1, "gm-b")).to_contain_text("3 GiB on this GPU",
+                                                               timeout=WAIT)
+    expect(g0.locator(".flag.idle")).to_contain_text("Idle", timeout=WAIT)
+    expect(g0.locator(".flag.idle")).to_contain_text("held, no utilisation for")
+    expect(g0).to_have_class("gpu exclusive idle")
+    expect(g0.locator("li .badge.idle")).to_have_text("idle")
+    expect(g1.locator(".flag.idle")).to_have_count(0)
+    expect(page.locator("#freshness")).to_contain_text("The watchdog's figures are")
+    expect(page.locator("#freshness")).to_have_class("freshness fresh")
+    # the queue: gm-wait asks for a whole GPU
+    queued = page.locator("#queue tbody tr").filter(has_text="gm-wait")
+    expect(queued).to_contain_text("gm-wait", timeout=WAIT)
+    expect(queued).to_contain_text("1 GPU, exclusive")
+    expect(page.locator("#summary")).to_contain_text(
+        "2 GPUs in the hub's pool: 1 exclusive, 1 shared, 0 free; 1 idle; "
+        "1 start waiting for a GPU.")
+    v.shot("gpu-map-busy")
+    # the service's drawing (the script blocked) reads as the script's, numbers aside
+    server_drawn = v.context.new_page()
+    server_drawn.route("**/static/gpus.js*", lambda route: route.abort())
+    server_drawn.goto(f"{hub.url}/services/usage/gpus")
+    assert drawing(server_drawn) == drawing(page)
+    server_drawn.close()
+
+    # live, without a reload: a marker on the window and on the row would not survive one
+    page.evaluate("""(uuid) => { window.__sameVisit = true;
+        document.querySelector(`#gpus tr[data-key="${uuid}"]`).__sameRow = true; }""", G1)
+    focus = holder(g1, "gm-a").locator("a")
+    focus.focus()
+    hub.stop_server("gm-b")
+    expect(g1.locator("ul.holders a")).to_have_text(["gm-a"], timeout=WAIT)
+    expect(g1).to_contain_text("Shared · 1 of 2 places taken")
+    assert page.evaluate("() => window.__sameVisit === true")
+    assert page.evaluate("""(uuid) => document.querySelector(
+        `#gpus tr[data-key="${uuid}"]`).__sameRow === true""", G1)
+    expect(focus).to_be_focused()  # the update kept the keyboard where it was
+
+    hub.api("DELETE", "/users/gm-wait/server")  # leaves the queue
+    waiting.join(60)
+    expect(page.locator("#queue-empty")).to_have_text("Nobody is waiting for a GPU.",
+                                                      timeout=WAIT)
+    hub.wait_stopped("gm-wait")
+    hub.stop_server("gm-solo")
+    expect(g0).to_contain_text("Free", timeout=WAIT)
+    expect(g0).to_contain_text("nobody")
+    expect(g0.locator(".flag.idle")).to_have_count(0)
+    expect(page.locator("#summary")).to_contain_text("0 idle; 0 starts waiting")
+    expect(focus).to_be_focused()
+    assert page.evaluate("() => window.__sameVisit === true")
+    v.shot("gpu-map-after")
+
+    # the pause button, with the keyboard
+    page.locator("#pause").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#pause")).to_have_attribute("aria-pressed", "true")
+    expect(page.locator("#updated")).to_contain_text("Paused")
+    page.keyboard.press("Space")
+    expect(page.locator("#pause")).to_have_attribute("aria-pressed", "false")
+    expect(page.locator("#updated")).to_contain_text("Live", timeout=WAIT)
+    v.check_stayed_home()
+    hub.stop_server("gm-a")
+
+
+def test_the_api_gives_the_admin_the_map(setup, visit):
+    v = visit()
+    v.log_in("admin")
+    v.open_service_page("gpus")
+    r = v.api("GET", "api/gpus")
+    assert r.status == 200, r.text()
+    doc = r.json()
+    assert [g["uuid"] for g in doc["gpus"]] == [G0, G1]
+    assert doc["pool"]["state"] == "ok" and doc["watchdog"]["state"] == "fresh"
+    assert abs(doc["generated_at"] - time.time()) < 30
+
+
+@pytest.mark.parametrize("who", ["prof-ada", "carol"])
+def test_instructors_and_users_are_refused(setup, visit, who):
+    v = visit()
+    v.log_in(who)
+    v.open_service_page("gpus", status=403)
+    expect(v.page.locator("#message")).to_have_text(ADMINS_ONLY)
+    expect(v.page.locator("#gpus")).to_have_count(0)
+    expect(v.page.locator("header nav")).not_to_contain_text("GPU map")
+    r = v.api("GET", "api/gpus")
+    assert r.status == 403, r.text()
+    assert r.json() == {"message": ADMINS_ONLY}
+    v.check_stayed_home()

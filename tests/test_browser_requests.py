@@ -1,0 +1,376 @@
+"""Requests for a bigger role in Chromium, reached through a real hub login: a plain user
+lands on the page from the hub's Services menu; a student asks (with the keyboard), an
+admin or the instructor of the class approves, the student spawns with the granted role,
+and the grant ends by itself; another request is refused with a comment. The instructor
+of another class, and the student, see no request they may not decide, and the API
+refuses them too. "The user is told": the events in the hub's event log are those the
+watchdog's role_request rule turns into messages, and the user's page shows the decision.
+
+One hub for the module, at most one notebook container at a time."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pytest
+from browser import Visit, expect, launch, usage_config
+
+from harness import (
+    Hub,
+    container_for,
+    containers,
+    free_port,
+    shipped_table_without_requests,
+    teardown,
+)
+from spawner.config import hub_id_from_secret_file
+from spawner.contract import ROLE_LABEL
+from spawner.events import read_events
+from spawner.quota.loader import parse_quota_table
+from spawner.usage.requests_api import NOT_DECIDER
+from spawner.watchdog.hub_events import for_hub, role_request_events
+from spawner.watchdog.model import Snapshot
+from spawner.watchdog.rules import WatchdogRules
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser]
+
+ROLE = "project"  # small enough for a 2-core machine: asked for, then granted
+OPTIONS = {"profile": ROLE, "image": "pytorch"}
+CLASSES = {"cs101": ["prof-ada"], "cs102": ["prof-bo"]}
+HOSTILE_REASON = '<img src=x onerror="alert(1)"> for the term project & more'
+
+
+def quota_text() -> str:
+    """The shipped table, a small role nobody holds, and requests that instructors decide."""
+    text = shipped_table_without_requests()
+    role = (f"  {ROLE}:\n    description: Term projects, beyond the lab\n    cpus: 1\n"
+            "    memory: 1G\n    images: [pytorch]\n")
+    text = text.replace("  instructor:\n", role + "  instructor:\n", 1)
+    text += (f"\nrequests:\n  roles: [{ROLE}, gpu-training]\n  max_days: 14\n"
+             "  instructors_approve: true\n")
+    parse_quota_table(text, "quotas.yaml")  # a typo here would only show as a hub refusal
+    return text
+
+
+@pytest.fixture(scope="module")
+def hub(docker_client, tmp_path_factory):
+    hub = Hub(tmp_path_factory.mktemp("requests-hub"), prefix=f"qsreq{os.getpid()}",
+              quota_text=quota_text(), extra_config=usage_config(free_port(), CLASSES))
+    hub.start()
+    try:
+        hub.create_user("prof-ada", ["cs101-staff"])
+        hub.create_user("prof-bo", ["cs102-staff"])
+        for student in ("student1", "student2", "student3"):
+            hub.create_user(student, ["cs101"])
+        hub.create_user("dora", ["cs102"])
+        hub.create_user("carol")
+        yield hub
+    finally:
+        teardown(hub, docker_client, "requests")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    yield from launch()
+
+
+class Person(Visit):
+    """One person's browser on the requests page."""
+
+    def open_requests(self) -> None:
+        self.open_service_page("requests")
+        expect(self.page.locator("header h1")).to_have_text("Role requests")
+
+    def mine(self, role: str = ROLE):
+        return self.page.locator("#mine tr.request", has=self.page.locator(
+            "td.role", has_text=role))
+
+    def to_decide(self, user: str):
+        return self.page.locator("#decide article.request", has=self.page.locator(
+            "h3 .user", has_text=user))
+
+    def message(self):
+        return self.page.locator("#page-message")
+
+    def check_clean(self) -> None:
+        """Nothing from outside the hub, no dialog, no script error (a refused API call is
+        logged by Chromium as a failed resource: not a script's error)."""
+        outside = [u for u in self.requests if not u.startswith(self.hub.url + "/")
+                   and not u.startswith("data:")]
+        assert outside == [], outside
+        assert self.dialogs == [], self.dialogs
+        errors = [e for e in self.errors if not e.startswith("Failed to load resource")]
+        assert errors == [], errors
+
+
+@pytest.fixture
+def person(browser, hub):
+    """``person()`` opens a browser context; all are closed after the test."""
+    opened: list[Person] = []
+
+    def make() -> Person:
+        p = Person(browser, hub)
+        opened.append(p)
+        return p
+
+    yield make
+    for p in opened:
+        p.context.close()
+
+
+def log_in(person, name: str) -> Person:
+    p = person()
+    p.log_in(name)
+    p.open_requests()
+    return p
+
+
+def events_of(hub: Hub, user: str) -> list[dict[str, Any]]:
+    path = hub.workdir / "quota-spawner-events.jsonl"
+    if not path.exists():
+        return []
+    return [e for e in read_events(str(path), 0)[0] if e.get("user") == user
+            and str(e.get("event", "")).startswith("role-request")]
+
+
+def wait_event(hub: Hub, user: str, name: str, timeout: float = 10) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [e for e in events_of(hub, user) if e["event"] == name]
+        if found:
+            return found[-1]
+        time.sleep(0.1)
+    raise AssertionError(f"no {name} event for {user}: {events_of(hub, user)}")
+
+
+def the_user_is_told(hub: Hub, event: dict[str, Any]) -> None:
+    """The event carries the hub's id, and the watchdog's role_request rule makes of it a
+    message about this user (the watchdog routes it to the user's channel)."""
+    hub_id = hub_id_from_secret_file(hub.prefix, str(hub.workdir / "jupyterhub_cookie_secret"))
+    assert hub_id and event["hub"] == hub_id
+    (told,) = role_request_events(for_hub([event], hub_id), WatchdogRules(),
+                                  Snapshot(time=time.time(), host="test"))
+    assert told.incident.rule == "role_request"
+    assert told.incident.server.user == event["user"]
+    assert told.incident.what.startswith(event["text"].rstrip("."))
+
+
+def refused_spawn(hub: Hub, docker_client, user: str) -> str:
+    r = hub.spawn(user, OPTIONS)
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert containers(docker_client, user) == []
+    return r.json()["message"]
+
+
+def spawn_with_the_grant(hub: Hub, docker_client, user: str) -> None:
+    r = hub.spawn(user, OPTIONS)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready(user)
+    assert container_for(docker_client, user).labels[ROLE_LABEL] == ROLE
+    hub.stop_server(user)
+
+
+# --- the front door --------------------------------------------------------------------------
+
+
+def test_a_plain_user_lands_on_role_requests_from_the_services_menu(person):
+    p = person()
+    p.log_in("carol")
+    page = p.page
+    page.get_by_role("button", name="Services").or_(
+        page.get_by_role("link", name="Services")).click()
+    page.get_by_role("link", name="usage", exact=True).click()
+    page.wait_for_url("**/services/usage/requests")
+    expect(page.locator("header h1")).to_have_text("Role requests")
+    expect(page.locator("header nav a[aria-current=page]")).to_have_text("Role requests")
+    expect(page.locator("#ask-role option")).to_have_text(
+        [f"{ROLE} — Term projects, beyond the lab",
+         "gpu-training — A whole GPU for training runs"])
+    expect(page.locator("#ask-submit")).to_be_enabled()  # the script ran
+    expect(page.locator("#decide")).to_have_count(0)
+    expect(page.get_by_text("You have not asked for a role yet.")).to_be_visible()
+    p.shot("requests-plain-user")
+    # the report stays refused; the deciders' API too
+    assert p.api("GET", "?period=30d").status == 403
+    r = p.api("GET", "api/requests/pending")
+    assert (r.status, r.json()["message"]) == (403, NOT_DECIDER)
+    p.check_clean()
+
+
+# --- ask, approve, spawn, give up ----------------------------------------------------------
+
+
+def test_ask_with_the_keyboard_then_the_admin_approves_and_the_grant_spawns(
+        hub, person, docker_client):
+    # without a grant, the role is refused at the spawn, with a sentence and no container
+    assert refused_spawn(hub, docker_client, "student1").startswith(
+        f"You asked for the role '{ROLE}', which you do not hold.")
+
+    student = log_in(person, "student1")
+    page = student.page
+    expect(page.locator("#held")).to_have_text("You hold student, gpu-lab.")
+    expect(page.locator("#decide")).to_have_count(0)
+    # the keyboard only: the role and the window keep their defaults (the first role,
+    # from now to a day later), the reason is typed, Tab reaches the button, Enter asks
+    expect(page.locator("#ask-role")).to_have_value(ROLE)
+    page.focus("#ask-reason")
+    page.keyboard.type(HOSTILE_REASON)
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.id") == "ask-submit"
+    page.keyboard.press("Enter")
+    expect(student.message()).to_contain_text(f"student1 asks for the role '{ROLE}' from ")
+    assert page.evaluate("document.activeElement.id") == "page-message"
+    row = student.mine()
+    expect(row.locator(".status")).to_have_text("Waiting for a decision")
+    expect(row.locator("td.reason")).to_have_text(HOSTILE_REASON)  # as text, not markup
+    expect(row.locator("button.withdraw")).to_have_text("Withdraw")
+    asked = wait_event(hub, "student1", "role-request")
+    assert asked["reason"] == HOSTILE_REASON and asked["role"] == ROLE
+    the_user_is_told(hub, asked)
+    student.shot("requests-asked")
+
+    # the student may not decide it: neither the page nor the API
+    rid = asked["id"]
+    r = student.api("GET", "api/requests/pending")
+    assert (r.status, r.json()["message"]) == (403, NOT_DECIDER)
+    r = student.api("POST", f"api/requests/{rid}/decide", {"approve": True})
+    assert (r.status, r.json()["message"]) == (403, "You may not decide the requests of "
+                                                    "student1.")
+
+    # the instructor of another class sees the section (for cs102) but not this request
+    other = log_in(person, "prof-bo")
+    expect(other.page.locator("#decide h2")).to_have_text("Requests to decide")
+    expect(other.to_decide("student1")).to_have_count(0)
+    expect(other.page.locator("#none-to-decide")).to_be_visible()
+    r = other.api("POST", f"api/requests/{rid}/decide", {"approve": True})
+    assert (r.status, r.json()["message"]) == (403, "You may not decide the requests of "
+                                                    "student1.")
+    other.check_clean()
+
+    # the admin approves, with the keyboard: a comment, Tab to Approve, Enter
+    admin = log_in(person, "admin")
+    request = admin.to_decide("student1")
+    expect(request).to_have_count(1)
+    expect(request.locator("dd.reason")).to_have_text(HOSTILE_REASON)
+    expect(request.locator("dd.groups")).to_have_text("cs101")
+    admin.shot("requests-to-decide")
+    request.locator("input[name=comment]").focus()
+    admin.page.keyboard.type("for the term project")
+    admin.page.keyboard.press("Tab")
+    assert admin.page.evaluate("document.activeElement.textContent") == "Approve"
+    admin.page.keyboard.press("Enter")
+    expect(admin.message()).to_contain_text(
+        f"Your request for the role '{ROLE}' was approved by admin; you hold it from ")
+    expect(admin.to_decide("student1")).to_have_count(0)
+    r = admin.api("POST", f"api/requests/{rid}/decide", {"approve": False, "comment": "no"})
+    assert (r.status, r.json()["message"]) == (400, "This request was already approved by "
+                                                    "admin.")
+    admin.check_clean()
+
+    # the user is told: the event for the watchdog, and their page
+    approved = wait_event(hub, "student1", "role-request-approved")
+    assert (approved["who"], approved["comment"]) == ("admin", "for the term project")
+    the_user_is_told(hub, approved)
+    page.reload()
+    expect(row.locator(".status")).to_contain_text("Approved by admin, until ")
+    expect(row.locator("q.comment")).to_have_text("for the term project")
+    expect(page.locator("#held")).to_contain_text(f"(granted for a time: {ROLE})")
+
+    # the spawner honours the grant
+    spawn_with_the_grant(hub, docker_client, "student1")
+
+    # giving the grant up ends it at once
+    row.locator("button.withdraw").click()
+    expect(student.message()).to_have_text(
+        f"student1 withdrew the request for the role '{ROLE}'.")
+    expect(row.locator(".status")).to_contain_text("Withdrawn")
+    wait_event(hub, "student1", "role-request-withdrawn")
+    refused_spawn(hub, docker_client, "student1")
+    student.check_clean()
+
+
+def test_the_instructor_approves_and_the_grant_ends_by_itself(hub, person, docker_client):
+    student = log_in(person, "student2")
+    # a window that ends a minute from now: long enough to approve and spawn
+    ends = time.time() + 60
+    r = student.api("POST", "api/requests", {"role": ROLE, "starts": time.time(),
+                                              "ends": ends, "reason": "A quick run."})
+    assert r.status == 200, r.text()
+    rid = r.json()["request"]["id"]
+    # a request of cs102, which prof-ada must not see
+    dora = log_in(person, "dora")
+    r = dora.api("POST", "api/requests", {"role": ROLE, "starts": time.time(),
+                                           "ends": time.time() + 3600, "reason": "cs102 work"})
+    assert r.status == 200, r.text()
+    dora_id = r.json()["request"]["id"]
+
+    prof = log_in(person, "prof-ada")
+    expect(prof.to_decide("student2")).to_have_count(1)
+    expect(prof.to_decide("dora")).to_have_count(0)
+    r = prof.api("POST", f"api/requests/{dora_id}/decide", {"approve": True})
+    assert (r.status, r.json()["message"]) == (403, "You may not decide the requests of dora.")
+    prof.to_decide("student2").get_by_role("button", name="Approve").click()
+    expect(prof.message()).to_contain_text(
+        f"Your request for the role '{ROLE}' was approved by prof-ada")
+    the_user_is_told(hub, wait_event(hub, "student2", "role-request-approved"))
+    prof.check_clean()
+
+    spawn_with_the_grant(hub, docker_client, "student2")
+    student.page.reload()
+    expect(student.mine().locator(".status")).to_contain_text("Approved by prof-ada, until ")
+
+    # after the window: the role is refused again, and the page shows the grant ended
+    time.sleep(max(0.0, ends - time.time()) + 1)
+    assert refused_spawn(hub, docker_client, "student2").startswith(
+        f"You asked for the role '{ROLE}', which you do not hold.")
+    student.page.reload()
+    expect(student.mine().locator(".status")).to_contain_text("Expired: the grant ended on ")
+    expect(student.mine().locator("button.withdraw")).to_have_count(0)
+    expect(student.page.locator("#held")).to_have_text("You hold student, gpu-lab.")
+    student.shot("requests-expired")
+    r = student.api("POST", f"api/requests/{rid}/withdraw", {})
+    assert (r.status, r.json()["message"]) == (400, "This grant has already ended.")
+    student.check_clean()
+
+
+# --- ask, refuse ---------------------------------------------------------------------------
+
+
+def test_a_refusal_needs_a_comment_and_the_user_is_told(hub, person, docker_client):
+    student = log_in(person, "student3")
+    student.page.fill("#ask-reason", "More memory for the assignment.")
+    student.page.click("#ask-submit")
+    expect(student.mine().locator(".status")).to_have_text("Waiting for a decision")
+    rid = wait_event(hub, "student3", "role-request")["id"]
+
+    prof = log_in(person, "prof-ada")
+    request = prof.to_decide("student3")
+    # no comment: the page says why before asking, and the API refuses as well
+    request.get_by_role("button", name="Refuse").click()
+    expect(request.locator(".decide-result")).to_have_text(
+        "Please say why you refuse: the user is told.")
+    r = prof.api("POST", f"api/requests/{rid}/decide", {"approve": False, "comment": " "})
+    assert (r.status, r.json()["message"]) == (400, "Please say why you refuse: the user "
+                                                    "is told.")
+    comment = "Use gpu-lab: <b>the lab GPUs</b> are enough."
+    request.locator("input[name=comment]").fill(comment)
+    request.get_by_role("button", name="Refuse").click()
+    expect(prof.message()).to_have_text(
+        f"Your request for the role '{ROLE}' was refused by prof-ada: {comment}")
+    expect(prof.to_decide("student3")).to_have_count(0)
+    prof.check_clean()
+
+    refused = wait_event(hub, "student3", "role-request-refused")
+    assert refused["comment"] == comment
+    the_user_is_told(hub, refused)
+    student.page.reload()
+    row = student.mine()
+    expect(row.locator(".status")).to_have_text("Refused by prof-ada")
+    expect(row.locator("q.comment")).to_have_text(comment)
+    expect(row.locator("q.comment b")).to_have_count(0)  # text, not markup
+    expect(row.locator("button.withdraw")).to_have_count(0)
+    student.shot("requests-refused")
+    refused_spawn(hub, docker_client, "student3")
+    student.check_clean()

@@ -1,0 +1,347 @@
+"""The admins' GPU map page and its JSON API without a hub or a browser: the OAuth user is
+faked as in test_usage_service.py, the hub's pool file and the watchdog's usage file are
+written into a state folder as the hub and the watchdog write them. What the page does
+in a browser, live, is for test_browser_gpu_map.py."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import threading
+import time
+
+import pytest
+from test_gpu_map import G, busy_pool, idle_book, watched
+from test_table_page import PageHubAuth
+from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, Text
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
+
+from spawner.gpu.pool import Server
+from spawner.gpu.snapshot import GPUS_FILE, pool_snapshot
+from spawner.usage import gpu_page, service
+from spawner.usage.class_api import GPU_USAGE_FILE_NAME
+from spawner.usage.gpu_page import (
+    ADMINS_ONLY,
+    NO_STATE,
+    duration,
+    map_document,
+    percent,
+    size,
+    user_link,
+)
+from spawner.usage.ledger import Ledger
+from spawner.watchdog.app import gpu_usage_snapshot
+
+PREFIX = "/services/usage/"
+HOSTILE = '<script>alert(1)</script>"&'
+HOSTILE_ROLE = "<img src=x onerror=alert(2)>"
+
+
+class Site:
+    def __init__(self, port: int, state):
+        self.base = f"http://127.0.0.1:{port}{PREFIX}"
+        self.client = AsyncHTTPClient()
+        self.state = state
+
+    async def get(self, path: str, who: str = ""):
+        headers = {"X-Test-User": who} if who else {}
+        return await self.client.fetch(self.base + path, headers=headers, raise_error=False,
+                                       follow_redirects=False)
+
+    def write(self, name: str, data) -> None:
+        text = data if isinstance(data, str) else json.dumps(data)
+        (self.state / name).write_text(text, encoding="utf-8")
+
+
+async def serve(tmp_path, monkeypatch, state_dir):
+    url = f"sqlite:///{tmp_path / 'usage.sqlite'}"
+    Ledger(url).dispose()
+    auth = PageHubAuth({"admin": ADMIN, "prof-ada": INSTRUCTOR, "carol": PLAIN,
+                        "finance": VIEWER})
+    monkeypatch.setattr(service.UsageHandler, "hub_auth", property(lambda self: auth))
+    app = service.make_app(usage_db=url, prefix=PREFIX, gpu_state_dir=state_dir)
+    sock, port = bind_unused_port()
+    server = HTTPServer(app)
+    server.add_sockets([sock])
+    return app, server, port
+
+
+@pytest.fixture
+async def site(tmp_path, monkeypatch):
+    state = tmp_path / "state"
+    state.mkdir()
+    app, server, port = await serve(tmp_path, monkeypatch, str(state))
+    yield Site(port, state)
+    server.stop()
+    app.settings["usage_reader"]._pool.shutdown(wait=False)
+
+
+async def write_busy(site: Site, watchdog_age: float | None = 1.0, hostile: bool = False):
+    """GPU-0 exclusive (alice, idle for the watchdog), GPU-1 shared by bob and carol,
+    GPU-2 free, dave waiting for two GPUs; the watchdog also sees GPU-9, outside the
+    pool. ``watchdog_age``: how old its file is (None: no file)."""
+    now = time.time()
+    pool = await busy_pool()
+    if hostile:
+        pool.servers["quota-bob"] = Server(HOSTILE, HOSTILE_ROLE, now - 50)
+    site.write(GPUS_FILE, pool_snapshot(pool, now))
+    pool.leave("quota-dave", "test")
+    if watchdog_age is not None:
+        usage = gpu_usage_snapshot(watched(now - watchdog_age), idle_book(), 5.0)
+        usage["idle"][0]["since"] = now - 7200
+        site.write(GPU_USAGE_FILE_NAME, usage)
+
+
+def attribute(page: str, name: str) -> str:
+    found = re.search(rf'\b{name}="([^"]*)"', page)
+    assert found, name
+    return html.unescape(found.group(1))
+
+
+def row_of(page: str, uuid: str) -> str:
+    found = re.search(rf'<tr data-key="{re.escape(uuid)}"[^>]*>(.*?)</tr>', page, re.S)
+    assert found, uuid
+    return found.group(1)
+
+
+def words(fragment: str) -> str:
+    return Text(fragment).words
+
+
+# --- who may see it -----------------------------------------------------------------------
+
+
+async def test_the_admin_gets_every_gpu_with_its_holders_and_the_queue(site):
+    await write_busy(site)
+    r = await site.get("gpus", "admin")
+    assert r.code == 200 and r.headers["Content-Type"].startswith("text/html")
+    page = r.body.decode()
+    assert re.findall(r'<tr data-key="([^"]*)"', page) == [
+        "GPU-0", "GPU-1", "GPU-2", "GPU-9", "quota-dave"]
+    g0 = words(row_of(page, "GPU-0"))
+    assert "Exclusive" in g0 and "alice" in g0 and "Idle held, no utilisation for 2h" in g0
+    assert "1 GiB on this GPU" in g0 and "0%" in g0 and "1 GiB of 80 GiB" in g0
+    assert 'class="gpu exclusive idle"' in page
+    g1 = words(row_of(page, "GPU-1"))
+    assert "Shared · 2 of 3 places taken" in g1 and "75%" in g1 and "30 GiB of 80 GiB" in g1
+    assert "bob · lab · shared by up to 3, cap 8 GiB · 6 GiB on this GPU" in g1
+    assert "carol · lab · shared by up to 3, cap 8 GiB · for" in g1  # not seen: no memory
+    assert "Idle" not in g1
+    g2 = words(row_of(page, "GPU-2"))
+    assert "Free" in g2 and "nobody" in g2 and "Lost GPU is lost" in g2
+    assert "Not in the hub's pool" in words(row_of(page, "GPU-9"))
+    dave = words(row_of(page, "quota-dave"))
+    assert dave.startswith("1 dave train 2 GPUs, exclusive 10")
+    text = words(page)
+    assert ("3 GPUs in the hub's pool: 1 exclusive, 1 shared, 1 free; 1 idle; 1 start "
+            "waiting for a GPU. 1 other GPU on the host, outside the pool.") in text
+    assert "The watchdog's figures are 1s old (it measures every 5s)." in text
+    # the holders link to their usage page
+    assert f'<a href="{PREFIX}user?name=alice">alice</a>' in page
+    # the page carries what its script needs, and the header marks where we are
+    assert attribute(page, "data-api") == PREFIX + "api/gpus"
+    assert attribute(page, "data-xsrf")
+    assert attribute(page, "data-interval") == "2000"
+    assert f'href="{PREFIX}gpus" aria-current="page"' in page
+
+
+async def test_the_api_gives_the_same_map_as_json(site):
+    await write_busy(site)
+    before = time.time()
+    r = await site.get("api/gpus", "admin")
+    assert r.code == 200 and r.headers["Content-Type"].startswith("application/json")
+    assert r.headers["Cache-Control"] == "no-store"
+    doc = json.loads(r.body)
+    assert before - 1 <= doc["generated_at"] <= time.time()
+    assert doc["watchdog"]["state"] == "fresh" and 0.5 < doc["watchdog"]["age"] < 5
+    assert doc["watchdog"]["interval"] == 5.0 and doc["watchdog"]["host"] == "gpu-host-1"
+    assert doc["pool"]["state"] == "ok" and doc["pool"]["hub"] == "hub-1"
+    assert doc["summary"] == {"total": 3, "exclusive": 1, "shared": 1, "free": 1, "idle": 1,
+                              "waiting": 1, "other": 1}
+    g0, g1, g2, g9 = doc["gpus"]
+    assert g0["idle"] and g0["holders"][0]["user"] == "alice"
+    assert g0["holders"][0]["gpu_memory"] == G
+    assert [(h["user"], h["mode"]) for h in g1["holders"]] == [("bob", "shared:3"),
+                                                                ("carol", "shared:3")]
+    assert g1["utilization"] == 0.75 and not g9["in_pool"]
+    (dave,) = doc["queue"]
+    assert (dave["user"], dave["gpus"], dave["mode"], dave["position"]) == (
+        "dave", 2, "exclusive", 1)
+
+
+@pytest.mark.parametrize("who", ["prof-ada", "carol", "finance"])
+async def test_only_admins_get_the_page_and_the_api(site, who):
+    await write_busy(site)
+    r = await site.get("gpus", who)
+    assert r.code == 403
+    page = r.body.decode()
+    assert ADMINS_ONLY in words(page)
+    assert "alice" not in page and "GPU-0" not in page and "gpus.js" not in page
+    r = await site.get("api/gpus", who)
+    assert r.code == 403 and r.headers["Content-Type"].startswith("application/json")
+    assert json.loads(r.body) == {"message": ADMINS_ONLY}
+
+
+async def test_without_a_login_nothing_is_shown(site):
+    await write_busy(site)
+    for path in ("gpus", "api/gpus"):
+        r = await site.get(path)
+        assert r.code in (302, 403), path
+        assert b"alice" not in r.body
+
+
+async def test_the_page_runs_its_own_script_only(site):
+    await write_busy(site)
+    r = await site.get("gpus", "admin")
+    csp = dict(part.strip().split(" ", 1) for part in
+               r.headers["Content-Security-Policy"].split(";"))
+    assert csp["script-src"] == "'self'" and csp["default-src"] == "'none'"
+    assert csp["connect-src"] == "'self'"
+    page = r.body.decode()
+    assert re.findall(r"<script\b[^>]*>", page) == [
+        f'<script src="{PREFIX}static/gpus.js?v={gpu_page.script_version()}" defer>']
+    assert "http://" not in page and "https://" not in page  # nothing from the network
+    r = await site.get(f"static/gpus.js?v={gpu_page.script_version()}", "admin")
+    assert r.code == 200 and r.headers["Content-Type"].startswith("text/javascript")
+    script = r.body.decode()
+    assert "innerHTML" not in script and "X-XSRFToken" in script and "http" not in script
+
+
+# --- user-chosen names --------------------------------------------------------------------
+
+
+async def test_hostile_names_are_escaped(site):
+    await write_busy(site, hostile=True)
+    page = (await site.get("gpus", "admin")).body.decode()
+    assert "<script>alert" not in page and "<img src=x" not in page
+    # as text, the way a browser reads the page
+    assert f"{HOSTILE} · {HOSTILE_ROLE} · shared by up to 3" in words(row_of(page, "GPU-1"))
+    # in the link, quoted as the script's encodeURIComponent quotes it
+    assert html.escape(user_link(PREFIX, HOSTILE)) in page
+    assert "%3Cscript%3Ealert(1)%3C%2Fscript%3E%22%26" in user_link(PREFIX, HOSTILE)
+    doc = json.loads((await site.get("api/gpus", "admin")).body)
+    assert doc["gpus"][1]["holders"][0]["user"] == HOSTILE  # JSON carries the text as is
+
+
+# --- old, missing and broken files ----------------------------------------------------------
+
+
+async def test_stale_watchdog_figures_are_named_and_left_out(site):
+    await write_busy(site, watchdog_age=60)
+    page = (await site.get("gpus", "admin")).body.decode()
+    assert 'class="freshness stale"' in page
+    assert ("The watchdog's figures are 1m old, too old to trust (more than 15s): "
+            "utilisation, memory and idle marks are left out") in words(page)
+    g0 = words(row_of(page, "GPU-0"))
+    assert "Idle" not in g0 and "– of 80 GiB" in g0 and "on this GPU" not in g0
+    assert "GPU-9" not in page  # other GPUs come from fresh figures only
+    doc = json.loads((await site.get("api/gpus", "admin")).body)
+    assert doc["watchdog"]["state"] == "stale" and 59 < doc["watchdog"]["age"] < 70
+    assert all(g["utilization"] is None and not g["idle"] for g in doc["gpus"])
+
+
+async def test_a_missing_watchdog_file_is_said(site):
+    await write_busy(site, watchdog_age=None)
+    page = (await site.get("gpus", "admin")).body.decode()
+    assert 'class="freshness missing"' in page
+    assert f"No figures from the watchdog ({GPU_USAGE_FILE_NAME} in the state folder" in page
+    assert "alice" in words(row_of(page, "GPU-0"))  # the holders still show
+    doc = json.loads((await site.get("api/gpus", "admin")).body)
+    assert doc["watchdog"] == {"state": "missing", "time": None, "age": None,
+                               "interval": None, "stale_after": None, "host": None}
+
+
+async def test_no_files_at_all(site):
+    r = await site.get("gpus", "admin")
+    assert r.code == 200
+    text = words(r.body.decode())
+    assert "No GPU to show." in text and "No GPU pool from the hub yet" in text
+    assert "Nobody is waiting for a GPU." in text
+    doc = json.loads((await site.get("api/gpus", "admin")).body)
+    assert doc["gpus"] == [] and doc["queue"] == [] and doc["pool"]["state"] == "missing"
+
+
+async def test_half_written_or_foreign_files_are_missing_not_errors(site):
+    site.write(GPUS_FILE, '{"version": 1, "gpus": [')
+    site.write(GPU_USAGE_FILE_NAME, json.dumps({"version": 99, "time": time.time()}))
+    r = await site.get("gpus", "admin")
+    assert r.code == 200 and "No GPU pool from the hub yet" in words(r.body.decode())
+    doc = json.loads((await site.get("api/gpus", "admin")).body)
+    assert doc["pool"]["state"] == "missing" and doc["watchdog"]["state"] == "missing"
+
+
+async def test_without_a_state_folder_the_page_says_so(tmp_path, monkeypatch):
+    app, server, port = await serve(tmp_path, monkeypatch, "")
+    try:
+        site = Site(port, tmp_path)
+        r = await site.get("gpus", "admin")
+        assert r.code == 200 and NO_STATE in words(r.body.decode())
+        doc = json.loads((await site.get("api/gpus", "admin")).body)
+        assert doc["state_dir"] is False and doc["gpus"] == []
+    finally:
+        server.stop()
+        app.settings["usage_reader"]._pool.shutdown(wait=False)
+
+
+async def test_the_state_folder_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUOTA_SPAWNER_STATE_DIR", str(tmp_path))
+    assert gpu_page.state_dir({}) == str(tmp_path)
+    assert gpu_page.state_dir({"gpu_state_dir": ""}) == ""
+
+
+async def test_the_files_are_read_on_the_worker_threads(site, monkeypatch):
+    threads = []
+    real = gpu_page.read_map
+
+    def spy(folder, now):
+        threads.append(threading.current_thread().name)
+        return real(folder, now)
+
+    monkeypatch.setattr(gpu_page, "read_map", spy)
+    await write_busy(site)
+    assert (await site.get("gpus", "admin")).code == 200
+    assert (await site.get("api/gpus", "admin")).code == 200
+    assert len(threads) == 2 and all(t.startswith("usage-page") for t in threads)
+
+
+# --- the document and its words -------------------------------------------------------------
+
+
+async def test_a_preemption_under_way_names_its_victims():
+    pool = await busy_pool()
+    ticket = pool.queue.ticket("quota-dave")
+    pool.allocator.reserve("quota-dave", ["GPU-0"])
+    pool.queue.evicting["quota-alice"] = "quota-dave"
+    ticket.plan = type("Plan", (), {"victims": ("quota-alice",), "uuids": ("GPU-0",)})()
+    now = time.time()
+    doc = map_document(pool_snapshot(pool, now), None, now)
+    ticket.plan = None
+    pool.leave("quota-dave", "test")
+    users = gpu_page._holder_users(doc)
+    (waiting,) = doc["queue"]
+    assert gpu_page.preemption_text(waiting, users, {"GPU-0": "0"}) == \
+        "under way: stopping alice; GPU 0 kept for it"
+    assert doc["gpus"][0]["reserved_for"] == "quota-dave"
+    assert doc["gpus"][0]["holders"][0]["evicting_for"] == "quota-dave"
+
+
+@pytest.mark.parametrize(("seconds", "text"), [
+    (None, "–"), (-3, "0s"), (0.4, "0s"), (0.5, "1s"), (45, "45s"), (60, "1m"),
+    (200, "3m20s"), (3600, "1h"), (7500, "2h05m"), (86400, "1d"), (100800, "1d4h")])
+def test_durations(seconds, text):
+    assert duration(seconds) == text
+
+
+@pytest.mark.parametrize(("num", "text"), [
+    (None, "–"), (0, "0 B"), (512, "512 B"), (1536, "1.5 KiB"), (1000 * 2**20, "1000 MiB"),
+    (8 * G, "8 GiB"), (80 * G, "80 GiB"), (int(9.96 * G), "10 GiB"), (2**50, "1024 TiB")])
+def test_sizes(num, text):
+    assert size(num) == text
+
+
+def test_percent():
+    assert (percent(None), percent(0.0), percent(0.755), percent(1.0)) == (
+        "–", "0%", "76%", "100%")

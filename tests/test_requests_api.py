@@ -1,0 +1,365 @@
+"""Requests for a bigger role: the usage service's JSON API without a hub. The OAuth user
+is faked as in test_usage_service.py, the hub's REST API (a user's groups) by a small
+tornado app, as in test_table_api.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from test_hub_config import GOOD_ADMIN, GOOD_USER, load_hub_config
+from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
+
+from harness import shipped_table_without_requests
+from spawner.events import read_events
+from spawner.usage import requests_api, service
+from spawner.usage.ledger import Ledger
+
+HUB_TOKEN = "service-token"
+HUB_ID = "quota-0123456789ab"
+NOW = 1_795_000_000.0  # 2026-11-18 11:06:40 UTC
+DAY = 86400.0
+GROUPS = {"student1": ["cs101"], "bob": ["ml-platform"], "dora": ["cs102"],
+          "carol": [], "prof-ada": ["cs101-staff"], "prof-bo": ["cs102-staff"]}
+STUDENT = {"kind": "user", "name": "student1", "admin": False,
+           "scopes": ["access:services!service=usage", "read:users:name!user=student1"]}
+DORA = {**STUDENT, "name": "dora"}
+BOB = {**STUDENT, "name": "bob"}
+OTHER_INSTRUCTOR = {"kind": "user", "name": "prof-bo", "admin": False,
+                    "scopes": ["access:services!service=usage",
+                               "custom:quota-spawner:usage!group=cs102"]}
+
+
+class FakeHubUser(web.RequestHandler):
+    """GET /hub/api/users/<name>: the user's groups, with the service's token only."""
+
+    def get(self, name: str) -> None:
+        if self.request.headers.get("Authorization") != f"token {HUB_TOKEN}":
+            raise web.HTTPError(403)
+        if name not in GROUPS:
+            raise web.HTTPError(404)
+        self.finish({"name": name, "groups": GROUPS[name]})
+
+
+class Api:
+    def __init__(self, port: int, events: Path, quota: Path):
+        self.base = f"http://127.0.0.1:{port}/services/usage/"
+        self.client = AsyncHTTPClient()
+        self.events = events
+        self.quota = quota
+
+    async def call(self, method: str, path: str, who: str, body=None,
+                   content_type: str = "application/json"):
+        data = None if body is None else (body if isinstance(body, str) else json.dumps(body))
+        if method == "POST" and data is None:
+            data = "{}"
+        r = await self.client.fetch(self.base + path, method=method, body=data,
+                                    headers={"X-Test-User": who, "Content-Type": content_type},
+                                    raise_error=False, follow_redirects=False)
+        try:
+            found = json.loads(r.body) if r.body else None
+        except ValueError:
+            found = r.body.decode()
+        return r.code, found
+
+    async def get(self, path: str, who: str):
+        return await self.call("GET", "api/requests/" + path, who)
+
+    async def post(self, path: str, who: str, body=None, **kwargs):
+        return await self.call("POST", "api/requests" + path, who, body, **kwargs)
+
+    async def ask(self, who: str = "student1", role: str = "gpu-training",
+                  starts: float = NOW, ends: float = NOW + 7 * DAY,
+                  reason: str = "My thesis trains a model for a week."):
+        return await self.post("", who, {"role": role, "starts": starts, "ends": ends,
+                                         "reason": reason})
+
+    def logged(self) -> list[dict]:
+        if not self.events.exists():
+            return []
+        return read_events(str(self.events), 0)[0]
+
+
+def table(instructors_approve: bool) -> str:
+    text = shipped_table_without_requests()
+    return text + ("\nrequests:\n  roles: [gpu-training, senior-engineer]\n  max_days: 14\n"
+                   f"  instructors_approve: {'true' if instructors_approve else 'false'}\n")
+
+
+@pytest.fixture(params=[True], ids=["instructors-approve"])
+async def api(request, tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'usage.sqlite'}"
+    Ledger(url).dispose()
+    quota = tmp_path / "quotas.yaml"
+    quota.write_text(table(request.param))
+    auth = FakeHubAuth({"admin": ADMIN, "prof-ada": INSTRUCTOR, "carol": PLAIN,
+                        "finance": VIEWER, "student1": STUDENT, "dora": DORA, "bob": BOB,
+                        "prof-bo": OTHER_INSTRUCTOR})
+    monkeypatch.setattr(service.UsageHandler, "hub_auth", property(lambda self: auth))
+    hub = web.Application([(r"/hub/api/users/([^/]+)", FakeHubUser)])
+    hub_sock, hub_port = bind_unused_port()
+    hub_server = HTTPServer(hub)
+    hub_server.add_sockets([hub_sock])
+    prefix = "/services/usage/"
+    state = tmp_path / "state"
+    state.mkdir()
+    app = service.make_app(usage_db=url, quota_file=str(quota), prefix=prefix,
+                           requests_options=dict(
+                               state_dir=str(state), hub_id=HUB_ID,
+                               hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
+                               hub_api_token=HUB_TOKEN, clock=lambda: NOW))
+    sock, port = bind_unused_port()
+    server = HTTPServer(app)
+    server.add_sockets([sock])
+    yield Api(port, state / "quota-spawner-events.jsonl", quota)
+    server.stop()
+    hub_server.stop()
+    app.settings["usage_reader"]._pool.shutdown(wait=False)
+
+
+@pytest.fixture
+def admins_only(api):
+    api.quota.write_text(table(False))
+    return api
+
+
+# --- a student asks, lists and withdraws ---------------------------------------------------
+
+
+async def wait_events(api: Api, count: int) -> list[dict]:
+    """The log's events once ``count`` are written (the EventLog writes on its thread)."""
+    for _ in range(200):
+        found = api.logged()
+        if len(found) >= count:
+            return found
+        await asyncio.sleep(0.01)
+    return api.logged()
+
+
+async def test_a_student_sees_what_they_may_ask_for(api):
+    code, found = await api.get("options", "student1")
+    assert code == 200, found
+    assert [r["name"] for r in found["roles"]] == ["gpu-training", "senior-engineer"]
+    assert found["held"] == ["student", "gpu-lab"]
+    assert (found["max_days"], found["instructors_approve"]) == (14, True)
+
+
+async def test_a_student_asks_lists_and_withdraws(api):
+    code, found = await api.ask()
+    assert code == 200, found
+    asked = found["request"]
+    assert (asked["user"], asked["role"], asked["state"], asked["groups"]) == (
+        "student1", "gpu-training", "pending", ["cs101"])
+    assert found["message"].startswith("student1 asks for the role 'gpu-training' from "
+                                       "2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC")
+    code, mine = await api.get("mine", "student1")
+    assert code == 200 and [r["id"] for r in mine["requests"]] == [asked["id"]]
+    assert (await api.get("mine", "carol"))[1] == {"requests": []}
+
+    (event,) = await wait_events(api, 1)
+    assert event["event"] == "role-request" and event["hub"] == HUB_ID
+    assert {k: event[k] for k in ("id", "user", "role", "starts", "ends", "reason", "who",
+                                  "comment")} == {
+        "id": asked["id"], "user": "student1", "role": "gpu-training", "starts": NOW,
+        "ends": NOW + 7 * DAY, "reason": "My thesis trains a model for a week.",
+        "who": "student1", "comment": ""}
+    assert event["text"] == found["message"]
+
+    # nobody else withdraws it
+    code, refused = await api.post(f"/{asked['id']}/withdraw", "carol")
+    assert (code, refused) == (400, {"message": f"You have no request {asked['id']}."})
+    code, done = await api.post(f"/{asked['id']}/withdraw", "student1")
+    assert code == 200 and done["request"]["state"] == "withdrawn"
+    assert done["message"] == "student1 withdrew the request for the role 'gpu-training'."
+    code, again = await api.post(f"/{asked['id']}/withdraw", "student1")
+    assert code == 400 and "nothing to withdraw" in again["message"]
+    events = await wait_events(api, 2)
+    assert [e["event"] for e in events] == ["role-request", "role-request-withdrawn"]
+    assert events[1]["who"] == "student1"
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"role": "instructor"}, "The role 'instructor' cannot be requested; these can: "
+                             "gpu-training, senior-engineer."),
+    ({"role": "gpu-lab"}, "cannot be requested"),
+    ({"ends": NOW + 30 * DAY}, "the longest this hub grants is 14 days"),
+    ({"ends": NOW - 1}, "has already ended"),
+    ({"reason": "  "}, "Please say why you need this role"),
+])
+async def test_refusals_are_sentences(api, body, words):
+    ask = {"role": "gpu-training", "starts": NOW, "ends": NOW + DAY, "reason": "why"} | body
+    code, found = await api.post("", "student1", ask)
+    assert code == 400 and words in found["message"], found
+    assert api.logged() == []
+
+
+async def test_a_second_ask_and_bad_bodies_are_refused(api):
+    assert (await api.ask())[0] == 200
+    code, found = await api.ask()
+    assert code == 400 and "still waiting for a decision" in found["message"]
+    code, found = await api.post("", "student1", "role=gpu-training",
+                                 content_type="application/x-www-form-urlencoded")
+    assert code == 400 and "JSON" in found["message"]
+    code, found = await api.post("", "student1", {"role": "gpu-training", "reason": "x",
+                                                  "starts": "tomorrow", "ends": NOW + DAY})
+    assert (code, found["message"]) == (
+        400, "The request needs 'starts', as a time in Unix seconds.")
+    code, found = await api.post("", "student1", {"starts": NOW, "ends": NOW + DAY})
+    assert code == 400 and "'role'" in found["message"]
+
+
+async def test_a_user_who_holds_the_role_is_told(api):
+    code, found = await api.ask(who="bob")
+    assert (code, found["message"]) == (400, "You already hold the role 'gpu-training'.")
+
+
+# --- deciding ------------------------------------------------------------------------------
+
+
+async def test_the_admin_sees_all_and_approves(api):
+    _, first = await api.ask()
+    _, second = await api.ask(who="dora", role="senior-engineer")
+    code, found = await api.get("pending", "admin")
+    assert code == 200
+    assert [r["id"] for r in found["requests"]] == [first["request"]["id"],
+                                                     second["request"]["id"]]
+    rid = first["request"]["id"]
+    code, done = await api.post(f"/{rid}/decide", "admin",
+                                {"approve": True, "comment": "for the thesis"})
+    assert code == 200, done
+    assert (done["request"]["state"], done["request"]["decided_by"]) == ("approved", "admin")
+    assert done["message"] == (
+        "Your request for the role 'gpu-training' was approved by admin; you hold it from "
+        "2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC: for the thesis")
+    # the grant shows on the student's side
+    _, options = await api.get("options", "student1")
+    assert options["granted"] == ["gpu-training"] and "gpu-training" in options["held"]
+    assert [r["name"] for r in options["roles"]] == ["senior-engineer"]
+    code, again = await api.post(f"/{rid}/decide", "admin", {"approve": False,
+                                                             "comment": "no"})
+    assert (code, again["message"]) == (400, "This request was already approved by admin.")
+    events = await wait_events(api, 3)
+    approved = events[2]
+    assert approved["event"] == "role-request-approved"
+    assert (approved["user"], approved["who"], approved["comment"], approved["hub"]) == (
+        "student1", "admin", "for the thesis", HUB_ID)
+    assert approved["text"] == done["message"]
+
+
+async def test_a_refusal_needs_a_comment(api):
+    _, asked = await api.ask()
+    rid = asked["request"]["id"]
+    code, found = await api.post(f"/{rid}/decide", "admin", {"approve": False})
+    assert (code, found["message"]) == (400, "Please say why you refuse: the user is told.")
+    code, found = await api.post(f"/{rid}/decide", "admin", {"approve": "no"})
+    assert (code, found["message"]) == (400, "The request needs 'approve', as true or false.")
+    code, found = await api.post(f"/{rid}/decide", "admin",
+                                 {"approve": False, "comment": "The GPUs are booked."})
+    assert code == 200 and found["request"]["state"] == "refused"
+    events = await wait_events(api, 2)
+    assert events[1]["event"] == "role-request-refused"
+    assert events[1]["text"] == ("Your request for the role 'gpu-training' was refused by "
+                                 "admin: The GPUs are booked.")
+    assert (await api.post("/999/decide", "admin", {"approve": True}))[0] == 404
+
+
+async def test_an_instructor_decides_for_their_group_only(api):
+    _, mine = await api.ask()  # student1, in cs101
+    _, other = await api.ask(who="dora")  # in cs102
+    code, found = await api.get("pending", "prof-ada")
+    assert code == 200 and [r["user"] for r in found["requests"]] == ["student1"]
+    code, found = await api.get("pending", "prof-bo")
+    assert code == 200 and [r["user"] for r in found["requests"]] == ["dora"]
+    code, refused = await api.post(f"/{other['request']['id']}/decide", "prof-ada",
+                                   {"approve": True})
+    assert (code, refused["message"]) == (403, "You may not decide the requests of dora.")
+    code, done = await api.post(f"/{mine['request']['id']}/decide", "prof-ada",
+                                {"approve": True})
+    assert code == 200 and done["request"]["decided_by"] == "prof-ada"
+    assert done["message"].endswith("2026-11-25 11:06 UTC.")
+
+
+async def test_instructors_decide_only_when_the_table_allows(admins_only):
+    api = admins_only
+    _, mine = await api.ask()
+    code, found = await api.get("pending", "prof-ada")
+    assert (code, found["message"]) == (403, "On this hub, requests are decided by admins "
+                                             "only.")
+    code, found = await api.post(f"/{mine['request']['id']}/decide", "prof-ada",
+                                 {"approve": True})
+    assert (code, found["message"]) == (403, "You may not decide the requests of student1.")
+    assert (await api.get("pending", "admin"))[0] == 200
+    _, options = await api.get("options", "student1")
+    assert options["instructors_approve"] is False
+
+
+@pytest.mark.parametrize("who", ["carol", "student1", "finance"])
+async def test_others_may_not_see_or_decide(api, who):
+    _, asked = await api.ask(who="dora")
+    code, found = await api.get("pending", who)
+    assert code == 403 and found["message"] == requests_api.NOT_DECIDER
+    code, found = await api.post(f"/{asked['request']['id']}/decide", who,
+                                 {"approve": True})
+    assert (code, found["message"]) == (403, "You may not decide the requests of dora.")
+    assert [e["event"] for e in await wait_events(api, 1)] == ["role-request"]
+
+
+async def test_nobody_decides_their_own_request(api):
+    # an admin who asks (the table gives "admin" the default role only)
+    code, asked = await api.ask(who="admin")
+    assert code == 200, asked
+    code, found = await api.post(f"/{asked['request']['id']}/decide", "admin",
+                                 {"approve": True})
+    assert (code, found["message"]) == (400, "You cannot decide your own request.")
+
+
+async def test_a_visitor_without_a_login_is_refused(api):
+    code, found = await api.post("", "nobody", {"role": "gpu-training"})
+    assert code == 403 and found["message"] == "Log in to the hub to ask for a role."
+
+
+# --- the report stays for admins and instructors -------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["?period=30d", "user?name=student1", "report.csv", "report.json"])
+async def test_the_report_still_refuses_a_plain_user(api, path):
+    for who in ("student1", "carol"):
+        code, found = await api.call("GET", path, who)
+        assert code == 403, (path, who)
+        assert "you are neither" in found
+    assert (await api.call("GET", "api/table", "student1"))[0] == 403
+
+
+# --- the hub's side ------------------------------------------------------------------------
+
+
+def test_every_user_may_reach_the_service_and_it_writes_to_the_hubs_log(tmp_path, monkeypatch):
+    c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO_PASSWORD=GOOD_USER,
+                        QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD=GOOD_ADMIN)
+    assert "access:services!service=usage" in c.JupyterHub.extra_user_scopes
+    # the default "user" role is extended, not redefined
+    assert "user" not in [r["name"] for r in c.JupyterHub.load_roles]
+    (usage,) = [s for s in c.JupyterHub.services if s["name"] == "usage"]
+    environment = usage["environment"]
+    assert environment["QUOTA_SPAWNER_STATE_DIR"] == str(tmp_path)
+    assert environment["QUOTA_SPAWNER_HUB_SECRET_FILE"] == c.JupyterHub.cookie_secret_file
+    assert environment["QUOTA_SPAWNER_PREFIX"] == "quota"
+
+
+def test_the_hub_id_is_the_spawners(tmp_path, monkeypatch):
+    from spawner.config import hub_id_from_secret
+
+    secret = tmp_path / "cookie_secret"
+    secret.write_text("ab" * 32)
+    monkeypatch.delenv("QUOTA_SPAWNER_HUB_ID", raising=False)
+    monkeypatch.setenv("QUOTA_SPAWNER_HUB_SECRET_FILE", str(secret))
+    monkeypatch.setenv("QUOTA_SPAWNER_PREFIX", "quota")
+    assert requests_api.hub_id_from_env() == hub_id_from_secret("quota", bytes.fromhex("ab" * 32))
+    monkeypatch.setenv("QUOTA_SPAWNER_HUB_ID", "mine")
+    assert requests_api.hub_id_from_env() == "mine"
