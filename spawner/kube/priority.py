@@ -75,7 +75,7 @@ def priority_class(role: Role, prefix: str = DEFAULT_PREFIX) -> dict[str, Any]:
         "value": role.priority,
         "preemptionPolicy": policy,
         "globalDefault": False,  # only pods that name it: never other workloads
-        "description": f"Quota Spawner role {role.name!r}: priority {role.priority}, {what}"
+        "description": f"Quota Spawner role {role.name}: priority {role.priority}, {what}"
                        + ("; not preemptible (best effort, see quota-spawner.protected)"
                           if not role.preemptible else ""),
     }
