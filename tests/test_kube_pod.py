@@ -505,6 +505,8 @@ TAMPERING = [
      "spec.securityContext.runAsGroup is 0"),
     ("fsGroup", lambda p: p["spec"]["securityContext"].update(fsGroup=0),
      "spec.securityContext.fsGroup is 0"),
+    ("root as a supplemental group", lambda p: p["spec"]["securityContext"].update(
+        supplementalGroups=[100, 0]), "supplementalGroups has 0"),
     ("no container", lambda p: _container(p).update(name="other"),
      "no container named 'notebook'"),
 ]

@@ -525,9 +525,11 @@ def quota_violations(pod: Mapping[str, Any], spec: NotebookPod) -> list[str]:
         if context.get(name) != value:
             problems.append(f"spec.securityContext.{name} is {context.get(name)!r}, not "
                             f"{value!r}")
-    if spec.uid == 0 or spec.gid == 0:
+    if spec.uid < 1 or spec.gid < 1:
         problems.append(f"the notebook user is {spec.uid}:{spec.gid}: never root, never "
                         "the root group")
+    if 0 in (context.get("supplementalGroups") or []):
+        problems.append("spec.securityContext.supplementalGroups has 0: never the root group")
     problems += _volume_problems(body, spec)
     container = _notebook(pod, spec)
     if container is None:
