@@ -7,6 +7,9 @@ The same three steps as on Docker, for a KubeSpawner subclass to call:
 2. ``apply_quota(pod, spec)``: write the role's resources, the security
    contexts, the shm and home volumes, the contract environment, the labels
    and annotations and the PriorityClass on top of it, in place;
+   Before that, ``config_problems(pod, spec)``: what the configuration set
+   that the quota owns, to another value; refused, as on Docker, never
+   silently overwritten;
 3. ``violations(pod, spec)``: every way the dict breaks the quota
    (``quota_violations``) or the "restricted" Pod Security Standard
    (``restricted_violations``); create the pod only when it is empty.
@@ -45,6 +48,7 @@ Labels hold ``names.label_value`` of each value (``o'brien`` becomes
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -483,6 +487,75 @@ def pod_manifest(spec: NotebookPod, name: str, namespace: str | None = None,
 
 
 # --- the checks before the API call --------------------------------------------------
+
+
+_HOST_FIELDS = ("hostNetwork", "hostPID", "hostIPC")
+
+
+def config_problems(pod: Mapping[str, Any], spec: NotebookPod) -> list[str]:
+    """What the pod holds, before ``apply_quota``, that the quota owns and sets to
+    another value: KubeSpawner's settings, ``extra_pod_config``,
+    ``extra_container_config``, ``modify_pod_hook``. ``apply_quota`` would overwrite
+    them; they are refused instead, as QuotaSpawner refuses the admin's container
+    settings, so that a configuration that asks for root or 64 CPUs is seen.
+    A field the configuration left unset (or set to the quota's value) is no problem.
+
+    ValueError when the pod has no container named ``spec.container``.
+    """
+    fixed = apply_quota(copy.deepcopy(dict(pod)), spec)
+    problems: list[str] = []
+
+    def differs(where: str, found: Mapping[str, Any], ours: Mapping[str, Any],
+                keys: Iterable[str]) -> None:
+        problems.extend(f"{where}{k} is {found[k]!r}, not {ours.get(k)!r}" for k in keys
+                        if found.get(k) is not None and found[k] != ours.get(k))
+
+    metadata: Mapping[str, Any] = pod.get("metadata") or {}
+    for what in ("labels", "annotations"):
+        found = metadata.get(what) or {}
+        differs(f"metadata.{what}.", found, fixed["metadata"][what],
+                [k for k in found if str(k).startswith(LABEL_PREFIX)])
+    body: Mapping[str, Any] = pod.get("spec") or {}
+    differs("spec.", body, fixed["spec"], ("priorityClassName", "priority", "preemptionPolicy",
+                                           "terminationGracePeriodSeconds",
+                                           "automountServiceAccountToken"))
+    problems.extend(f"spec.{name} is {body[name]!r}: the pod shares the node's namespace"
+                    for name in _HOST_FIELDS if body.get(name))
+    if body.get("resources"):
+        problems.append(f"spec.resources is {body['resources']!r}: the role sizes the "
+                        "container")
+    differs("spec.securityContext.", body.get("securityContext") or {},
+            pod_security_context(spec), pod_security_context(spec))
+    names = {v["name"]: v for v in volumes(spec)}
+    problems.extend(f"volume {v['name']} is {v!r}, not {names[v['name']]!r}"
+                    for v in body.get("volumes") or [] if v.get("name") in names
+                    and v != names[v["name"]])
+
+    container = _notebook(pod, spec) or {}
+    where = f"container {spec.container}: "
+    differs(where, container, {"image": spec.image}, ("image",))
+    found_resources = container.get("resources") or {}
+    for kind, ours in resources(spec).items():
+        found = found_resources.get(kind) or {}
+        differs(f"{where}resources.{kind}.", found, ours, found)
+    own = container.get("securityContext") or {}
+    differs(f"{where}securityContext.", own, container_security_context(spec),
+            container_security_context(spec))
+    wanted = environment(spec)
+    for entry in container.get("env") or []:
+        name = entry.get("name")
+        if name in CONTRACT_ENV or name in wanted:
+            value = entry.get("value") if "valueFrom" not in entry else entry
+            if value != wanted.get(name):
+                problems.append(f"{where}environment {name} is {value!r}, not "
+                                f"{wanted.get(name)!r}: the spawner sets it")
+    paths = {m["mountPath"]: m for m in volume_mounts(spec)}
+    problems.extend(f"{where}{m.get('mountPath')} is mounted as {m!r}, not "
+                    f"{paths[m['mountPath']]!r}" for m in container.get("volumeMounts") or []
+                    if m.get("mountPath") in paths and m != paths[m["mountPath"]])
+    problems.extend(f"{where}ports has hostPort {port['hostPort']}"
+                    for port in container.get("ports") or [] if port.get("hostPort"))
+    return problems
 
 
 def quota_violations(pod: Mapping[str, Any], spec: NotebookPod) -> list[str]:

@@ -1,0 +1,243 @@
+"""QuotaKubeSpawner: KubeSpawner sized from the same role-based quota table.
+
+The same roles, images, spawn form, ``user_options`` checks and plain-sentence
+refusals as QuotaSpawner on Docker: both use ``RoleChoicesMixin``
+(spawner/choices.py) and ``QuotaConfig`` (spawner/config.py). What differs is
+the last step: KubeSpawner builds the pod from its settings (``make_pod``),
+``modify_pod_hook`` may change it, and then, just before the API call
+(``_make_create_pod_request``), the pod is turned into the API's dict and
+
+1. refused if the configuration set anything the quota owns to another value
+   (``pod.config_problems``: privileged, root, a bigger limit, a GPU, ...),
+   as QuotaSpawner refuses the admin's settings (``container.admin_problems``);
+2. given the quota (``pod.apply_quota``): the role's resources, the security
+   contexts, the shm and home volumes, the contract environment, the
+   ``quota-spawner.*`` labels and annotations and the role's PriorityClass;
+3. refused if anything still breaks the quota or the "restricted" Pod
+   Security Standard (``pod.violations``: a hostPath, a sidecar, ``envFrom``).
+
+A refusal is a 500 with ``refusals.SETTING_REFUSED`` for the user and every
+problem, by field, in the hub's log; nothing is created. The home is a
+per-user claim (``quota-home-<user>``) that KubeSpawner creates
+(``storage_pvc_ensure``) and never deletes on a stop or a cull.
+
+There is no GPU pool here: the scheduler and the device plugin place GPU
+pods, and a pod that does not fit waits Pending (docs/kubernetes.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any, ClassVar
+
+from kubernetes_asyncio.client.rest import ApiException
+from kubespawner import KubeSpawner
+from tornado import web
+from traitlets import Dict, Integer, default
+
+from .. import refusals
+from ..choices import RoleChoicesMixin
+from ..config import QuotaConfig
+from ..quota.form import options_from_form
+from ..quota.model import Choice
+from ..registry import Registry
+from ..usage.ledger import Ledger, LedgerWriter, default_url
+from .pod import (
+    KubeOptions,
+    NotebookPod,
+    PodPolicyError,
+    apply_quota,
+    byte_quantity,
+    config_problems,
+    home_claim,
+    refuse_any,
+    violations,
+)
+
+
+class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
+    """Spawns notebook pods whose size, security and priority come from the quota table.
+
+    Every start reads the table afresh, checks ``user_options`` against the
+    roles the user holds (their groups and approved role requests included),
+    and writes the role onto the final pod, whatever the configuration said.
+    """
+
+    kube_options = Dict(
+        config=True,
+        help="""What the quota table does not say about a pod: the fields of
+        spawner.kube.pod.KubeOptions (request ratios, the device plugin's GPU
+        resource names, MIG profiles, ephemeral storage, the home claim's size and
+        class, the PriorityClass prefix, ...). docs/kubernetes.md lists them.""",
+    )
+    notebook_uid = Integer(1000, config=True, help="The notebook's uid; never 0.")
+    notebook_gid = Integer(
+        100, config=True,
+        help="The notebook's gid, and the pod's fsGroup (the home claim is writable for it); "
+             "never 0.")
+
+    # one per ledger URL, shared by the hub's spawners: the approved role requests
+    _ledgers: ClassVar[Registry[str, tuple[LedgerWriter | None]]] = Registry()
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.choice: Choice | None = None
+        self._choices: list[Choice] = []
+        self._spec: NotebookPod | None = None  # this start's, from load_user_options
+        self._started_options: dict[str, str] = {}  # the last options that started
+
+    # --- KubeSpawner's defaults, changed ------------------------------------------
+
+    @default("options_form")
+    def _quota_options_form_default(self) -> Any:
+        return type(self).render_options_form
+
+    @default("options_from_form")
+    def _quota_options_from_form_default(self) -> Any:
+        return options_from_form
+
+    @default("storage_pvc_ensure")
+    def _storage_pvc_ensure_default(self) -> bool:
+        return True  # the home claim, kept across stops and culls
+
+    @default("handle_legacy_names")
+    def _handle_legacy_names_default(self) -> bool:
+        return False  # no server of this class predates KubeSpawner 7's names
+
+    # --- the choices --------------------------------------------------------------
+
+    @property
+    def options(self) -> KubeOptions:
+        """``kube_options`` checked; a 500 with the problems in the log when it is wrong."""
+        try:
+            return KubeOptions(**self.kube_options)
+        except (TypeError, ValueError) as e:
+            self.log.error("QuotaKubeSpawner.kube_options is invalid: %s", e)
+            raise web.HTTPError(500, refusals.SETTING_REFUSED) from None
+
+    async def role_ledger(self) -> LedgerWriter | None:
+        """The usage ledger, for the approved role requests; None with ``usage_db``
+        "none" or when it cannot be opened (logged: the table's roles still hold)."""
+        url = self.usage_db or default_url(self.state_dir)
+        if url == "none":
+            return None
+
+        async def open_ledger() -> tuple[LedgerWriter | None]:
+            try:
+                ledger = await asyncio.to_thread(Ledger, url, self.log)
+            except Exception as e:
+                self.log.error("The usage ledger cannot be opened (%s): approved role "
+                               "requests grant nothing until the hub restarts with it fixed", e)
+                return (None,)
+            return (LedgerWriter(ledger, self.log),)
+
+        return (await QuotaKubeSpawner._ledgers.aget(url, open_ledger))[0]
+
+    async def choices(self) -> list[Choice]:
+        """What this user may start, from the table as it is now."""
+        table = await self.table_now()  # no GPU capacity: the cluster's GPUs are the scheduler's
+        return await self.choices_in(table, await self.role_ledger())
+
+    async def render_options_form(self) -> str:
+        # no free-GPU figures: the scheduler knows, the hub does not
+        return await self.form_for(await self.choices())
+
+    def pod_spec(self, choice: Choice) -> NotebookPod:
+        """What the quota decides about this start's pod."""
+        return NotebookPod(
+            role=choice.role, image_key=choice.image.key, image=choice.image.image,
+            user_name=self.user.name, hub_id=self.hub_id, uid=self.notebook_uid,
+            gid=self.notebook_gid, options=self.options)
+
+    async def load_user_options(self) -> None:
+        """The first step of every start (KubeSpawner's ``_start``): the options checked
+        against the user's roles; a 4xx with a plain sentence before anything is created."""
+        self._spec, self.choice = None, None
+        self._choices = await self.choices()
+        self._apply_choice(await self.resolve(self._choices))
+
+    def _apply_choice(self, choice: Choice) -> None:
+        spec = self._spec = self.pod_spec(choice)
+        self.choice = choice
+        options = spec.options
+        # KubeSpawner's own fields where it reads them; the pod gets the quota again
+        # at the last step, whatever these become
+        self.image = spec.image
+        self.priority_class_name = spec.priority_class
+        self.pvc_name = spec.claim_name
+        self.storage_capacity = byte_quantity(options.home_size)
+        self.storage_class = options.home_storage_class
+        self.storage_access_modes = list(options.home_access_modes)
+        # the resolved choice, for the REST API's server model (the culler reads the role)
+        self.user_options = {**(self.user_options or {}), "profile": choice.role.name,
+                             "image": choice.image.key}
+        self.log.info("Starting %s as role %s with image %s (%g CPUs, %d bytes memory, "
+                      "%d GPUs)", self._log_name, choice.role.name, choice.image.key,
+                      choice.role.cpus, choice.role.memory, choice.role.gpus)
+
+    async def _start(self) -> Any:
+        try:
+            started = await super()._start()
+        except BaseException:
+            self._forget_refused_options(self._choices)
+            raise
+        if self.choice is not None:
+            self._started_options = {"profile": self.choice.role.name,
+                                     "image": self.choice.image.key}
+        return started
+
+    # --- the home claim and the pod ---------------------------------------------
+
+    def get_pvc_manifest(self) -> Any:
+        """KubeSpawner's claim, with the user and hub labels of ``pod.home_claim``."""
+        pvc = super().get_pvc_manifest()
+        if self._spec is not None:
+            ours = home_claim(self._spec)["metadata"]
+            pvc.metadata.labels = {**(pvc.metadata.labels or {}), **ours["labels"]}
+            pvc.metadata.annotations = {**(pvc.metadata.annotations or {}),
+                                        **ours["annotations"]}
+        return pvc
+
+    def quota_pod(self, pod: Any) -> dict[str, Any]:
+        """The pod as the API will get it, with the quota on it; a 500 with a plain
+        sentence (and every problem by name in the log) when it must not be created."""
+        spec = self._spec
+        try:
+            if spec is None:  # load_user_options did not run: nothing to size it by
+                raise PodPolicyError(["the start has no resolved role"])
+            body = copy.deepcopy(pod) if isinstance(pod, dict) else \
+                self.api.api_client.sanitize_for_serialization(pod)
+            refuse_any(config_problems(body, spec))
+            apply_quota(body, spec)
+            refuse_any(violations(body, spec))
+        except (PodPolicyError, ValueError) as e:
+            problems = e.problems if isinstance(e, PodPolicyError) else [str(e)]
+            self.log.error("Refused to create a pod for %s; each setting below is not "
+                           "allowed (docs/kubernetes.md#security-context):\n  %s",
+                           self._log_name, "\n  ".join(problems))
+            raise web.HTTPError(500, refusals.SETTING_REFUSED) from None
+        return body
+
+    async def _make_create_pod_request(self, pod: Any, request_timeout: float) -> bool:
+        """KubeSpawner's last step before the API, after ``get_pod_manifest`` and
+        ``modify_pod_hook``: the quota is written and checked here, then the pod is
+        created from the checked dict (as KubeSpawner does: False asks its backoff
+        to try again)."""
+        body = self.quota_pod(pod)
+        name = body["metadata"]["name"]
+        self.log.info("Attempting to create pod %s, with timeout %s", name, request_timeout)
+        try:
+            await asyncio.wait_for(self.api.create_namespaced_pod(self.namespace, body),
+                                   request_timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        except ApiException as e:
+            if e.status != 409:
+                self.log.error("Could not create pod %s: %s %s", name, e.status, e.reason)
+                raise
+            self.log.info("Found existing pod %s, attempting to kill", name)
+            await self.stop(True)
+            self.log.info("Killed pod %s, will try starting singleuser pod again", name)
+            return False
