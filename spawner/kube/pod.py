@@ -52,16 +52,19 @@ import copy
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from ..container import role_environment
 from ..contract import (
     CONTRACT_ENV,
+    CPU_LIMIT,
     GPU_MODE_LABEL,
     GPUS_LABEL,
     HUB_LABEL,
     IMAGE_LABEL,
     LABEL_PREFIX,
+    MEM_LIMIT,
     NO_GPU,
     NVIDIA_VISIBLE_DEVICES,
     ROLE_LABEL,
@@ -245,6 +248,39 @@ def cpu_quantity(cpus: float) -> str:
 def byte_quantity(size: int | float) -> str:
     """Bytes as a plain whole number, never rounded to a unit."""
     return str(max(1, int(size)))
+
+
+_QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
+                       r"(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?")
+_SUFFIXES = {"Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30),
+             "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+             "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+             "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"),
+             "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18")}
+
+
+def parse_quantity(value: Any) -> Decimal | None:
+    """A Kubernetes quantity's value ("8", 8.0, "8000m", "32Gi"); None when it is not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return Decimal(str(value))
+    match = _QUANTITY.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        return None
+    number, suffix = match.group(1), match.group(2) or ""
+    if suffix[:1] in ("e", "E"):
+        return Decimal(number) * Decimal(10) ** int(suffix[1:])
+    return Decimal(number) * _SUFFIXES[suffix]
+
+
+def same_quantity(a: Any, b: Any) -> bool:
+    """Equal as quantities: KubeSpawner writes cpu_limit 8 as 8.0 and mem_limit as an
+    int, the quota as "8" and a string of bytes; those are the same limit."""
+    qa, qb = parse_quantity(a), parse_quantity(b)
+    if qa is not None and qb is not None:
+        return qa == qb
+    return type(a) is type(b) and a == b  # True is not 1 here
 
 
 # --- what the quota sets ------------------------------------------------------------
@@ -490,6 +526,8 @@ def pod_manifest(spec: NotebookPod, name: str, namespace: str | None = None,
 
 
 _HOST_FIELDS = ("hostNetwork", "hostPID", "hostIPC")
+# JupyterHub writes cpu_limit 8 as "8.0", the quota as "8": compared by value
+_NUMERIC_ENV = (CPU_LIMIT, MEM_LIMIT)
 
 
 def config_problems(pod: Mapping[str, Any], spec: NotebookPod) -> list[str]:
@@ -498,7 +536,8 @@ def config_problems(pod: Mapping[str, Any], spec: NotebookPod) -> list[str]:
     ``extra_container_config``, ``modify_pod_hook``. ``apply_quota`` would overwrite
     them; they are refused instead, as QuotaSpawner refuses the admin's container
     settings, so that a configuration that asks for root or 64 CPUs is seen.
-    A field the configuration left unset (or set to the quota's value) is no problem.
+    A field the configuration left unset (or set to the quota's value) is no problem;
+    quantities and CPU_LIMIT/MEM_LIMIT are compared by value (8.0 is "8").
 
     ValueError when the pod has no container named ``spec.container``.
     """
@@ -535,9 +574,17 @@ def config_problems(pod: Mapping[str, Any], spec: NotebookPod) -> list[str]:
     where = f"container {spec.container}: "
     differs(where, container, {"image": spec.image}, ("image",))
     found_resources = container.get("resources") or {}
-    for kind, ours in resources(spec).items():
+    ours_resources = resources(spec)
+    for kind, ours in ours_resources.items():
         found = found_resources.get(kind) or {}
-        differs(f"{where}resources.{kind}.", found, ours, found)
+        # by value: KubeSpawner writes cpu_limit 8 as 8.0, the quota as "8"
+        problems.extend(f"{where}resources.{kind}.{k} is {v!r}, not {ours.get(k)!r}"
+                        for k, v in found.items()
+                        if v is not None and not same_quantity(v, ours.get(k)))
+    # anything else there (a DRA claim) is dropped by apply_quota: the role sizes it
+    problems.extend(f"{where}resources.{kind} is {value!r}: the role sizes the container"
+                    for kind, value in found_resources.items()
+                    if kind not in ours_resources and value)
     own = container.get("securityContext") or {}
     differs(f"{where}securityContext.", own, container_security_context(spec),
             container_security_context(spec))
@@ -546,15 +593,25 @@ def config_problems(pod: Mapping[str, Any], spec: NotebookPod) -> list[str]:
         name = entry.get("name")
         if name in CONTRACT_ENV or name in wanted:
             value = entry.get("value") if "valueFrom" not in entry else entry
-            if value != wanted.get(name):
+            same = (same_quantity(value, wanted.get(name)) if name in _NUMERIC_ENV
+                    and isinstance(value, str) else value == wanted.get(name))
+            if not same:
                 problems.append(f"{where}environment {name} is {value!r}, not "
                                 f"{wanted.get(name)!r}: the spawner sets it")
     paths = {m["mountPath"]: m for m in volume_mounts(spec)}
-    problems.extend(f"{where}{m.get('mountPath')} is mounted as {m!r}, not "
-                    f"{paths[m['mountPath']]!r}" for m in container.get("volumeMounts") or []
-                    if m.get("mountPath") in paths and m != paths[m["mountPath"]])
-    problems.extend(f"{where}ports has hostPort {port['hostPort']}"
-                    for port in container.get("ports") or [] if port.get("hostPort"))
+    ours_by_name = {m["name"]: m for m in volume_mounts(spec)}
+    for m in container.get("volumeMounts") or []:
+        if m.get("mountPath") in paths and m != paths[m["mountPath"]]:
+            problems.append(f"{where}{m.get('mountPath')} is mounted as {m!r}, not "
+                            f"{paths[m['mountPath']]!r}")
+        elif m.get("name") in ours_by_name and m != ours_by_name[m["name"]]:
+            # apply_quota replaces mounts by name too: this one would vanish silently
+            problems.append(f"{where}volume {m['name']} is mounted as {m!r}, not "
+                            f"{ours_by_name[m['name']]!r}: the quota mounts it")
+    for port in container.get("ports") or []:
+        for name in ("hostPort", "hostIP"):  # the proxy reaches the pod's own IP
+            if port.get(name):
+                problems.append(f"{where}ports has {name} {port[name]}")
     return problems
 
 
@@ -584,6 +641,10 @@ def quota_violations(pod: Mapping[str, Any], spec: NotebookPod) -> list[str]:
                "a notebook gets no API token unless configured")
     if body.get("resources"):
         problems.append("spec.resources (pod-level) is set: the role sizes the container")
+    if body.get("resourceClaims"):
+        # a DRA claim is allocated to the pod by the scheduler: a GPU outside the role
+        problems.append("spec.resourceClaims is set: the role's GPUs are the device "
+                        "plugin's resources, and a claimed device would be outside it")
     for kind in ("initContainers", "ephemeralContainers"):
         if body.get(kind):
             problems.append(f"spec.{kind} is set: the quota sizes one container, and "
