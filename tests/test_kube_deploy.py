@@ -23,7 +23,7 @@ import yaml
 from traitlets.config import Config
 
 from spawner import cli
-from spawner.kube.pod import KubeOptions
+from spawner.kube.pod import KubeOptions, home_claim_name, restricted_violations
 from spawner.kube.priority import class_name
 from spawner.quota.loader import load_quota_table
 
@@ -357,3 +357,16 @@ def test_every_role_has_its_priority_class() -> None:
     names = {d["metadata"]["name"] for d in documents(DEPLOY / "priority-classes.yaml")
              if d["kind"] == "PriorityClass"}
     assert names == {class_name(role) for role in load_quota_table(TABLE).roles}
+
+
+# --- the home copy helper -------------------------------------------------------------
+
+def test_home_copy_pod_is_restricted_and_mounts_the_users_claim() -> None:
+    (pod,) = documents(DEPLOY / "home-copy-pod.yaml")
+    assert restricted_violations(pod) == []
+    (volume,) = pod["spec"]["volumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == home_claim_name("alice")
+    (container,) = pod["spec"]["containers"]
+    assert container["volumeMounts"][0]["mountPath"] == KubeOptions().home_dir
+    context = pod["spec"]["securityContext"]
+    assert (context["runAsUser"], context["fsGroup"]) == (1000, 100)
