@@ -8,6 +8,7 @@ refused at the last step before the API, by name.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from traitlets.config import Config  # noqa: E402
 
 from spawner import QuotaSpawner  # noqa: E402
 from spawner.admin import requests as rr  # noqa: E402
+from spawner.kube.pod import config_problems  # noqa: E402
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
 from spawner.quota.loader import load_quota_table  # noqa: E402
 from spawner.refusals import SETTING_REFUSED  # noqa: E402
@@ -315,3 +317,175 @@ def test_the_entry_point_is_declared():
     assert getattr(__import__(module, fromlist=[name]), name) is QuotaKubeSpawner
     assert any(d.startswith("jupyterhub-kubespawner")
                for d in project["project"]["optional-dependencies"]["kubernetes"])
+
+
+@pytest.mark.parametrize("user, groups, options", [
+    ("alice", (), {}),
+    ("cy", ("ml-platform",), {"profile": "gpu-training", "image": "paddle"}),
+    ("bo", ("cs101",), {"profile": "gpu-lab"}),
+])
+async def test_the_pod_kubespawner_builds_has_no_config_problems(user, groups, options):
+    """What KubeSpawner builds from QuotaKubeSpawner's defaults, before the quota is
+    written: nothing the quota owns is set to another value."""
+    spawner = make(QuotaKubeSpawner, user=user, groups=groups, events_enabled=False)
+    spawner.user_options = options
+    await spawner.load_user_options()
+    body = spawner.api.api_client.sanitize_for_serialization(await spawner.get_pod_manifest())
+    assert config_problems(body, spawner._spec) == []
+    assert spawner.quota_pod(body)["metadata"]["labels"]["quota-spawner.user"] == user
+
+
+# --- KubeSpawner's last step: where the quota is written --------------------------------
+
+
+async def test_the_quota_is_written_after_the_manifest_and_the_hook():
+    """Guards the override of KubeSpawner's private ``_make_create_pod_request``: a
+    KubeSpawner whose ``_start`` no longer calls it after ``get_pod_manifest`` and
+    ``modify_pod_hook`` would create pods without the quota; this fails first."""
+    calls: list[str] = []
+
+    def hook(spawner: Any, pod: Any) -> Any:
+        calls.append("hook")
+        pod.metadata.annotations["example.org/hooked"] = "yes"
+        return pod
+
+    spawner = make(QuotaKubeSpawner, user="cy", groups=("ml-platform",), events_enabled=False,
+                   modify_pod_hook=hook)
+    spawner.user_options = {"profile": "gpu-training"}
+    manifest, quota_pod = spawner.get_pod_manifest, spawner.quota_pod
+
+    async def get_pod_manifest() -> Any:
+        calls.append("manifest")
+        return await manifest()
+
+    def quota(pod: Any) -> dict[str, Any]:
+        calls.append("quota")
+        return quota_pod(pod)
+
+    spawner.get_pod_manifest, spawner.quota_pod = get_pod_manifest, quota
+    api = await start(spawner)
+    (pod,) = api.pods
+    assert calls == ["manifest", "hook", "quota"]
+    assert isinstance(pod, dict)  # the checked dict, not KubeSpawner's V1Pod
+    assert pod["metadata"]["annotations"]["example.org/hooked"] == "yes"  # the hook's pod
+    assert pod["metadata"]["labels"]["quota-spawner.role"] == "gpu-training"
+    # still an override of KubeSpawner's own method, with its arguments
+    from kubespawner import KubeSpawner
+
+    own = inspect.signature(KubeSpawner._make_create_pod_request)
+    assert list(own.parameters) == ["self", "pod", "request_timeout"]
+    assert list(inspect.signature(QuotaKubeSpawner._make_create_pod_request).parameters) == \
+        list(own.parameters)
+
+
+def test_kubespawner_is_pinned_to_the_tested_minor():
+    """_make_create_pod_request is private: the extra allows only the minor the guard
+    above ran against."""
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (pin,) = [Requirement(d) for d in project["project"]["optional-dependencies"]["kubernetes"]
+              if d.startswith("jupyterhub-kubespawner")]
+    assert version("jupyterhub-kubespawner") in pin.specifier
+    assert "7.2.0" not in pin.specifier and "8.0.0" not in pin.specifier
+
+
+# --- a refused start, and a hub restart ------------------------------------------------
+
+
+def with_saved_options(spawner: Any, new: dict[str, str], started: dict[str, str]) -> Mock:
+    """As JupyterHub leaves a spawner when a start is asked: the new options saved as
+    the user's default, the last ones that started remembered."""
+    spawner.orm_spawner = SimpleNamespace(user_options=dict(new), server=None, name="")
+    spawner.db = Mock()
+    spawner.user_options = dict(new)
+    spawner._started_options = dict(started)
+    return spawner.db
+
+
+async def no_watch(replace: bool = False) -> None:
+    return None
+
+
+@pytest.mark.parametrize("user, options, settings, status", [
+    ("anyone", {"profile": "big"}, {}, 400),  # a role the user does not hold
+    ("lead", {"profile": "big"},  # a role they hold, and a configuration the quota refuses
+     {"extra_container_config": {"securityContext": {"privileged": True}}}, 500),
+])
+async def test_a_refused_start_restores_the_options_that_last_started(tmp_path, user, options,
+                                                                       settings, status):
+    quota = tmp_path / "q.yaml"
+    quota.write_text(TABLE_TEXT)
+    spawner = make(QuotaKubeSpawner, quota, user=user, events_enabled=False, **settings)
+    db = with_saved_options(spawner, options, {"profile": "small", "image": "paddle"})
+    spawner._start_watching_pods = no_watch
+    spawner.api = FakeApi(spawner.api)
+    with pytest.raises(web.HTTPError) as info:
+        await spawner._start()
+    assert info.value.status_code == status
+    assert spawner.orm_spawner.user_options == {"profile": "small", "image": "paddle"}
+    db.commit.assert_called()
+    assert spawner.api.pods == []  # no pod reached the API
+    # the 400 comes before anything is sent; the 500 after the home claim (kept anyway)
+    assert len(spawner.api.claims) == (0 if status == 400 else 1)
+
+
+async def test_a_refused_start_forgets_options_the_user_no_longer_holds(tmp_path):
+    quota = tmp_path / "q.yaml"
+    quota.write_text(TABLE_TEXT)
+    spawner = make(QuotaKubeSpawner, quota, user="anyone", events_enabled=False)
+    with_saved_options(spawner, {"profile": "big"}, {"profile": "big", "image": "pytorch"})
+    with pytest.raises(web.HTTPError):
+        await spawner._start()
+    assert spawner.orm_spawner.user_options == {}  # the first choice, next time
+
+
+async def test_a_broken_table_leaves_the_saved_options_alone(tmp_path):
+    quota = tmp_path / "q.yaml"
+    quota.write_text("roles: [not, a, table\n")
+    spawner = make(QuotaKubeSpawner, quota, events_enabled=False)
+    with_saved_options(spawner, {"profile": "big"}, {"profile": "small", "image": "pytorch"})
+    with pytest.raises(web.HTTPError) as info:
+        await spawner._start()
+    assert info.value.status_code == 500
+    assert spawner.orm_spawner.user_options == {"profile": "big"}  # as on Docker
+
+
+async def test_the_running_choice_survives_a_hub_restart():
+    spawner = make(QuotaKubeSpawner, user="cy", groups=("ml-platform",))
+    spawner.user_options = {"profile": "gpu-training", "image": "paddle"}
+    await spawner.load_user_options()  # the start's choice
+    state = spawner.get_state()
+    running = {"profile": "gpu-training", "image": "paddle"}
+    assert state["quota_choice"] == running
+    assert state["pod_name"] == spawner.pod_name and "kubespawner_version" in state
+
+    # the restarted hub: a new spawner with the user's saved default options
+    restarted = make(QuotaKubeSpawner, user="cy", groups=("ml-platform",))
+    restarted.user_options = {"profile": "student"}
+    restarted.load_state(state)
+    assert restarted.user_options == running  # the REST API and the culler read the role here
+    assert restarted._started_options == running  # what a refused start falls back to
+    assert restarted.pod_name == spawner.pod_name  # KubeSpawner's own state, too
+    assert restarted.get_state()["quota_choice"] == running  # kept until the server stops
+
+    restarted.clear_state()  # stopped
+    stopped = restarted.get_state()
+    assert "quota_choice" not in stopped and "pod_name" in stopped
+    assert restarted._started_options == running
+
+
+@pytest.mark.parametrize("saved", [None, ["gpu-training"], {"profile": 3},
+                                   {"mem_limit": "1T"}])
+async def test_state_without_a_usable_choice_changes_no_options(saved):
+    spawner = make(QuotaKubeSpawner)
+    spawner.user_options = {"profile": "student"}
+    state = {"pod_name": "jupyter-old", "kubespawner_version": "7.1.0"}
+    if saved is not None:
+        state["quota_choice"] = saved
+    spawner.load_state(state)
+    assert spawner.user_options == {"profile": "student"}
+    assert spawner.pod_name == "jupyter-old"
+    assert "quota_choice" not in spawner.get_state()

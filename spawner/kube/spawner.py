@@ -21,6 +21,11 @@ problem, by field, in the hub's log; nothing is created. The home is a
 per-user claim (``quota-home-<user>``) that KubeSpawner creates
 (``storage_pvc_ensure``) and never deletes on a stop or a cull.
 
+As on Docker, a refused start puts back the options that last started as the
+user's default, and the running role and image are kept in the hub's state
+(``quota_choice``, beside KubeSpawner's pod and claim names), so that a
+restarted hub still knows them.
+
 There is no GPU pool here: the scheduler and the device plugin place GPU
 pods, and a pod that does not fit waits Pending (docs/kubernetes.md).
 """
@@ -83,9 +88,10 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.choice: Choice | None = None
-        self._choices: list[Choice] = []
+        self._choices: list[Choice] | None = None  # this start's; None: not read
         self._spec: NotebookPod | None = None  # this start's, from load_user_options
         self._started_options: dict[str, str] = {}  # the last options that started
+        self._restored_choice: dict[str, str] = {}  # the running server's, from load_state
 
     # --- KubeSpawner's defaults, changed ------------------------------------------
 
@@ -153,7 +159,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
     async def load_user_options(self) -> None:
         """The first step of every start (KubeSpawner's ``_start``): the options checked
         against the user's roles; a 4xx with a plain sentence before anything is created."""
-        self._spec, self.choice = None, None
+        self._spec, self.choice, self._choices = None, None, None
         self._choices = await self.choices()
         self._apply_choice(await self.resolve(self._choices))
 
@@ -180,12 +186,52 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         try:
             started = await super()._start()
         except BaseException:
-            self._forget_refused_options(self._choices)
+            # as on Docker: a table that cannot be read leaves the saved options alone
+            if self._choices is not None:
+                self._forget_refused_options(self._choices)
             raise
         if self.choice is not None:
             self._started_options = {"profile": self.choice.role.name,
                                      "image": self.choice.image.key}
         return started
+
+    # --- across a hub restart ------------------------------------------------------
+
+    def _running_choice(self) -> dict[str, str]:
+        """The role and image the server runs as: this start's, or the one ``load_state``
+        read back (a restarted hub has not resolved a choice)."""
+        if self.choice is not None:
+            return {"profile": self.choice.role.name, "image": self.choice.image.key}
+        return dict(self._restored_choice)
+
+    def get_state(self) -> dict[str, Any]:
+        """KubeSpawner's (pod, namespace, claim names) and the running role and image,
+        as QuotaSpawner keeps them on Docker."""
+        state = super().get_state()
+        choice = self._running_choice()
+        if choice:
+            state["quota_choice"] = choice
+        return state
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """After a hub restart: the server runs as the role it was started with, whatever
+        the saved default options say (the REST API's server model and the culler read
+        the role in ``user_options``), and a refused start later falls back to it."""
+        super().load_state(state)
+        saved = state.get("quota_choice")
+        choice = ({k: v for k, v in saved.items()
+                   if k in ("profile", "image") and isinstance(v, str)}
+                  if isinstance(saved, dict) else {})
+        if choice:
+            self._restored_choice = choice
+            self.user_options = {**(self.user_options or {}), **choice}
+            self._started_options = dict(choice)
+
+    def clear_state(self) -> None:
+        """A stopped server (and the start of a new one) runs as no role; the last choice
+        that started stays for ``_forget_refused_options``."""
+        super().clear_state()
+        self.choice, self._spec, self._restored_choice = None, None, {}
 
     # --- the home claim and the pod ---------------------------------------------
 
