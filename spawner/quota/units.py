@@ -86,7 +86,7 @@ def format_human(num_bytes: int) -> str:
 
 def human_duration(seconds: float) -> str:
     """'45s', '3m20s', '2h10m', '1d4h': the two largest units, for people."""
-    seconds = max(0, int(round(seconds)))
+    seconds = max(0, math.floor(seconds + 0.5))  # half up: 0.5 s is "1s"
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)

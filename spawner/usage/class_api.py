@@ -230,8 +230,13 @@ def class_access(model: dict[str, Any] | None) -> Access | None:
     return found if found.groups else None
 
 
-class ClassApi(TableApi):
-    """Shared by the dashboard's endpoints: the visitor's classes and hub token."""
+class ClassVisitor:
+    """Shared by the dashboard's endpoints and pages: the visitor's classes, their hub
+    token, and the hub's refusals as sentences."""
+
+    config: ClassConfig
+    current_user: Any
+    hub_auth: Any
 
     def initialize(self, config: ClassConfig) -> None:
         self.config = config
@@ -243,28 +248,21 @@ class ClassApi(TableApi):
             raise Refused(NOT_AN_INSTRUCTOR)
         return found
 
-    def group(self, group: str) -> Access:
-        """The visitor's access, when they may act on ``group``; else Refused, before
-        anything is asked of the hub."""
-        access = self.mine()
-        if not access.everything and group not in access.groups:
-            raise Refused(f"You manage the servers of {_names(access.groups)} only, "
-                          f"not of {group}.")
-        return access
-
     def token(self) -> str:
         found = self.hub_auth.get_token(self)
         if not found:
             raise Refused(NO_TOKEN)
         return str(found)
 
-    async def members(self, group: str) -> list[dict[str, Any]]:
-        """The group's members as the hub shows them to the visitor's token."""
+    async def visible_groups(self, access: Access) -> list[str]:
+        """The classes the visitor sees: an instructor's own; for admins, every group with
+        members (read with the admin's token)."""
+        if not access.everything:
+            return list(access.groups)
         try:
-            users = await hub_users(self.config, self.token())
+            return classes.groups_of(await hub_users(self.config, self.token()))
         except HubRefused as e:
-            raise self.hub_refused(e, f"list the members of {group}") from None
-        return classes.members(users, group)
+            raise self.hub_refused(e, "list the users") from None
 
     @staticmethod
     def hub_refused(e: HubRefused, what: str) -> Refused:
@@ -274,6 +272,27 @@ class ClassApi(TableApi):
         return Refused(f"The hub refused to {what} for you"
                        + (f": {e.message}" if e.message else ".")
                        + ("" if status == 403 else f" (HTTP {e.status})"), status)
+
+
+class ClassApi(ClassVisitor, TableApi):
+    """Shared by the dashboard's endpoints."""
+
+    def group(self, group: str) -> Access:
+        """The visitor's access, when they may act on ``group``; else Refused, before
+        anything is asked of the hub."""
+        access = self.mine()
+        if not access.everything and group not in access.groups:
+            raise Refused(f"You manage the servers of {_names(access.groups)} only, "
+                          f"not of {group}.")
+        return access
+
+    async def members(self, group: str) -> list[dict[str, Any]]:
+        """The group's members as the hub shows them to the visitor's token."""
+        try:
+            users = await hub_users(self.config, self.token())
+        except HubRefused as e:
+            raise self.hub_refused(e, f"list the members of {group}") from None
+        return classes.members(users, group)
 
     async def ledger(self, fn: Any, *args: Any) -> Any:
         return await self.reader.run(fn, *args)
@@ -295,13 +314,7 @@ class ClassesHandler(ClassApi):
     @web.authenticated
     async def get(self) -> None:
         access = self.mine()
-        if access.everything:
-            try:
-                groups = classes.groups_of(await hub_users(self.config, self.token()))
-            except HubRefused as e:
-                raise self.hub_refused(e, "list the users") from None
-        else:
-            groups = list(access.groups)
+        groups = await self.visible_groups(access)
         self.reply({"classes": [{"name": g} for g in groups],
                     "admin": access.everything})
 

@@ -17,40 +17,30 @@ URL-encoded, and the script writes them as text only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from datetime import datetime, timezone
-from functools import cache
-from importlib.resources import files
 from typing import Any
 from urllib.parse import quote
 
 from tornado import web
 
-from ..admin import classes
 from .class_api import (
-    NO_TOKEN,
-    NOT_AN_INSTRUCTOR,
     ClassConfig,
+    ClassVisitor,
     HubRefused,
-    class_access,
-    hub_users,
     snapshot,
 )
-from .service import Access, Refused, UsageHandler, _names
-from .table_page import PAGE_CSP
+from .service import Refused, UsageHandler, _names
+from .table_page import PAGE_CSP, static_version
 
 log = logging.getLogger("quota_spawner.usage")
 
 REFRESH_SECONDS = 5
 
 
-@cache
 def script_version() -> str:
-    """The script's hash, in its URL, so a browser never runs an old one from its cache."""
-    return hashlib.sha256(files(__package__).joinpath("static", "classes.js").read_bytes()
-                          ).hexdigest()[:12]
+    return static_version("classes.js")
 
 
 # --- how a row reads; static/classes.js writes the same text -----------------------------
@@ -116,41 +106,12 @@ def class_link(prefix: str, group: str) -> str:
 # --- the pages ----------------------------------------------------------------------------
 
 
-class ClassPages(UsageHandler):
-    """Shared by the two pages: the visitor's classes, their token, the page's headers."""
-
-    def initialize(self, config: ClassConfig) -> None:
-        self.config = config
+class ClassPages(ClassVisitor, UsageHandler):
+    """Shared by the two pages: the class dashboard's visitor, and the page's headers."""
 
     def set_default_headers(self) -> None:
         super().set_default_headers()
         self.set_header("Content-Security-Policy", PAGE_CSP)
-
-    def mine(self) -> Access:
-        found = class_access(self.current_user)
-        if found is None:
-            log.info("Class dashboard page: refused %s", (self.current_user or {}).get("name"))
-            raise Refused(NOT_AN_INSTRUCTOR)
-        return found
-
-    def token(self) -> str:
-        found = self.hub_auth.get_token(self)
-        if not found:
-            raise Refused(NO_TOKEN)
-        return str(found)
-
-    @staticmethod
-    def hub_refused(e: HubRefused, what: str) -> Refused:
-        if e.status == 599:
-            return Refused("The hub did not answer; try again in a moment.", 503)
-        return Refused(f"The hub refused to {what} for you"
-                       + (f": {e.message}" if e.message else ".")
-                       + ("" if e.status == 403 else f" (HTTP {e.status})"),
-                       403 if e.status == 403 else 502)
-
-    def xsrf(self) -> str:
-        token = self.xsrf_token
-        return token.decode() if isinstance(token, bytes) else str(token)
 
 
 class ClassesPage(ClassPages):
@@ -159,13 +120,7 @@ class ClassesPage(ClassPages):
     @web.authenticated
     async def get(self) -> None:
         access = self.mine()
-        if access.everything:
-            try:
-                groups = classes.groups_of(await hub_users(self.config, self.token()))
-            except HubRefused as e:
-                raise self.hub_refused(e, "list the users") from None
-        else:
-            groups = list(access.groups)
+        groups = await self.visible_groups(access)
         prefix = self.settings["usage_prefix"]
         self.render_page("classes.html", title="Classes", admin=access.everything,
                          groups=[(g, class_link(prefix, g)) for g in groups])

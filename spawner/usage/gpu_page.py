@@ -22,14 +22,11 @@ here, and the script sets them with textContent only.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 import os
 import time
-from functools import cache
-from importlib.resources import files
 from typing import Any
 from urllib.parse import quote
 
@@ -45,9 +42,10 @@ from ..admin.gpu_map import (
     usage_state,
 )
 from ..gpu.snapshot import GPUS_FILE
+from ..quota.units import human_duration
 from .class_api import GPU_USAGE_FILE_NAME
 from .service import Refused, UsageHandler
-from .table_page import PAGE_CSP
+from .table_page import PAGE_CSP, static_version
 
 log = logging.getLogger("quota_spawner.usage")
 
@@ -153,19 +151,7 @@ def _half_up(value: float) -> int:
 
 def duration(seconds: float | None) -> str:
     """'45s', '3m20s', '2h05m', '1d4h': the two largest units."""
-    if seconds is None:
-        return "–"
-    total = max(0, _half_up(seconds))
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours}h" if hours else f"{days}d"
-    if hours:
-        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
-    if minutes:
-        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
-    return f"{secs}s"
+    return "–" if seconds is None else human_duration(seconds)
 
 
 def size(num_bytes: float | None) -> str:
@@ -226,11 +212,8 @@ def user_link(prefix: str, user: str) -> str:
 # --- handlers --------------------------------------------------------------------------------
 
 
-@cache
 def script_version() -> str:
-    """The script's hash, in its URL, so a browser never runs an old one from its cache."""
-    return hashlib.sha256(files(__package__).joinpath("static", "gpus.js").read_bytes()
-                          ).hexdigest()[:12]
+    return static_version("gpus.js")
 
 
 class _GpuMap(UsageHandler):
@@ -268,8 +251,7 @@ class GpuPage(_GpuMap):
             mode_text=mode_text, user_link=lambda user: user_link(prefix, user),
             holder_users=users,
             preemption_text=lambda t: preemption_text(t, users, indexes),
-            xsrf=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes)
-            else str(self.xsrf_token),
+            xsrf=self.xsrf(),
             api=prefix + "api/gpus", user_page=prefix + "user?name=",
             script=f"{prefix}static/gpus.js?v={script_version()}")
 

@@ -18,13 +18,10 @@ reasons, comments) goes through Jinja's autoescape; the script only sets textCon
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
-from functools import cache
-from importlib.resources import files
 from typing import Any
 
 from tornado import web
@@ -33,16 +30,13 @@ from ..admin import requests as rr
 from ..quota.model import QuotaTable
 from . import requests_api
 from .service import Refused, UsageHandler
-from .table_page import PAGE_CSP
+from .table_page import PAGE_CSP, static_version
 
 log = logging.getLogger("quota_spawner.usage")
 
 
-@cache
 def script_version() -> str:
-    """The script's hash, in its URL, so a browser never runs an old one from its cache."""
-    return hashlib.sha256(files(__package__).joinpath("static", "requests.js").read_bytes()
-                          ).hexdigest()[:12]
+    return static_version("requests.js")
 
 
 @dataclass(frozen=True)
@@ -153,8 +147,7 @@ class RequestsPage(UsageHandler):
             instructors_approve=bool(rules and rules.instructors_approve),
             mine=mine, to_decide=to_decide, decide_problem=decide_problem,
             max_reason=rr.MAX_REASON,
-            xsrf=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes)
-            else str(self.xsrf_token),
+            xsrf=self.xsrf(),
             api=prefix + "api/requests", script=f"{prefix}static/requests.js?v={script_version()}")
 
 

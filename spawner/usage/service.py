@@ -407,6 +407,11 @@ class UsageHandler(HubOAuthenticated, web.RequestHandler):
             raise Refused(REFUSED)
         return found
 
+    def xsrf(self) -> str:
+        """The XSRF token the pages send back as X-XSRFToken, as text."""
+        token = self.xsrf_token
+        return token.decode() if isinstance(token, bytes) else str(token)
+
     def window(self) -> Window:
         return window(self.get_argument("period", ""), self.get_argument("since", ""),
                       self.get_argument("until", ""), _now(), self.tz)

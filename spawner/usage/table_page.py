@@ -35,10 +35,14 @@ STATIC = str(files(__package__).joinpath("static"))
 
 
 @cache
-def bundle_version() -> str:
-    """The bundle's hash, in its URL, so a browser never runs an old one from its cache."""
-    return hashlib.sha256(files(__package__).joinpath("static", "editor.js").read_bytes()
+def static_version(name: str) -> str:
+    """A static file's hash, in its URL, so a browser never runs an old one from its cache."""
+    return hashlib.sha256(files(__package__).joinpath("static", name).read_bytes()
                           ).hexdigest()[:12]
+
+
+def bundle_version() -> str:
+    return static_version("editor.js")
 
 
 class TablePage(UsageHandler):
@@ -71,8 +75,7 @@ class TablePage(UsageHandler):
             version=found["version"], problems=found["problems"],
             problems_json=json.dumps(found["problems"]),
             schema_json=json.dumps(table_schema(), separators=(",", ":")),
-            xsrf=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes)
-            else str(self.xsrf_token),
+            xsrf=self.xsrf(),
             api=prefix + "api/table", script=f"{prefix}static/editor.js?v={bundle_version()}")
 
 
