@@ -76,6 +76,16 @@ class RoleChoicesMixin:
         return await usage.call(granted_roles, usage.ledger.engine,
                                 self.user.name, time.time()) or set()
 
+    async def budget_refusal_in(self: Any, table: QuotaTable, usage: LedgerWriter | None,
+                                role: Role) -> str | None:
+        """Why this user may not start ``role`` now: a spent GPU-hour budget of
+        ``table``; None if they may (or there is no ledger to tell: a broken one is
+        logged, not enforced)."""
+        if not role.gpus or usage is None or not table.budgets:
+            return None
+        return await usage.call(check_start, usage.ledger.engine, table, self.user.name,
+                                [g.name for g in self.user.groups], role, time.time())
+
     async def form_for(self: Any, choices: list[Choice],
                        gpus: tuple[dict[str, int], int] | None = None,
                        contents: dict[str, str] | None = None) -> str:
@@ -199,16 +209,11 @@ class ChoicesMixin(RoleChoicesMixin):
         return await RoleChoicesMixin.grants_in(self, pool.usage)
 
     async def budget_refusal(self: Any, pool: GpuPool, role: Role) -> str | None:
-        """Why this user may not start ``role`` now: a spent GPU-hour budget; None if
-        they may (or there is no ledger to tell: a broken one is logged, not enforced)."""
+        """``budget_refusal_in`` the table as it is now, with the pool's ledger."""
         if not role.gpus or pool.usage is None:
             return None
         table = await self.quota_table(pool.capacity)
-        if not table.budgets:
-            return None
-        return await pool.usage.call(check_start, pool.usage.ledger.engine, table,
-                                     self.user.name, [g.name for g in self.user.groups],
-                                     role, time.time())
+        return await self.budget_refusal_in(table, pool.usage, role)
 
     async def render_options_form(self: Any) -> str:
         pool = await self.gpu_pool()
