@@ -26,6 +26,13 @@ user's default, and the running role and image are kept in the hub's state
 (``quota_choice``, beside KubeSpawner's pod and claim names), so that a
 restarted hub still knows them.
 
+Each start is a session in the usage ledger, as on Docker, keyed by the pod's
+name: opened when the role is resolved (a spent GPU-hour budget is refused
+then, 403), started when the pod is created, ready when it runs, and closed
+with why it ended (``ends.pod_end``: stopped, culled, OOM, preempted by the
+scheduler, lost). The hub does not know which GPUs the device plugin gave, so
+a session records the role's GPU count and mode, not UUIDs.
+
 There is no GPU pool here: the scheduler and the device plugin place GPU
 pods, and a pod that does not fit waits Pending (docs/kubernetes.md).
 """
@@ -44,10 +51,20 @@ from traitlets import Dict, Integer, default
 from .. import refusals
 from ..choices import RoleChoicesMixin
 from ..config import QuotaConfig
+from ..gpu.pool import mode_label, request_for
 from ..quota.form import options_from_form
 from ..quota.model import Choice
 from ..registry import Registry
-from ..usage.ledger import Ledger, LedgerWriter, default_url
+from ..usage.ledger import (
+    FAILED,
+    NO_LEDGER,
+    STOPPED,
+    Ledger,
+    LedgerWriter,
+    default_url,
+    failure,
+)
+from .ends import End, disruption, pod_end
 from .pod import (
     KubeOptions,
     NotebookPod,
@@ -82,7 +99,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         help="The notebook's gid, and the pod's fsGroup (the home claim is writable for it); "
              "never 0.")
 
-    # one per ledger URL, shared by the hub's spawners: the approved role requests
+    # one per ledger URL, shared by the hub's spawners: sessions and approved role requests
     _ledgers: ClassVar[Registry[str, tuple[LedgerWriter | None]]] = Registry()
 
     def __init__(self, *args: Any, **kwargs: Any):
@@ -92,6 +109,10 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         self._spec: NotebookPod | None = None  # this start's, from load_user_options
         self._started_options: dict[str, str] = {}  # the last options that started
         self._restored_choice: dict[str, str] = {}  # the running server's, from load_state
+        self._starting = False  # a failed start closes its own session, not stop()
+        self._opened = False  # this start opened a session
+        self._disrupted: End | None = None  # the pod's DisruptionTarget, once seen
+        self._ending: End | None = None  # how the pod ended, for a stop() inside poll()
 
     # --- KubeSpawner's defaults, changed ------------------------------------------
 
@@ -122,9 +143,10 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
             self.log.error("QuotaKubeSpawner.kube_options is invalid: %s", e)
             raise web.HTTPError(500, refusals.SETTING_REFUSED) from None
 
-    async def role_ledger(self) -> LedgerWriter | None:
-        """The usage ledger, for the approved role requests; None with ``usage_db``
-        "none" or when it cannot be opened (logged: the table's roles still hold)."""
+    async def usage_ledger(self) -> LedgerWriter | None:
+        """The usage ledger (sessions, budgets, approved role requests); None with
+        ``usage_db`` "none" or when it cannot be opened (logged: the table's roles still
+        hold, nothing is recorded)."""
         url = self.usage_db or default_url(self.state_dir)
         if url == "none":
             return None
@@ -133,8 +155,9 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
             try:
                 ledger = await asyncio.to_thread(Ledger, url, self.log)
             except Exception as e:
-                self.log.error("The usage ledger cannot be opened (%s): approved role "
-                               "requests grant nothing until the hub restarts with it fixed", e)
+                self.log.error("The usage ledger cannot be opened (%s): sessions are not "
+                               "recorded, budgets not enforced and approved role requests "
+                               "grant nothing until the hub restarts with it fixed", e)
                 return (None,)
             return (LedgerWriter(ledger, self.log),)
 
@@ -143,7 +166,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
     async def choices(self) -> list[Choice]:
         """What this user may start, from the table as it is now."""
         table = await self.table_now()  # no GPU capacity: the cluster's GPUs are the scheduler's
-        return await self.choices_in(table, await self.role_ledger())
+        return await self.choices_in(table, await self.usage_ledger())
 
     async def render_options_form(self) -> str:
         # no free-GPU figures: the scheduler knows, the hub does not
@@ -158,10 +181,31 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
 
     async def load_user_options(self) -> None:
         """The first step of every start (KubeSpawner's ``_start``): the options checked
-        against the user's roles; a 4xx with a plain sentence before anything is created."""
+        against the user's roles and budgets; a 4xx with a plain sentence before anything
+        is created. Then the start's session is opened in the usage ledger."""
         self._spec, self.choice, self._choices = None, None, None
-        self._choices = await self.choices()
-        self._apply_choice(await self.resolve(self._choices))
+        table = await self.table_now()  # no GPU capacity: the cluster's are the scheduler's
+        usage = await self.usage_ledger()
+        self._choices = await self.choices_in(table, usage)
+        choice = await self.resolve(self._choices)
+        refusal = await self.budget_refusal_in(table, usage, choice.role)
+        if refusal:
+            self.log.warning("Refused %s: %s", self._log_name, refusal)
+            raise web.HTTPError(403, refusal)
+        self._apply_choice(choice)
+        await self._open_session(usage or NO_LEDGER, choice)
+
+    async def _open_session(self, usage: Any, choice: Choice) -> None:
+        role = choice.role
+        self._opened = True
+        await usage.open(hub=self.hub_id, user=self.user.name, server=self.name,
+                         container=self.pod_name, role=role.name, image=choice.image.key,
+                         cpu_limit=role.cpus, mem_limit=role.memory,
+                         groups=[g.name for g in self.user.groups])
+        request = request_for(role)
+        if request is not None:  # the count and mode; the device plugin picks the GPUs
+            await usage.set_gpus(self.hub_id, self.pod_name, [], mode_label(request),
+                                 role.gpu_memory if request.shared else None, count=role.gpus)
 
     def _apply_choice(self, choice: Choice) -> None:
         spec = self._spec = self.pod_spec(choice)
@@ -183,17 +227,55 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
                       choice.role.cpus, choice.role.memory, choice.role.gpus)
 
     async def _start(self) -> Any:
+        self._starting, self._opened, self._disrupted = True, False, None
         try:
             started = await super()._start()
-        except BaseException:
+        except BaseException as e:
             # as on Docker: a table that cannot be read leaves the saved options alone
             if self._choices is not None:
                 self._forget_refused_options(self._choices)
+            if self._opened:  # a refusal before it leaves an earlier session alone
+                await self._close_session((FAILED, failure(e), None))
             raise
+        finally:
+            self._starting = False
         if self.choice is not None:
             self._started_options = {"profile": self.choice.role.name,
                                      "image": self.choice.image.key}
+            await (await self.usage_ledger() or NO_LEDGER).ready(self.hub_id, self.pod_name)
         return started
+
+    # --- the session's end ----------------------------------------------------------
+
+    async def _close_session(self, end: End) -> None:
+        """Close this server's open session, if it has one, with why it ended (a hint
+        told earlier, e.g. by the culler, wins over a plain stop)."""
+        self._disrupted = None
+        usage = await self.usage_ledger()
+        if usage is not None:
+            await usage.close(self.hub_id, self.pod_name, *end)
+
+    async def poll(self) -> int | None:
+        """KubeSpawner's, and the session closed with how the pod ended. Read before
+        KubeSpawner's poll, which deletes a pod whose notebook has exited."""
+        await self._start_watching_pods()
+        reflector = self.pod_reflector
+        pod = reflector.pods.get(f"{self.namespace}/{self.pod_name}") if reflector else None
+        if pod is not None:
+            self._disrupted = disruption(pod) or self._disrupted
+        self._ending = pod_end(pod, self._disrupted) if pod is not None else None
+        try:
+            status = await super().poll()
+        finally:
+            ending, self._ending = self._ending, None
+        if status is not None and not self._starting:
+            await self._close_session(ending or pod_end(None, self._disrupted))
+        return status
+
+    async def stop(self, now: bool = False) -> None:
+        await super().stop(now=now)
+        if not self._starting:  # a failed start closes its session as failed
+            await self._close_session(self._ending or (STOPPED, None, None))
 
     # --- across a hub restart ------------------------------------------------------
 
@@ -274,9 +356,8 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         name = body["metadata"]["name"]
         self.log.info("Attempting to create pod %s, with timeout %s", name, request_timeout)
         try:
-            await asyncio.wait_for(self.api.create_namespaced_pod(self.namespace, body),
-                                   request_timeout)
-            return True
+            created = await asyncio.wait_for(
+                self.api.create_namespaced_pod(self.namespace, body), request_timeout)
         except asyncio.TimeoutError:
             return False
         except ApiException as e:
@@ -287,3 +368,6 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
             await self.stop(True)
             self.log.info("Killed pod %s, will try starting singleuser pod again", name)
             return False
+        uid = getattr(getattr(created, "metadata", None), "uid", None) or name
+        await (await self.usage_ledger() or NO_LEDGER).started(self.hub_id, self.pod_name, uid)
+        return True
