@@ -273,7 +273,8 @@ def test_extra_config_gives_the_charts_culler_the_arbiter(
     assert "cull_arbiter_hook" in arbiter.read_text()
     assert culler["environment"] == {
         "QUOTA_SPAWNER_QUOTA_FILE": c.QuotaKubeSpawner.quota_file,
-        "QUOTA_SPAWNER_MAX_AGE": "0"}
+        "QUOTA_SPAWNER_MAX_AGE": "0",
+        "QUOTA_SPAWNER_USAGE_DB": c.QuotaKubeSpawner.usage_db}  # cull reasons, in the ledger
 
 
 def test_extra_config_login_and_roles(monkeypatch: pytest.MonkeyPatch) -> None:
