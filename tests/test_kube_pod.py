@@ -1008,6 +1008,19 @@ def test_same_quantity(a, b, same):
     (dict(home_claim_prefix="Home"), "home_claim_prefix is 'Home'"),
     (dict(priority_class_prefix="system-"), "may not start with 'system-'"),
     (dict(priority_class_prefix="Quota_"), "must be 1 to 30 lowercase"),
+    # the wrong kind: each would fail later, in the middle of a start, or be misread
+    (dict(home_dir=5), "home_dir is 5: it must be text"),
+    (dict(gpu_resource=None), "gpu_resource is None: it must be text"),
+    (dict(mig_profiles=["3g.40gb"]), "mig_profiles is ['3g.40gb']: it must map"),
+    (dict(ephemeral_storage=5), "ephemeral_storage is 5: it must map"),
+    (dict(gpu_device_memory="80Gi"), "gpu_device_memory is '80Gi'"),
+    (dict(gpu_device_memory=True), "gpu_device_memory is True"),
+    (dict(home_access_modes="ReadWriteOnce"), "home_access_modes is 'ReadWriteOnce'"),
+    (dict(home_access_modes=["RWO"]), "home_access_modes is ['RWO']"),
+    (dict(home_access_modes=[]), "home_access_modes is []"),
+    (dict(automount_service_account_token="false"), "automount_service_account_token is "
+                                                     "'false': it must be True or False"),
+    (dict(home_storage_class=3), "home_storage_class is 3"),
 ])
 def test_bad_options(options, message):
     with pytest.raises(ValueError, match=re.escape(message)):

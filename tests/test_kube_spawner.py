@@ -31,7 +31,7 @@ from spawner.admin import requests as rr  # noqa: E402
 from spawner.kube.pod import config_problems  # noqa: E402
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
 from spawner.quota.loader import load_quota_table  # noqa: E402
-from spawner.refusals import SETTING_REFUSED  # noqa: E402
+from spawner.refusals import CLUSTER_REFUSED, SETTING_REFUSED  # noqa: E402
 from spawner.usage.ledger import Ledger  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -307,6 +307,123 @@ async def test_bad_kube_options_are_a_plain_500(caplog):
     with caplog.at_level(logging.ERROR), pytest.raises(web.HTTPError) as info:
         await spawner.load_user_options()
     assert info.value.status_code == 500 and "cpu_request_ratio is 2" in caplog.text
+
+
+@pytest.mark.parametrize("options", [{"gpu_device_memory": "80Gi"}, {"home_dir": 5},
+                                     {"automount_service_account_token": "false"}])
+async def test_kube_options_of_the_wrong_kind_are_a_plain_500(caplog, options):
+    spawner = make(QuotaKubeSpawner, groups=("cs101",), kube_options=options)
+    spawner.user_options = {"profile": "gpu-lab"}
+    with caplog.at_level(logging.ERROR), pytest.raises(web.HTTPError) as info:
+        await spawner.load_user_options()
+    assert info.value.status_code == 500 and info.value.log_message == SETTING_REFUSED
+    assert f"{next(iter(options))} is" in caplog.text
+
+
+def _hook_returning(value: Any) -> Any:
+    def hook(spawner: Any, pod: Any) -> Any:
+        return value(pod) if callable(value) else value
+    return hook
+
+
+@pytest.mark.parametrize("hook", [_hook_returning(None), _hook_returning("a pod")])
+async def test_a_hook_returning_no_pod_is_a_plain_500(caplog, hook):
+    spawner = make(QuotaKubeSpawner, events_enabled=False, modify_pod_hook=hook)
+    spawner.user_options = {"profile": "junior-researcher"}
+    spawner._start_watching_pods = no_watch
+    spawner.api = FakeApi(spawner.api)
+    with caplog.at_level(logging.ERROR), pytest.raises(web.HTTPError) as info:
+        await spawner._start()
+    assert info.value.status_code == 500 and info.value.log_message == SETTING_REFUSED
+    assert spawner.api.pods == [] and "Refused to create a pod for" in caplog.text
+
+
+async def test_a_hook_returning_a_dict_of_models_gets_the_quota():
+    # a dict that still holds the client's models, as a hand-written hook may return
+    hook = _hook_returning(lambda pod: {"metadata": pod.metadata, "spec": pod.spec})
+    spawner = make(QuotaKubeSpawner, events_enabled=False, modify_pod_hook=hook)
+    spawner.user_options = {"profile": "junior-researcher"}
+    (pod,) = (await start(spawner)).pods
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "2"
+
+
+class Refusing(FakeApi):
+    """The API answering the pod's creation with an error that is not a conflict."""
+
+    async def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> None:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        error = ApiException(status=403, reason="Forbidden")
+        error.body = ('{"kind":"Status","message":"pods \\"jupyter-alice\\" is forbidden: '
+                      'no PriorityClass with name quota-spawner-junior-researcher was found"}')
+        raise error
+
+
+async def test_a_cluster_refusal_is_a_plain_sentence_and_the_reason_is_logged(caplog):
+    spawner = make(QuotaKubeSpawner, events_enabled=False)
+    spawner.user_options = {"profile": "junior-researcher"}
+    spawner._start_watching_pods = no_watch
+    spawner.api = Refusing(spawner.api)
+    with caplog.at_level(logging.ERROR), pytest.raises(web.HTTPError) as info:
+        await spawner._start()
+    assert info.value.status_code == 500 and info.value.log_message == CLUSTER_REFUSED
+    assert "Forbidden" not in info.value.log_message
+    assert "no PriorityClass with name quota-spawner-junior-researcher" in caplog.text
+    assert "quota-spawner k8s priority-classes FILE | kubectl apply" in caplog.text
+
+
+# --- the home claim ----------------------------------------------------------------------
+
+
+class Claims(FakeApi):
+    """The claim deletions of a server's deletion."""
+
+    def __init__(self, real: Any):
+        super().__init__(real)
+        self.deleted: list[str] = []
+
+    async def delete_namespaced_persistent_volume_claim(self, name: str,
+                                                        namespace: str) -> None:
+        self.deleted.append(name)
+
+
+@pytest.mark.parametrize("server, deleted", [("", ["quota-home-alice"]), ("lab", [])])
+async def test_deleting_a_named_server_keeps_the_user_s_home(server, deleted):
+    # a server that started once, as a restarted hub loads it: KubeSpawner remembers the claim
+    first = make(QuotaKubeSpawner)
+    first.user_options = {"profile": "junior-researcher"}
+    await first.load_user_options()
+    state = {**first.get_state(), "pvc_name": first.pvc_name}
+    spawner = make(QuotaKubeSpawner)
+    spawner.orm_spawner = SimpleNamespace(name=server, user_options={}, server=None)
+    spawner.load_state(state)
+    spawner.api = Claims(spawner.api)
+    await spawner.delete_forever()
+    assert spawner.api.deleted == deleted
+
+
+async def test_deleting_a_user_who_never_started_deletes_the_quota_s_claim():
+    spawner = make(QuotaKubeSpawner)  # no state: KubeSpawner's own name is claim-alice
+    spawner.api = Claims(spawner.api)
+    await spawner.delete_forever()
+    assert spawner.api.deleted == ["quota-home-alice"]
+
+
+async def test_a_remembered_claim_is_kept_and_a_new_name_is_created():
+    # the user's claim from an earlier start under another name: used, not a new empty one
+    spawner = make(QuotaKubeSpawner, events_enabled=False)
+    spawner.load_state({"pod_name": "jupyter-alice", "pvc_name": "quota-home-al"})
+    spawner.user_options = {"profile": "junior-researcher"}
+    api = await start(spawner)
+    assert api.claims == []  # KubeSpawner knows it exists
+    volumes = {v["name"]: v for v in api.pods[0]["spec"]["volumes"]}
+    assert volumes["quota-home"]["persistentVolumeClaim"] == {"claimName": "quota-home-al"}
+    # without one, the quota's name, and the claim is created
+    fresh = make(QuotaKubeSpawner, events_enabled=False)
+    fresh.user_options = {"profile": "junior-researcher"}
+    api = await start(fresh)
+    assert [c.metadata.name for c in api.claims] == ["quota-home-alice"]
 
 
 def test_the_entry_point_is_declared():

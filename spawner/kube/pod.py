@@ -145,9 +145,43 @@ def mig_resource(profile: str, options: KubeOptions) -> str:
     return options.mig_resource_prefix + profile.replace("+", ".")
 
 
+ACCESS_MODES = ("ReadWriteOnce", "ReadWriteOncePod", "ReadWriteMany", "ReadOnlyMany")
+_TEXT = ("gpu_resource", "shared_suffix", "mig_resource_prefix", "home_dir",
+         "home_claim_prefix", "priority_class_prefix")
+
+
+def _type_problems(options: KubeOptions) -> list[str]:
+    """Each option of the wrong kind (configuration is Python: "false" is true there)."""
+    problems = [f"{name} is {getattr(options, name)!r}: it must be text"
+                for name in _TEXT if not isinstance(getattr(options, name), str)]
+    for name in ("mig_profiles", "ephemeral_storage"):
+        if not isinstance(getattr(options, name), Mapping):
+            problems.append(f"{name} is {getattr(options, name)!r}: it must map role names "
+                            "to values")
+    if not isinstance(options.home_storage_class, (str, type(None))):
+        problems.append(f"home_storage_class is {options.home_storage_class!r}: it must be "
+                        "text, or None for the cluster's default class")
+    modes = options.home_access_modes
+    if (isinstance(modes, str) or not isinstance(modes, (list, tuple)) or not modes
+            or any(m not in ACCESS_MODES for m in modes)):
+        problems.append(f"home_access_modes is {modes!r}: it must be a list of "
+                        f"{', '.join(ACCESS_MODES)}")
+    if not isinstance(options.automount_service_account_token, bool):
+        problems.append(f"automount_service_account_token is "
+                        f"{options.automount_service_account_token!r}: it must be True or False")
+    memory = options.gpu_device_memory
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int)
+                               or memory <= 0):
+        problems.append(f"gpu_device_memory is {memory!r}: it must be a whole number of bytes "
+                        "above 0, or None")
+    return problems
+
+
 def option_problems(options: KubeOptions, table: QuotaTable | None = None) -> list[str]:
     """What is wrong with the options, alone and (with ``table``) against its roles."""
-    problems = []
+    problems = _type_problems(options)
+    if problems:  # the checks below read them as what they should be
+        return problems
     for name in ("cpu_request_ratio", "memory_request_ratio"):
         ratio = getattr(options, name)
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:

@@ -40,7 +40,6 @@ pods, and a pod that does not fit waits Pending (docs/kubernetes.md).
 from __future__ import annotations
 
 import asyncio
-import copy
 from typing import Any, ClassVar
 
 from kubernetes_asyncio.client.rest import ApiException
@@ -73,9 +72,13 @@ from .pod import (
     byte_quantity,
     config_problems,
     home_claim,
+    home_claim_name,
     refuse_any,
     violations,
 )
+
+PRIORITY_HINT = (" (apply the roles' PriorityClasses: quota-spawner k8s priority-classes "
+                 "FILE | kubectl apply -f -)")
 
 
 class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
@@ -139,7 +142,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         """``kube_options`` checked; a 500 with the problems in the log when it is wrong."""
         try:
             return KubeOptions(**self.kube_options)
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError) as e:  # an unknown key, or option_problems
             self.log.error("QuotaKubeSpawner.kube_options is invalid: %s", e)
             raise web.HTTPError(500, refusals.SETTING_REFUSED) from None
 
@@ -177,7 +180,15 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         return NotebookPod(
             role=choice.role, image_key=choice.image.key, image=choice.image.image,
             user_name=self.user.name, hub_id=self.hub_id, uid=self.notebook_uid,
-            gid=self.notebook_gid, options=self.options)
+            gid=self.notebook_gid, options=self.options, home_claim=self.home_claim_name())
+
+    def home_claim_name(self) -> str:
+        """The user's home claim: the one KubeSpawner remembers from an earlier start
+        (``remember_pvc_name``; kept when the user's name or the naming changed since,
+        as KubeSpawner keeps it), else ``quota-home-<user>``."""
+        if self.remember_pvc_name and self._pvc_exists and self.pvc_name:
+            return self.pvc_name
+        return home_claim_name(self.user.name, self.options.home_claim_prefix)
 
     async def load_user_options(self) -> None:
         """The first step of every start (KubeSpawner's ``_start``): the options checked
@@ -317,6 +328,20 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
 
     # --- the home claim and the pod ---------------------------------------------
 
+    async def delete_forever(self) -> None:
+        """The home claim is the user's, shared by all their servers: deleting a named
+        server keeps it; deleting the user (their default server) deletes it, with
+        ``delete_pvc``."""
+        if self.name:
+            self.log.info("Not deleting the home claim %s with the named server %s: it is "
+                          "the user's", self.pvc_name, self._log_name)
+            return
+        try:
+            self.pvc_name = self.home_claim_name()
+        except web.HTTPError:  # kube_options is broken (logged): KubeSpawner's name
+            pass
+        await super().delete_forever()
+
     def get_pvc_manifest(self) -> Any:
         """KubeSpawner's claim, with the user and hub labels of ``pod.home_claim``."""
         pvc = super().get_pvc_manifest()
@@ -334,13 +359,17 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         try:
             if spec is None:  # load_user_options did not run: nothing to size it by
                 raise PodPolicyError(["the start has no resolved role"])
-            body = copy.deepcopy(pod) if isinstance(pod, dict) else \
-                self.api.api_client.sanitize_for_serialization(pod)
+            # a model, or a dict from modify_pod_hook that may still hold models
+            body = self.api.api_client.sanitize_for_serialization(pod)
+            if not isinstance(body, dict):
+                raise PodPolicyError([f"the pod is a {type(pod).__name__}, not a pod"])
             refuse_any(config_problems(body, spec))
             apply_quota(body, spec)
             refuse_any(violations(body, spec))
-        except (PodPolicyError, ValueError) as e:
-            problems = e.problems if isinstance(e, PodPolicyError) else [str(e)]
+        except (PodPolicyError, ValueError, TypeError, AttributeError, KeyError) as e:
+            # anything else the configuration made unreadable is refused, never created
+            problems = (e.problems if isinstance(e, PodPolicyError)
+                        else [f"the pod cannot be read: {type(e).__name__}: {e}"])
             self.log.error("Refused to create a pod for %s; each setting below is not "
                            "allowed (docs/kubernetes.md#security-context):\n  %s",
                            self._log_name, "\n  ".join(problems))
@@ -362,8 +391,12 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
             return False
         except ApiException as e:
             if e.status != 409:
-                self.log.error("Could not create pod %s: %s %s", name, e.status, e.reason)
-                raise
+                # the cluster's reason (a missing PriorityClass, Pod Security Admission,
+                # a namespace's ResourceQuota) is in the body, for the admin
+                self.log.error("The cluster refused to create pod %s: %s %s: %s%s", name,
+                               e.status, e.reason, e.body,
+                               PRIORITY_HINT if "PriorityClass" in str(e.body) else "")
+                raise web.HTTPError(500, refusals.CLUSTER_REFUSED) from None
             self.log.info("Found existing pod %s, attempting to kill", name)
             await self.stop(True)
             self.log.info("Killed pod %s, will try starting singleuser pod again", name)
