@@ -3,11 +3,14 @@
 The pod is a dict as KubeSpawner's pod reflector holds it (the API's camelCase
 JSON). The notebook container's ``terminated`` state says how it exited, as
 ``docker inspect`` does on Docker, and goes through the same
-``ledger.ended``: an OOM kill, a clean exit (the user's File > Shut Down), or
-another exit code. The scheduler's preemption and an eviction show as the
-pod's ``DisruptionTarget`` condition (Kubernetes 1.26 and later) while the pod
-is terminating; the spawner remembers it, since the pod is usually gone by the
-next poll.
+``ledger.ended``: a clean exit (the user's File > Shut Down), an OOM kill, or
+another exit code. KubeSpawner's pods restart a container that failed
+(``restartPolicy: OnFailure``), so an OOM kill or a crash usually shows only
+for a moment before the notebook comes back in the same pod; the session
+then goes on (and the watchdog tells the user of the kill). The scheduler's
+preemption and an eviction show as the pod's ``DisruptionTarget`` condition
+(Kubernetes 1.26 and later) while the pod is terminating; the spawner
+remembers it, since the pod is usually gone by the next poll.
 """
 
 from __future__ import annotations
