@@ -371,3 +371,148 @@ def test_home_copy_pod_is_restricted_and_mounts_the_users_claim() -> None:
     assert container["volumeMounts"][0]["mountPath"] == KubeOptions().home_dir
     context = pod["spec"]["securityContext"]
     assert (context["runAsUser"], context["fsGroup"]) == (1000, 100)
+
+
+# --- the watchdog's DaemonSet -----------------------------------------------------------
+
+WATCHDOG = DEPLOY / "watchdog.yaml"
+
+
+def watchdog_objects() -> dict[str, dict[str, Any]]:
+    return {doc["kind"]: doc for doc in documents(WATCHDOG)}
+
+
+def watchdog_container() -> dict[str, Any]:
+    (container,) = watchdog_objects()["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def test_watchdog_manifests_read_strictly_into_the_clients_models() -> None:
+    pytest.importorskip("kubernetes")
+    from kube_models import strict
+
+    objects = watchdog_objects()
+    assert sorted(objects) == ["ConfigMap", "DaemonSet", "Role", "RoleBinding",
+                               "ServiceAccount"]
+    for kind, doc in objects.items():
+        strict(doc, f"V1{kind}")
+        assert doc["metadata"]["namespace"] == "jhub"
+
+
+def test_watchdog_may_only_read_pods() -> None:
+    objects = watchdog_objects()
+    (rule,) = objects["Role"]["rules"]
+    assert rule == {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}
+    binding, account = objects["RoleBinding"], objects["ServiceAccount"]
+    assert binding["roleRef"]["name"] == objects["Role"]["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                                    "namespace": "jhub"}]
+    pod = objects["DaemonSet"]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+def test_watchdog_sees_the_node() -> None:
+    daemonset = watchdog_objects()["DaemonSet"]
+    template = daemonset["spec"]["template"]
+    assert template["metadata"]["labels"]["hub.jupyter.org/network-access-hub"] == "true"
+    assert daemonset["spec"]["selector"]["matchLabels"].items() <= \
+        template["metadata"]["labels"].items()
+    pod = template["spec"]
+    assert pod["hostPID"] is True  # NVML's PIDs are the node's
+    container = watchdog_container()
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["QUOTA_SPAWNER_WATCHDOG_SOURCE"]["value"] == "kubernetes"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["host-cgroup"]["hostPath"]["path"] == "/sys/fs/cgroup"
+    cgroup_arg = f"--QuotaWatchdog.cgroup_root={mounts['host-cgroup']['mountPath']}"
+    assert cgroup_arg in container["args"] and mounts["host-cgroup"]["readOnly"] is True
+    assert volumes["config"]["configMap"]["name"] == watchdog_objects()["ConfigMap"][
+        "metadata"]["name"]
+
+
+def test_watchdog_and_hub_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same hub id, the same token, the hub's API where the chart serves it."""
+    c = run_extra_config(monkeypatch)
+    env = {e["name"]: e for e in watchdog_container()["env"]}
+    assert env["QUOTA_SPAWNER_HUB_ID"]["value"] == c.QuotaKubeSpawner.hub_id
+    token = values()["hub"]["extraEnv"]["QUOTA_SPAWNER_WATCHDOG_TOKEN"]["valueFrom"]
+    assert env["JUPYTERHUB_API_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": token["secretKeyRef"]["name"], "key": token["secretKeyRef"]["key"]}
+    assert env["JUPYTERHUB_API_URL"]["value"] == "http://hub:8081/hub/api"
+
+
+def test_extra_config_lets_the_watchdog_log_in_with_its_scopes_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from spawner.watchdog.service import WATCHDOG_SCOPES
+
+    assert not [s for s in run_extra_config(monkeypatch).JupyterHub.services
+                if s["name"] == "gpu-watchdog"]  # no Secret: no watchdog
+    monkeypatch.setenv("QUOTA_SPAWNER_WATCHDOG_TOKEN", "f" * 64)
+    c = run_extra_config(monkeypatch)
+    (service,) = [s for s in c.JupyterHub.services if s["name"] == "gpu-watchdog"]
+    assert service == {"name": "gpu-watchdog", "api_token": "f" * 64}
+    (role,) = [r for r in c.JupyterHub.load_roles if r["name"] == "gpu-watchdog"]
+    assert role == {"name": "gpu-watchdog", "scopes": list(WATCHDOG_SCOPES),
+                    "services": ["gpu-watchdog"]}
+    monkeypatch.setenv("QUOTA_SPAWNER_WATCHDOG_TOKEN", "short")
+    with pytest.raises(SystemExit, match="at least 32 characters"):
+        run_extra_config(monkeypatch)
+
+
+KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters: [{name: none, cluster: {server: "https://127.0.0.1:9"}}]
+users: [{name: none, user: {token: not-a-token}}]
+contexts: [{name: none, context: {cluster: none, user: none}}]
+current-context: none
+"""
+WATCHDOG_PROBE = """\
+import json, sys
+from spawner.watchdog.app import QuotaWatchdog
+app = QuotaWatchdog()
+app.initialize(sys.argv[1:])
+pods = app.containers
+print(json.dumps({"source": type(pods).__name__, "oom_source": app.oom_events is pods,
+                  "node": pods.node, "namespace": pods.namespace, "hub": pods.hub_id,
+                  "cgroup_root": str(app.cgroups.root), "usage_db": app.usage_db,
+                  "events_file": app.events_file, "hub_url": app.hub_url,
+                  "api_url": app.hub_api_url}))
+"""
+
+
+def test_watchdog_starts_as_the_daemonset_runs_it(tmp_path: Path) -> None:
+    """``python -m spawner.watchdog``'s app initialised in a process of its own with the
+    DaemonSet's environment, arguments and ConfigMap. No cluster: the API client is
+    made from a kubeconfig that points nowhere, and initialising calls nothing."""
+    pytest.importorskip("kubernetes")
+    import json
+    import subprocess
+    import sys
+
+    config = tmp_path / "watchdog_config.py"
+    config.write_text(watchdog_objects()["ConfigMap"]["data"]["watchdog_config.py"])
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(KUBECONFIG)
+    container = watchdog_container()
+    fields = {"spec.nodeName": "gpu-node-3", "metadata.namespace": "jhub"}
+    env = {"PATH": os.environ["PATH"], "KUBECONFIG": str(kubeconfig)}
+    for entry in container["env"]:
+        source = entry.get("valueFrom") or {}
+        env[entry["name"]] = (fields[source["fieldRef"]["fieldPath"]] if "fieldRef" in source
+                              else "t" * 64 if "secretKeyRef" in source else entry["value"])
+    env["QUOTA_SPAWNER_STATE_DIR"] = str(tmp_path)  # the hostPath volume's place
+    args = [f"--config-file={config}" if a.startswith("--config-file=") else a
+            for a in container["args"]]
+    assert container["command"] == ["python3", "-m", "spawner.watchdog"]
+    done = subprocess.run([sys.executable, "-c", WATCHDOG_PROBE, *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == {"source": "Pods", "oom_source": True, "node": "gpu-node-3",
+                    "namespace": "jhub", "hub": "quota-jhub",
+                    "cgroup_root": "/host/sys/fs/cgroup", "usage_db": "", "events_file": "",
+                    "hub_url": "https://hub.example.org",
+                    "api_url": "http://hub:8081/hub/api"}
