@@ -253,7 +253,8 @@ def test_pods_lists_this_node_s_servers_of_this_hub(node):
     assert servers["ann"].gpus == (GPU,) and servers["ann"].pid == 1200
     assert servers["bo"].gpus == () and servers["bo"].pid == 1300
     assert api.calls == [("jhub", {"label_selector": "quota-spawner.user",
-                                   "field_selector": f"spec.nodeName={NODE}"})]
+                                   "field_selector": f"spec.nodeName={NODE}",
+                                   "_request_timeout": 10.0})]
     node_proc(node, 1500, v2(containerd("e" * 64)))
     every = Pods(api, NODE, "", "", node)  # every namespace, every hub
     assert sorted(s.user for s in every.servers()) == ["ann", "bo", "eve"]

@@ -41,6 +41,7 @@ from .host import PROC, MainPids, visible_gpus
 from .model import Server
 
 CONTAINER = "notebook"  # KubeSpawner's name for the notebook's container
+API_TIMEOUT = 10.0  # seconds one list may take: a hung API server must not stop the cycles
 
 
 def _notebook(pod: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
@@ -54,6 +55,12 @@ def _notebook(pod: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]
 def container_id(status: Mapping[str, Any]) -> str:
     """The runtime's id from a container status ("containerd://<id>"); "" before it runs."""
     return str(status.get("containerID") or "").partition("://")[2]
+
+
+def running_id(pod: Mapping[str, Any]) -> str:
+    """The id of the pod's notebook container while it runs; "" otherwise."""
+    status = _notebook(pod, "containerStatuses", "status")
+    return container_id(status) if "running" in (status.get("state") or {}) else ""
 
 
 def server_from_pod(pod: Mapping[str, Any], pid: int = 0,
@@ -128,7 +135,8 @@ class Pods:
 
     def _pods(self) -> list[dict[str, Any]]:
         """This node's pods with the user label, as JSON (one API call)."""
-        selector = {"label_selector": USER_LABEL, "field_selector": f"spec.nodeName={self.node}"}
+        selector = {"label_selector": USER_LABEL, "field_selector": f"spec.nodeName={self.node}",
+                    "_request_timeout": API_TIMEOUT}
         listed = (self.api.list_namespaced_pod(self.namespace, **selector) if self.namespace
                   else self.api.list_pod_for_all_namespaces(**selector))
         return self.api.api_client.sanitize_for_serialization(listed).get("items") or []
@@ -137,8 +145,8 @@ class Pods:
         pods = [p for p in self._pods()
                 if not self.hub_id or contract_labels(p.get("metadata") or {}).get(HUB_LABEL)
                 == self.hub_id]
-        ids = [container_id(_notebook(p, "containerStatuses", "status")) for p in pods]
-        pids = self.pids.find(i for i in ids if i)
+        ids = [running_id(p) for p in pods]
+        pids = self.pids.find(i for i in ids if i)  # /proc is scanned for running ones only
         servers: dict[str, Server] = {}
         for pod, cid in zip(pods, ids, strict=True):
             killed = oom_killed(pod)
