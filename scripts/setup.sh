@@ -5,7 +5,7 @@
 #
 #   1. apt: docker.io debootstrap chromium python3-venv python3-pip (missing only)
 #   2. npm: configurable-http-proxy from package-lock.json into node_modules/
-#   3. .venv (Debian's /usr/bin/python3) with `pip install -e '.[test,notebook]'`
+#   3. .venv (Debian's /usr/bin/python3) with `pip install -e '.[test,notebook,kubernetes]'`
 #   4. a running Docker engine: the machine's own (scripts/dockerd.sh), or
 #      with SETUP_ENGINE=test the private test engine that carries the fake
 #      NVIDIA hook (scripts/test-dockerd.sh), which `make test` and the bench use
@@ -67,9 +67,9 @@ want=$(sha256sum pyproject.toml | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && .venv/bin/python -c 'import spawner' 2>/dev/null; then
     say ".venv up to date"
 else
-    say "pip install -e '.[test,notebook]'"
+    say "pip install -e '.[test,notebook,kubernetes]'"
     log=.venv/.quota-spawner-setup.log
-    .venv/bin/python -m pip install --disable-pip-version-check -e '.[test,notebook]' >"$log" 2>&1 ||
+    .venv/bin/python -m pip install --disable-pip-version-check -e '.[test,notebook,kubernetes]' >"$log" 2>&1 ||
         { tail -n 30 "$log" >&2; die "pip install failed (log: $log)"; }
     echo "$want" >"$stamp"
 fi

@@ -1,9 +1,13 @@
 """What a user may start: the quota table as it is now, the GPU pool's free
 counts, the spawn form, and the options the user chose, checked.
 
-A mixin of QuotaSpawner. It also holds what every spawner of the hub process
-shares: the GPU pool (one per inventory and hub id), the engine's info, and
-the images' framework labels.
+``RoleChoicesMixin`` is the part every quota spawner shares, on Docker and on
+Kubernetes (spawner/kube/spawner.py): the table, the user's roles (the
+table's assignments, their groups, approved role requests), the spawn form,
+``user_options`` checked on every start. ``ChoicesMixin`` is QuotaSpawner's:
+it also holds what every Docker spawner of the hub process shares: the GPU
+pool (one per inventory and hub id), the engine's info, and the images'
+framework labels.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from .gpu.pool import GpuPool, hub_inventory, request_for
 from .gpu.snapshot import GPUS_FILE
 from .preempt import Evictor
 from .quota.form import render_form
-from .quota.model import Choice, QuotaTable, QuotaTableError, Role
+from .quota.model import Choice, GpuCapacity, QuotaTable, QuotaTableError, Role
 from .quota.options import OptionsError, resolve_choice
 from .quota.store import QuotaStore
 from .registry import Registry
@@ -39,7 +43,92 @@ EVENTS_FILE = "quota-spawner-events.jsonl"
 PREEMPTIONS_FILE = "quota-spawner-preemptions.json"
 
 
-class ChoicesMixin:
+class RoleChoicesMixin:
+    """The quota's choices for any spawner with QuotaConfig's traits, ``user``,
+    ``orm_spawner``, ``db``, ``user_options`` and ``log``."""
+
+    async def quota_table(self: Any, capacity: GpuCapacity | None = None) -> QuotaTable:
+        """The table as it is now (the last good one while the file is broken; raises
+        QuotaTableError when there never was one). ``capacity``: the GPUs the roles
+        are checked against; None: not checked (a cluster's GPUs are the scheduler's)."""
+        store = QuotaStore.for_path(self.quota_file)
+        return await asyncio.to_thread(store.get, self.log, capacity)
+
+    async def table_now(self: Any, capacity: GpuCapacity | None = None) -> QuotaTable:
+        """The table, or the plain 500 a broken one gets."""
+        try:
+            return await self.quota_table(capacity)
+        except QuotaTableError:  # the store has logged every problem with its file and line
+            raise web.HTTPError(500, refusals.TABLE_BROKEN) from None
+
+    async def choices_in(self: Any, table: QuotaTable,
+                         usage: LedgerWriter | None) -> list[Choice]:
+        """What this user may start in ``table``: the table's assignments for them and
+        their groups, and the roles an approved request grants (read from ``usage``)."""
+        granted = await self.grants_in(usage) if table.requests.roles else set()
+        return table.choices_for(self.user.name, [g.name for g in self.user.groups], granted)
+
+    async def grants_in(self: Any, usage: LedgerWriter | None) -> set[str]:
+        """The roles an approved request grants this user now; none without a ledger, or
+        when it cannot be read (logged: the user keeps the roles the table gives)."""
+        if usage is None:
+            return set()
+        return await usage.call(granted_roles, usage.ledger.engine,
+                                self.user.name, time.time()) or set()
+
+    async def budget_refusal_in(self: Any, table: QuotaTable, usage: LedgerWriter | None,
+                                role: Role) -> str | None:
+        """Why this user may not start ``role`` now: a spent GPU-hour budget of
+        ``table``; None if they may (or there is no ledger to tell: a broken one is
+        logged, not enforced)."""
+        if not role.gpus or usage is None or not table.budgets:
+            return None
+        return await usage.call(check_start, usage.ledger.engine, table, self.user.name,
+                                [g.name for g in self.user.groups], role, time.time())
+
+    async def form_for(self: Any, choices: list[Choice],
+                       gpus: tuple[dict[str, int], int] | None = None,
+                       contents: dict[str, str] | None = None) -> str:
+        """The spawn form for these choices, the saved choice selected."""
+        saved = self.orm_spawner.user_options if self.orm_spawner else None
+        try:
+            selected = resolve_choice(choices, saved).key if saved else None
+        except OptionsError:  # the saved choice is gone: show the form even for one choice,
+            selected = None   # or every Start would reuse it and fail
+        args = dict(selected=selected, always=bool(saved) and selected is None,
+                    gpus=gpus, contents=contents)
+        try:
+            return render_form(choices, template=self.form_template, **args)
+        except jinja2.TemplateError as e:  # the admin's template: the shipped form instead
+            line = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
+            self.log.error("%s.form_template cannot be rendered%s: %s; showing the "
+                           "shipped form instead", type(self).__name__, line, e)
+            return render_form(choices, **args)
+
+    async def resolve(self: Any, choices: list[Choice]) -> Choice:
+        """The user's choice for this start, checked against the table."""
+        try:
+            return resolve_choice(choices, self.user_options)
+        except OptionsError as e:
+            raise web.HTTPError(e.status, e.message) from None
+
+    def _forget_refused_options(self: Any, choices: list[Choice]) -> None:
+        # JupyterHub saved these options as the user's default before the start; a plain
+        # start after a refused or failed one gets the last choice that started, if the
+        # user still holds it, else their first choice.
+        if self.orm_spawner is None:
+            return
+        kept = dict(self._started_options)
+        try:
+            resolve_choice(choices, kept)
+        except OptionsError:
+            kept = {}
+        self.orm_spawner.user_options = kept
+        if self.db is not None:
+            self.db.commit()
+
+
+class ChoicesMixin(RoleChoicesMixin):
     """Needs a DockerSpawner with QuotaSpawnerConfig's traits."""
 
     _pools: ClassVar[Registry[str, GpuPool]] = Registry()
@@ -91,7 +180,7 @@ class ChoicesMixin:
         pool.usage = LedgerWriter(ledger, self.log)
         pool.usage_duties = UsageDuties(
             ledger, pool, self.usage_retention_days, self.log,
-            table=lambda: self.quota_table(pool),
+            table=lambda: self.quota_table(pool.capacity),
             budget_memory=os.path.join(self.state_dir or ".", MEMORY_FILE),
             interval=self.usage_check_interval)
         pool.usage_duties.start()
@@ -110,40 +199,21 @@ class ChoicesMixin:
     async def choices(self: Any, pool: GpuPool | None = None) -> list[Choice]:
         """What this user may start, from the table as it is now."""
         pool = pool or await self.gpu_pool()
-        try:
-            table = await self.quota_table(pool)
-        except QuotaTableError:  # the store has logged every problem with its file and line
-            raise web.HTTPError(500, refusals.TABLE_BROKEN) from None
+        table = await self.table_now(pool.capacity)
         warn_oversized_roles(table, ChoicesMixin._engine_info, self.log)
         pool.roles = table.roles  # for preemption: every holder's role as the table says now
-        granted = await self.granted_roles(pool) if table.requests.roles else set()
-        return table.choices_for(self.user.name, [g.name for g in self.user.groups], granted)
+        return await self.choices_in(table, pool.usage)
 
     async def granted_roles(self: Any, pool: GpuPool) -> set[str]:
-        """The roles an approved request grants this user now; none without a ledger, or
-        when it cannot be read (logged: the user keeps the roles the table gives)."""
-        if pool.usage is None:
-            return set()
-        return await pool.usage.call(granted_roles, pool.usage.ledger.engine,
-                                     self.user.name, time.time()) or set()
-
-    async def quota_table(self: Any, pool: GpuPool) -> QuotaTable:
-        """The table as it is now (the last good one while the file is broken; raises
-        QuotaTableError when there never was one)."""
-        store = QuotaStore.for_path(self.quota_file)
-        return await asyncio.to_thread(store.get, self.log, pool.capacity)
+        """The roles an approved request grants this user now (``grants_in``)."""
+        return await RoleChoicesMixin.grants_in(self, pool.usage)
 
     async def budget_refusal(self: Any, pool: GpuPool, role: Role) -> str | None:
-        """Why this user may not start ``role`` now: a spent GPU-hour budget; None if
-        they may (or there is no ledger to tell: a broken one is logged, not enforced)."""
+        """``budget_refusal_in`` the table as it is now, with the pool's ledger."""
         if not role.gpus or pool.usage is None:
             return None
-        table = await self.quota_table(pool)
-        if not table.budgets:
-            return None
-        return await pool.usage.call(check_start, pool.usage.ledger.engine, table,
-                                     self.user.name, [g.name for g in self.user.groups],
-                                     role, time.time())
+        table = await self.quota_table(pool.capacity)
+        return await self.budget_refusal_in(table, pool.usage, role)
 
     async def render_options_form(self: Any) -> str:
         pool = await self.gpu_pool()
@@ -152,39 +222,4 @@ class ChoicesMixin:
                 for c in choices if (request := request_for(c.role))}
         contents = await ChoicesMixin._frameworks.get(
             (c.image.image for c in choices), self.docker, self.log)
-        saved = self.orm_spawner.user_options if self.orm_spawner else None
-        try:
-            selected = resolve_choice(choices, saved).key if saved else None
-        except OptionsError:  # the saved choice is gone: show the form even for one choice,
-            selected = None   # or every Start would reuse it and fail
-        args = dict(selected=selected, always=bool(saved) and selected is None,
-                    gpus=(free, len(pool.inventory.devices)), contents=contents)
-        try:
-            return render_form(choices, template=self.form_template, **args)
-        except jinja2.TemplateError as e:  # the admin's template: the shipped form instead
-            line = f" (line {e.lineno})" if getattr(e, "lineno", None) else ""
-            self.log.error("QuotaSpawner.form_template cannot be rendered%s: %s; showing the "
-                           "shipped form instead", line, e)
-            return render_form(choices, **args)
-
-    async def resolve(self: Any, choices: list[Choice]) -> Choice:
-        """The user's choice for this start, checked against the table."""
-        try:
-            return resolve_choice(choices, self.user_options)
-        except OptionsError as e:
-            raise web.HTTPError(e.status, e.message) from None
-
-    def _forget_refused_options(self: Any, choices: list[Choice]) -> None:
-        # JupyterHub saved these options as the user's default before the start; a plain
-        # start after a refused or failed one gets the last choice that started, if the
-        # user still holds it, else their first choice.
-        if self.orm_spawner is None:
-            return
-        kept = dict(self._started_options)
-        try:
-            resolve_choice(choices, kept)
-        except OptionsError:
-            kept = {}
-        self.orm_spawner.user_options = kept
-        if self.db is not None:
-            self.db.commit()
+        return await self.form_for(choices, (free, len(pool.inventory.devices)), contents)

@@ -297,6 +297,28 @@ def cmd_ledger_status(args: argparse.Namespace) -> int:
     return 0 if revision == head else 1
 
 
+def cmd_k8s_priority_classes(args: argparse.Namespace) -> int:
+    from .kube.priority import manifests_yaml, preemption_notes
+
+    table = _table_or_problems(args.file)
+    if table is None:
+        return 1
+    # stdout goes to kubectl; the notes are in the YAML's comments and on stderr
+    sys.stdout.write(manifests_yaml(table, args.prefix, args.namespace))
+    for note in preemption_notes(table):
+        print(f"quota-spawner k8s: note: {note}", file=sys.stderr)
+    return 0
+
+
+def class_prefix_argument(text: str) -> str:
+    from .kube.priority import check_prefix
+
+    try:
+        return check_prefix(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quota-spawner", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -352,6 +374,20 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--db", metavar="URL", default=None,
                              help="the ledger's SQLAlchemy URL (default as for report)")
         command.set_defaults(func=func)
+    k8s = sub.add_parser("k8s", help="Kubernetes manifests from the quota table "
+                                     "(docs/kubernetes.md)")
+    k8s_sub = k8s.add_subparsers(dest="k8s_command", required=True)
+    classes = k8s_sub.add_parser(
+        "priority-classes",
+        help="print a PriorityClass per role (and a PodDisruptionBudget for roles with "
+             "preemptible: false) as YAML for kubectl apply -f -")
+    classes.add_argument("file", metavar="FILE")
+    classes.add_argument("--prefix", type=class_prefix_argument, default="quota-spawner-",
+                         help="the start of each class's name (default: quota-spawner-)")
+    classes.add_argument("--namespace", metavar="NS", default=None,
+                         help="the PodDisruptionBudget's namespace (default: none written; "
+                              "kubectl apply -n NS)")
+    classes.set_defaults(func=cmd_k8s_priority_classes)
     return parser
 
 

@@ -35,25 +35,13 @@ def hub_id_from_secret_file(prefix: str, path: str) -> str | None:
         return None
 
 
-class QuotaSpawnerConfig(Configurable):
+class QuotaConfig(Configurable):
+    """The settings every quota spawner has, on Docker and on Kubernetes."""
+
     quota_file = Unicode(
         "quotas.yaml",
         config=True,
         help="Path of the quota table (YAML). Edits take effect at the next spawn.",
-    )
-    pids_limit = Integer(
-        2048,
-        config=True,
-        help="Most processes and threads in one container, for roles that set no 'pids'.",
-    )
-    notebook_user = Unicode(
-        "1000",
-        config=True,
-        help="The user (uid or uid:gid) the notebook runs as; never root.",
-    )
-    home_dir = Unicode("/home/jovyan", config=True, help="Where the home volume is mounted.")
-    extra_labels = Dict(
-        config=True, help="More container labels. The quota-spawner.* labels are refused."
     )
     form_template = Unicode(
         "",
@@ -61,17 +49,6 @@ class QuotaSpawnerConfig(Configurable):
         help="""Jinja2 source of the spawn form, in place of the shipped
         spawner/quota/templates/form.html (docs/quota-table.md#the-spawn-form).
         Autoescape is on. Empty: the shipped form.""",
-    )
-    gpu_inventory = List(
-        Dict(),
-        config=True,
-        help="""The GPUs this hub hands out, declared: for a hub that cannot see them
-        (a hub in a container, say). A list of {"uuid": "GPU-…", "name": "…",
-        "memory": "80G"}; name and memory are optional. When empty, the GPUs are
-        discovered with NVML on the hub host.""",
-    )
-    gpu_discovery = Bool(
-        True, config=True, help="Discover GPUs with NVML when no gpu_inventory is declared."
     )
     hub_id = Unicode(
         config=True,
@@ -81,14 +58,6 @@ class QuotaSpawnerConfig(Configurable):
         "<prefix>-<12 hex digits>", is derived from the hub's cookie secret: the same
         across restarts, different for every hub. Set it when the cookie secret is
         not kept (docs/deployment.md).""",
-    )
-    gpu_sync_interval = Float(
-        30.0, config=True,
-        help="Seconds between checks of the running containers against the GPU holdings.",
-    )
-    zombie_grace_period = Float(
-        300.0, config=True,
-        help="Seconds an unclaimed container of this hub may run before it is stopped.",
     )
     state_dir = Unicode(
         "", config=True,
@@ -104,6 +73,67 @@ class QuotaSpawnerConfig(Configurable):
         postgresql://user@db/quota_usage. Default: $QUOTA_SPAWNER_USAGE_DB when set, else
         SQLite in state_dir (quota-spawner-usage.sqlite). "none": no ledger (no reports and
         no budgets).""",
+    )
+
+    @property
+    def hub_id_prefix(self) -> str:
+        """What starts the default hub id."""
+        return "quota"
+
+    @default("options_form")
+    def _options_form_default(self) -> Any:
+        return type(self).render_options_form
+
+    @default("options_from_form")
+    def _options_from_form_default(self) -> Any:
+        return options_from_form
+
+    @default("hub_id")
+    def _hub_id_default(self) -> str:
+        # Stable across restarts, different per hub: two hubs on one engine or cluster
+        # never take each other's servers for zombies.
+        secret = (self.user.settings if self.user else {}).get("cookie_secret")
+        if not secret:
+            self.log.warning("No cookie secret to derive a hub id from; using the prefix %r. "
+                             "Set %s.hub_id if another hub shares this engine.",
+                             self.hub_id_prefix, type(self).__name__)
+            return self.hub_id_prefix
+        return hub_id_from_secret(self.hub_id_prefix, secret)
+
+
+class QuotaSpawnerConfig(QuotaConfig):
+    pids_limit = Integer(
+        2048,
+        config=True,
+        help="Most processes and threads in one container, for roles that set no 'pids'.",
+    )
+    notebook_user = Unicode(
+        "1000",
+        config=True,
+        help="The user (uid or uid:gid) the notebook runs as; never root.",
+    )
+    home_dir = Unicode("/home/jovyan", config=True, help="Where the home volume is mounted.")
+    extra_labels = Dict(
+        config=True, help="More container labels. The quota-spawner.* labels are refused."
+    )
+    gpu_inventory = List(
+        Dict(),
+        config=True,
+        help="""The GPUs this hub hands out, declared: for a hub that cannot see them
+        (a hub in a container, say). A list of {"uuid": "GPU-…", "name": "…",
+        "memory": "80G"}; name and memory are optional. When empty, the GPUs are
+        discovered with NVML on the hub host.""",
+    )
+    gpu_discovery = Bool(
+        True, config=True, help="Discover GPUs with NVML when no gpu_inventory is declared."
+    )
+    gpu_sync_interval = Float(
+        30.0, config=True,
+        help="Seconds between checks of the running containers against the GPU holdings.",
+    )
+    zombie_grace_period = Float(
+        300.0, config=True,
+        help="Seconds an unclaimed container of this hub may run before it is stopped.",
     )
     usage_check_interval = Float(
         60.0, config=True,
@@ -151,29 +181,13 @@ class QuotaSpawnerConfig(Configurable):
     def _volumes_default(self) -> dict[str, str]:
         return {f"{self.prefix}-home-{{username}}": self.home_dir}
 
-    @default("options_form")
-    def _options_form_default(self) -> Any:
-        return type(self).render_options_form
-
-    @default("options_from_form")
-    def _options_from_form_default(self) -> Any:
-        return options_from_form
-
     @default("cmd")
     def _cmd_default(self) -> list[str]:
         return ["jupyterhub-singleuser"]
 
-    @default("hub_id")
-    def _hub_id_default(self) -> str:
-        # Stable across restarts, different per hub: two hubs on one engine never
-        # take each other's containers for zombies.
-        secret = (self.user.settings if self.user else {}).get("cookie_secret")
-        if not secret:
-            self.log.warning("No cookie secret to derive a hub id from; using the prefix %r. "
-                             "Set QuotaSpawner.hub_id if another hub shares this engine.",
-                             self.prefix)
-            return self.prefix
-        return hub_id_from_secret(self.prefix, secret)
+    @property
+    def hub_id_prefix(self) -> str:
+        return self.prefix
 
     async def admin_value(self, value: Any) -> dict[str, Any]:
         """An admin's dict setting as DockerSpawner reads it: called if callable,

@@ -141,12 +141,18 @@ def labels(spec: ContainerSpec) -> dict[str, str]:
     }
 
 
-def environment(spec: ContainerSpec) -> dict[str, str]:
-    """The contract variables: limits for jupyter-resource-usage, threads, GPUs."""
-    role = spec.role
-    threads = str(max(1, int(role.cpus)))
+def role_environment(role: Role) -> dict[str, str]:
+    """The role's contract variables, the same on every engine: the thread counts, and
+    the limits for jupyter-resource-usage. GPU variables are the engine's to add."""
+    threads = str(max(1, int(role.cpus)))  # BLAS and OpenMP pools sized to the quota
     env = {name: threads for name in THREAD_ENV}
     env.update({QUOTA_ROLE: role.name, CPU_LIMIT: f"{role.cpus:g}", MEM_LIMIT: str(role.memory)})
+    return env
+
+
+def environment(spec: ContainerSpec) -> dict[str, str]:
+    """The contract variables: limits for jupyter-resource-usage, threads, GPUs."""
+    env = role_environment(spec.role)
     env.update(gpu_environment(spec.gpu_uuids, spec.gpu_memory_cap, spec.gpu_device_memory))
     return env
 

@@ -32,6 +32,11 @@ OTHER_HUB = (
     "machine. An admin has to fix the hub's configuration."
 )
 
+CLUSTER_REFUSED = (
+    "Your server cannot start because the cluster refused to create it. An admin has "
+    "been told; please try again later."
+)
+
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"

@@ -6,8 +6,7 @@ from spawner.quota.form import options_from_form, render_form
 from spawner.quota.loader import parse_quota_table
 from spawner.quota.options import OptionsError, resolve_choice
 
-TABLE = parse_quota_table(
-    """\
+TABLE_TEXT = """\
 images:
   pytorch: {image: "img/pytorch", display_name: "PyTorch <2.7> & CUDA"}
   paddle: {image: "img/paddle"}
@@ -19,9 +18,20 @@ assignments:
   users:
     lead: [small, big]
     solo: [big]
-""",
-    "q.yaml",
-)
+"""
+TABLE = parse_quota_table(TABLE_TEXT, "q.yaml")
+
+# Injected options and what a user with only the default role is told: the same table
+# is run against QuotaSpawner and QuotaKubeSpawner in tests/test_kube_spawner.py.
+INJECTED = [
+    ({"profile": "big"}, 400, "You asked for the role 'big', which you do not hold"),
+    ({"profile": "admin"}, 400, "which you do not hold"),
+    ({"image": "ubuntu:latest"}, 400, "do not offer the image 'ubuntu:latest'"),
+    ({"profile": "small", "image": "img/pytorch"}, 400, "does not offer the image"),
+    ({"mem_limit": "100G"}, 400, "Unknown server option 'mem_limit'"),
+    ({"profile": ["big"]}, 400, "must be text"),
+    ({"profile": "x" * 500}, 400, "x…"),
+]
 
 
 def choices(user):
@@ -38,18 +48,7 @@ def test_defaults_to_first_choice():
     )
 
 
-@pytest.mark.parametrize(
-    "options, status, words",
-    [
-        ({"profile": "big"}, 400, "You asked for the role 'big', which you do not hold"),
-        ({"profile": "admin"}, 400, "which you do not hold"),
-        ({"image": "ubuntu:latest"}, 400, "do not offer the image 'ubuntu:latest'"),
-        ({"profile": "small", "image": "img/pytorch"}, 400, "does not offer the image"),
-        ({"mem_limit": "100G"}, 400, "Unknown server option 'mem_limit'"),
-        ({"profile": ["big"]}, 400, "must be text"),
-        ({"profile": "x" * 500}, 400, "x…"),
-    ],
-)
+@pytest.mark.parametrize("options, status, words", INJECTED)
 def test_refusals_are_plain_sentences(options, status, words):
     with pytest.raises(OptionsError) as info:
         resolve_choice(choices("anyone"), options)

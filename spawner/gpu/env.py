@@ -58,9 +58,22 @@ def gpu_environment(
     takes its cap as a fraction of it.
     """
     env = {NVIDIA_VISIBLE_DEVICES: ",".join(uuids) if uuids else NO_GPU}
-    if not uuids or not memory_cap:
-        return env
-    env.update({
+    if uuids:
+        env.update(memory_cap_environment(memory_cap, device_memory))
+    return env
+
+
+def memory_cap_environment(
+    memory_cap: int | None, device_memory: int | None = None
+) -> dict[str, str]:
+    """The framework settings for a soft GPU memory cap; empty without a cap.
+
+    Apart from the device variable, so that an engine whose GPUs are chosen by
+    someone else (Kubernetes' device plugin) sets the same caps.
+    """
+    if not memory_cap:
+        return {}
+    env = {
         # Read by the monitor, and by the image's torch startup hook
         # (spawner/gpu/torch_cap.py) where torch predates the allocator setting.
         GPU_MEMORY_LIMIT: str(memory_cap),
@@ -71,7 +84,7 @@ def gpu_environment(
         JAX_PREALLOCATE: "false",
         # TensorFlow has no cap by environment; growth at least leaves room for others
         TF_ALLOW_GROWTH: "true",
-    })
+    }
     if device_memory:
         env[JAX_MEMORY_FRACTION] = f"{memory_fraction(memory_cap, device_memory):.3f}"
     return env

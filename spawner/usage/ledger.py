@@ -264,11 +264,14 @@ class Ledger:
                     sessions.c.stopped.is_(None))
 
     def set_gpus(self, hub: str, container: str, uuids: Sequence[str], mode: str,
-                 gpu_memory: int | None) -> None:
+                 gpu_memory: int | None, count: int | None = None) -> None:
+        """The GPUs the session holds. ``count`` where the UUIDs are not known (on
+        Kubernetes the device plugin picks them): by default, one per UUID."""
+        count = len(uuids) if count is None else count
         with self.engine.begin() as connection:
             connection.execute(update(sessions).where(self._open_session(hub, container)).values(
-                gpus=",".join(uuids), gpu_count=len(uuids), gpu_mode=mode,
-                gpu_reserved=gpu_reserved(len(uuids), mode), gpu_mem_limit=gpu_memory))
+                gpus=",".join(uuids), gpu_count=count, gpu_mode=mode,
+                gpu_reserved=gpu_reserved(count, mode), gpu_mem_limit=gpu_memory))
 
     def started(self, hub: str, container: str, container_id: str,
                 when: float | None = None) -> None:

@@ -2,9 +2,11 @@
 
 Each cycle (``interval``, 5 s by default):
 
-1. in a thread: the notebook containers (``containers.py``), NVML on the
-   host (``spawner.gpu.nvml``), each GPU process mapped to its container by
-   PID and each container's cgroup (``host.py``), as one ``Snapshot``;
+1. in a thread: the notebook containers (``containers.py``; on a
+   Kubernetes node, ``source = "kubernetes"``, the node's notebook pods,
+   ``pods.py``), NVML on the host (``spawner.gpu.nvml``), each GPU process
+   mapped to its container by PID and each container's cgroup (``host.py``),
+   as one ``Snapshot``;
 2. on the loop: the hub's users (``hub_api.py``), for routing and for
    zombies; the rules (``rules.py``) turn the snapshot into events, and the
    hub's event log (``hub_events.py``) adds its preemptions;
@@ -28,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from traitlets import Float, Integer, Unicode, default
+from traitlets import CaselessStrEnum, Float, Integer, Unicode, default
 from traitlets.config import Application
 
 from ..config import hub_id_from_secret_file
@@ -41,6 +43,7 @@ from .hub_events import NOTICE, for_hub, hub_event_messages, read_new
 from .metrics import WatchdogMetrics, serve_metrics, write_dcgm_mapping
 from .model import GpuProcess, GpuSample, Server, ServerSample, Snapshot
 from .notify import Notifier
+from .pods import Pods, kube_api
 from .rules import GPU_IDLE, RULES, Event, IncidentBook, WatchdogRules
 
 # The hub's event log, in its state folder unless the hub's config says otherwise.
@@ -87,6 +90,18 @@ class QuotaWatchdog(Application):
     hub_url = Unicode(config=True, help="The hub's public URL, for the links in messages.")
     docker_host = Unicode(os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock"),
                           config=True, help="The engine the notebook containers run on.")
+    source = CaselessStrEnum(
+        ["docker", "kubernetes"], os.environ.get("QUOTA_SPAWNER_WATCHDOG_SOURCE", "docker"),
+        config=True,
+        help="""Where the notebook servers are: "docker", the containers of docker_host;
+        "kubernetes", the pods of QuotaKubeSpawner on this node (node_name), read from
+        the Kubernetes API, with this node's /proc and cgroups (docs/kubernetes.md).""")
+    node_name = Unicode(
+        os.environ.get("NODE_NAME", ""), config=True,
+        help="With source kubernetes: this node's name (the DaemonSet's spec.nodeName).")
+    kube_namespace = Unicode(
+        os.environ.get("QUOTA_SPAWNER_KUBE_NAMESPACE", ""), config=True,
+        help="With source kubernetes: the notebook pods' namespace; empty: every namespace.")
     state_file = Unicode(config=True, help="Where open incidents are kept across restarts.")
     events_file = Unicode(
         config=True,
@@ -171,11 +186,14 @@ class QuotaWatchdog(Application):
         if self.test_channel:
             return  # start() sends the test message; no engine or NVML needed
         self.find_hub_id()
-        import docker
+        if self.source == "kubernetes":
+            self.containers = self.oom_events = self.pods()
+        else:
+            import docker
 
-        client = docker.APIClient(base_url=self.docker_host, version="auto")
-        self.containers = Containers(client, self.hub_id)
-        self.oom_events = OomEvents(client, self.hub_id, self.log)
+            client = docker.APIClient(base_url=self.docker_host, version="auto")
+            self.containers = Containers(client, self.hub_id)
+            self.oom_events = OomEvents(client, self.hub_id, self.log)
         self.nvml = Nvml()
         self.xids = XidWatcher(self.nvml, log=self.log)
         self._last_gpus: dict[str, GpuSample] = {}
@@ -184,6 +202,15 @@ class QuotaWatchdog(Application):
         self.hub = HubDirectory(self.hub_api_url, self.api_token, self.log)
         self.metrics = WatchdogMetrics()
         self.book = IncidentBook.load(Path(self.state_file), self.log)
+
+    def pods(self) -> Pods:
+        """This node's notebook pods, as the servers and their OOM kills."""
+        if not self.node_name:
+            self.log.critical("QuotaWatchdog.source is kubernetes, but node_name is empty: "
+                              "set NODE_NAME from the pod's spec.nodeName")
+            self.exit(2)
+        return Pods(kube_api(self.log), self.node_name, self.kube_namespace, self.hub_id,
+                    Path(self.proc_root), self.log)
 
     def find_hub_id(self) -> None:
         """The hub's id from its cookie secret, once the hub has written it (the first

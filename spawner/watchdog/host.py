@@ -1,10 +1,15 @@
 """The watchdog's reads of the host: which container a PID is in, and its cgroup's usage.
 
 NVML lists the processes on a GPU by host PID; ``/proc/PID/cgroup`` names
-the cgroup of each, and a Docker container's cgroup path carries its id
+the cgroup of each, and a container's cgroup path carries its id: Docker's
 (``/docker/<id>`` with the cgroupfs driver, ``/system.slice/docker-<id>.scope``
-with the systemd one, on cgroup v1 and v2 alike). So each user's own GPU
-memory is known even when several containers share one card.
+with the systemd one, on cgroup v1 and v2 alike), and on a Kubernetes node
+containerd's and CRI-O's (``.../kubepods-...-pod<uid>.slice/cri-containerd-<id>.scope``,
+``crio-<id>.scope``, or ``/kubepods/burstable/pod<uid>/<id>`` with cgroupfs).
+So each user's own GPU memory is known even when several containers share
+one card. Kubernetes does not say a container's PIDs, so ``MainPids`` finds
+them in ``/proc``, and ``visible_gpus`` reads which GPUs the NVIDIA container
+toolkit gave it.
 
 Container memory and CPU come from the container's own cgroup, found from
 its main PID the same way, so both drivers and both cgroup versions work
@@ -18,7 +23,10 @@ without knowing how the engine was set up:
 
 The watchdog needs the host's view: the host's PID namespace (``/proc``)
 and cgroup namespace (``/sys/fs/cgroup``), i.e. ``pid: host`` and
-``cgroup: host`` when it runs in a container. Every function here reads
+``cgroup: host`` when it runs in a container. Where it has a cgroup namespace
+of its own (a Kubernetes pod), the paths in ``/proc/PID/cgroup`` are relative
+to it (``/../../kubepods.slice/...``); the container's folder is then found
+by its name under ``cgroup_root``, the host's tree mounted there. Every function here reads
 files and blocks: call it in a thread. A process or container that ends
 between two reads is an ordinary event here, never an error: it reads as
 None.
@@ -36,10 +44,12 @@ from .model import GpuSample, Server
 PROC = Path("/proc")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
-# One path segment that names a Docker container: "<id>" (cgroupfs driver:
-# "/docker/<id>", or under a --cgroup-parent) or "docker-<id>.scope"
-# (systemd driver).
-_SCOPE = re.compile(r"^docker-([0-9a-f]{64})\.scope$")
+# One path segment that names a container: "<id>" (cgroupfs driver:
+# "/docker/<id>", under a --cgroup-parent, or a pod's folder) or
+# "docker-<id>.scope", "cri-containerd-<id>.scope", "crio-<id>.scope" (systemd
+# driver; CRI-O's cgroupfs one drops ".scope"). CRI-O's "crio-conmon-<id>" is
+# its monitor, not the container.
+_SCOPE = re.compile(r"^(?:docker|cri-containerd|crio)-([0-9a-f]{64})(?:\.scope)?$")
 _BARE = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -107,6 +117,63 @@ def container_id_of(pid: int, proc: Path = PROC) -> str | None:
     return found[0] if found else None
 
 
+class MainPids:
+    """Each container's main PID, found in ``/proc`` (Kubernetes does not say it): the
+    lowest PID in the container, kept while it stays there. Blocks."""
+
+    def __init__(self, proc: Path = PROC):
+        self.proc = Path(proc)
+        self._pids: dict[str, int] = {}
+
+    def find(self, container_ids: Iterable[str]) -> dict[str, int]:
+        """Container id → its main PID, for those of ``container_ids`` that have one; a
+        scan of /proc only when one is new or its PID is gone."""
+        wanted = set(container_ids)
+        found = {cid: pid for cid, pid in self._pids.items()
+                 if cid in wanted and container_id_of(pid, self.proc) == cid}
+        if wanted - set(found):
+            try:
+                pids = sorted(int(e.name) for e in self.proc.iterdir() if e.name.isdigit())
+            except OSError:
+                pids = []
+            for pid in pids:
+                cid = container_id_of(pid, self.proc)
+                if cid in wanted and cid not in found:
+                    found[cid] = pid
+        self._pids = found
+        return dict(found)
+
+
+# Where the NVIDIA container toolkit lists the devices it was asked for with the
+# device plugin's volume-mounts strategy (NVIDIA_VISIBLE_DEVICES names the folder).
+DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices"
+
+
+def visible_gpus(pid: int, proc: Path = PROC) -> tuple[str, ...]:
+    """The GPU and MIG UUIDs the container of ``pid`` was given, as the NVIDIA device
+    plugin asked the container toolkit for them: NVIDIA_VISIBLE_DEVICES in the
+    process's environment (the envvar strategy), or the folder it names (the
+    volume-mounts strategy). Empty when neither names UUIDs (no GPU, indices, CDI).
+    Reading another process's environment needs the host's PID namespace and
+    ptrace rights. Blocks."""
+    try:
+        environ = (proc / str(pid) / "environ").read_bytes()
+    except OSError:
+        return ()
+    variables = dict(v.partition(b"=")[::2] for v in environ.split(b"\0") if v)
+    value = variables.get(b"NVIDIA_VISIBLE_DEVICES", b"").decode(errors="replace")
+    if value.startswith(DEVICE_LIST_ROOT):
+        try:
+            ids = sorted(e.name for e in (proc / str(pid) / "root" / value.lstrip("/")).iterdir())
+        except OSError:
+            return ()
+    else:
+        ids = value.split(",")
+    # time-slicing's replicas are "<uuid>::<n>"; one GPU however many replicas
+    uuids = (i.strip().split("::")[0] for i in ids)
+    return tuple(dict.fromkeys(u for u in uuids if u.startswith(("GPU-", "MIG-"))))
+
+
 # --- the container's cgroup ---------------------------------------------------------
 
 
@@ -166,7 +233,28 @@ def _container_folder(root: Path, line: _CgroupLine, container_id: str) -> Path 
     if found is None or found[0] != container_id:
         return None
     folder = _under(root, found[1])
+    if folder is None:  # another cgroup namespace's view: the host's tree, by name
+        folder = _find_folder(root, found[1].rsplit("/", 1)[-1])
     return folder if folder is not None and folder.is_dir() else None
+
+
+def _find_folder(root: Path, name: str, depth: int = 8) -> Path | None:
+    """The folder called ``name`` (a container's, unique) at most ``depth`` levels
+    under ``root``; None when there is none."""
+    level = [root]
+    for _ in range(depth):
+        below = []
+        for folder in level:
+            try:
+                children = [c for c in folder.iterdir() if c.is_dir()]
+            except OSError:
+                continue
+            for child in children:
+                if child.name == name:
+                    return child
+            below += children
+        level = below
+    return None
 
 
 def _v1_folder(root: Path, controller: str, lines: list[_CgroupLine],
