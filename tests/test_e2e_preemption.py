@@ -424,10 +424,15 @@ def has_notice(container) -> bool:
 
 
 def running_gpus(docker_client, prefix: str) -> dict[str, str]:
-    """Running container -> its GPUs label, for this hub's containers."""
-    found = docker_client.containers.list(filters={"label": "quota-spawner.gpus"})
-    return {c.name: c.labels["quota-spawner.gpus"] for c in found
-            if c.name.startswith(prefix) and c.labels.get("quota-spawner.gpus")}
+    """Running container -> its GPUs label, for this hub's containers. One list call
+    (the SDK's containers.list inspects each, and fails on one removed meanwhile)."""
+    found = docker_client.api.containers(filters={"label": "quota-spawner.gpus"})
+    held = {}
+    for c in found:
+        name, label = c["Names"][0].lstrip("/"), (c.get("Labels") or {}).get("quota-spawner.gpus")
+        if name.startswith(prefix) and label:
+            held[name] = label
+    return held
 
 
 def test_a_hub_restart_in_the_grace_calls_it_off_and_books_no_gpu_twice(hub, docker_client):
@@ -509,13 +514,16 @@ def test_a_storm_of_mixed_priorities_on_4_gpus(docker_client, tmp_path_factory):
                 extra_config=f"c.QuotaSpawner.gpu_inventory = {gpus!r}\n"
                              "c.QuotaSpawner.gpu_sync_interval = 1\n").start()
     seen_twice: list[dict] = []
+    samples: list[float] = []  # when each sample was taken: a sampler that died shows
     sampling = threading.Event()
 
     def sample() -> None:
         while not sampling.is_set():
-            held = list(running_gpus(docker_client, prefix).values())
+            holders = running_gpus(docker_client, prefix)
+            held = [uuid for label in holders.values() for uuid in label.split(",")]
             if len(held) != len(set(held)):
-                seen_twice.append(running_gpus(docker_client, prefix))
+                seen_twice.append(holders)
+            samples.append(time.monotonic())
             time.sleep(0.3)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -542,11 +550,13 @@ def test_a_storm_of_mixed_priorities_on_4_gpus(docker_client, tmp_path_factory):
                 if storm.user(name)["servers"]:
                     storm.stop_server(name)
     finally:
+        ended = time.monotonic()
         sampling.set()
         sampler.join(5)
         log = storm.log()
         teardown(storm, docker_client, "storm")
     assert not seen_twice, seen_twice
+    assert samples and ended - samples[-1] < 5, "the sampler stopped before the storm ended"
     assert "double-booked" not in log
     evs = [e for e in events(storm)]
     preemptions = [e for e in evs if e["event"] == "preemption"]
