@@ -72,6 +72,11 @@ PREEMPT_PIDS_DIR = PREEMPT_DIR + "/pids"
 # --- reading them back, inside the container -------------------------------------
 
 
+def labelled_gpus(labels: Mapping[str, str]) -> tuple[str, ...]:
+    """The UUIDs the quota-spawner.gpus label (or annotation) names, in order."""
+    return tuple(u for u in (labels.get(GPUS_LABEL) or "").split(",") if u)
+
+
 def gpu_memory_limit(env: Mapping[str, str]) -> int | None:
     """GPU_MEMORY_LIMIT in bytes; None when unset, unreadable or not positive."""
     try:

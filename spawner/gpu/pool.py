@@ -25,7 +25,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..contract import GPU_MODE_LABEL, GPUS_LABEL, HUB_LABEL, ROLE_LABEL, USER_LABEL
+from ..contract import (
+    GPU_MODE_LABEL,
+    GPUS_LABEL,
+    HUB_LABEL,
+    ROLE_LABEL,
+    USER_LABEL,
+    labelled_gpus,
+)
 from ..events import EventLog
 from ..quota.model import GpuCapacity, Role
 from ..usage.ledger import ZOMBIE
@@ -71,7 +78,7 @@ def mode_label(request: GpuRequest | None) -> str:
 
 def request_from_labels(labels: dict[str, str]) -> tuple[tuple[str, ...], GpuRequest | None]:
     """The UUIDs and the kind of holding a container's labels record."""
-    uuids = tuple(u for u in (labels.get(GPUS_LABEL) or "").split(",") if u)
+    uuids = labelled_gpus(labels)
     if not uuids:
         return (), None
     mode = labels.get(GPU_MODE_LABEL, "exclusive")

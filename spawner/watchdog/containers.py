@@ -21,11 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..contract import (
-    GPU_MODE_LABEL,
-    GPUS_LABEL,
     HUB_LABEL,
-    IMAGE_LABEL,
-    ROLE_LABEL,
     USER_LABEL,
     gpu_memory_limit,
 )
@@ -43,15 +39,10 @@ def server_from_inspect(info: Mapping[str, Any]) -> Server | None:
     env = dict(e.partition("=")[::2] for e in config.get("Env") or [])
     quota, period = host.get("CpuQuota") or 0, host.get("CpuPeriod") or 100_000
     state = info.get("State") or {}
-    return Server(
+    return Server.from_labels(
+        labels,
         container_id=str(info.get("Id") or ""),
         name=str(info.get("Name") or "").lstrip("/"),
-        user=labels[USER_LABEL],
-        role=labels.get(ROLE_LABEL, ""),
-        image=labels.get(IMAGE_LABEL, ""),
-        hub_id=labels.get(HUB_LABEL, ""),
-        gpus=tuple(u for u in (labels.get(GPUS_LABEL) or "").split(",") if u),
-        gpu_mode=labels.get(GPU_MODE_LABEL, ""),
         memory_limit=host.get("Memory") or None,
         cpus=quota / period if quota > 0 else None,
         gpu_memory_limit=gpu_memory_limit(env),

@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..contract import NVIDIA_VISIBLE_DEVICES, visible_devices
 from .model import GpuSample, Server
 
 PROC = Path("/proc")
@@ -157,18 +158,18 @@ def visible_gpus(pid: int, proc: Path = PROC) -> tuple[str, ...]:
     Reading another process's environment needs the host's PID namespace and
     ptrace rights. Blocks."""
     try:
-        environ = (proc / str(pid) / "environ").read_bytes()
+        environ = (proc / str(pid) / "environ").read_bytes().decode(errors="replace")
     except OSError:
         return ()
-    variables = dict(v.partition(b"=")[::2] for v in environ.split(b"\0") if v)
-    value = variables.get(b"NVIDIA_VISIBLE_DEVICES", b"").decode(errors="replace")
+    env = dict(v.partition("=")[::2] for v in environ.split("\0") if v)
+    value = env.get(NVIDIA_VISIBLE_DEVICES, "").strip()
     if value.startswith(DEVICE_LIST_ROOT):
         try:
             ids = sorted(e.name for e in (proc / str(pid) / "root" / value.lstrip("/")).iterdir())
         except OSError:
             return ()
     else:
-        ids = value.split(",")
+        ids = visible_devices(env) or []  # "all" or none: no UUIDs to name
     # time-slicing's replicas are "<uuid>::<n>"; one GPU however many replicas
     uuids = (i.strip().split("::")[0] for i in ids)
     return tuple(dict.fromkeys(u for u in uuids if u.startswith(("GPU-", "MIG-"))))

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from ..contract import (
+    GPU_MODE_LABEL,
+    HUB_LABEL,
+    IMAGE_LABEL,
+    ROLE_LABEL,
+    USER_LABEL,
+    labelled_gpus,
+)
 
 
 @dataclass(frozen=True)
@@ -22,6 +33,17 @@ class Server:
     gpu_memory_limit: int | None = None  # GPU_MEMORY_LIMIT (shared roles), bytes
     pid: int = 0  # the main process's PID on the host
     started: float | None = None  # when the container started, epoch seconds
+
+    @classmethod
+    def from_labels(cls, labels: Mapping[str, str], **found: Any) -> Server:
+        """Who, which role, image, hub and GPU mode from the contract's labels (a
+        container's, or a pod's annotations), and ``found``: what the engine or the node
+        says. The GPUs the labels name, else ``found["gpus"]``."""
+        fallback = tuple(found.pop("gpus", ()))
+        return cls(user=labels[USER_LABEL], role=labels.get(ROLE_LABEL, ""),
+                   image=labels.get(IMAGE_LABEL, ""), hub_id=labels.get(HUB_LABEL, ""),
+                   gpu_mode=labels.get(GPU_MODE_LABEL, ""),
+                   gpus=labelled_gpus(labels) or fallback, **found)
 
     @property
     def shared_gpu(self) -> bool:

@@ -27,11 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contract import (
-    GPU_MODE_LABEL,
-    GPUS_LABEL,
     HUB_LABEL,
-    IMAGE_LABEL,
-    ROLE_LABEL,
     USER_LABEL,
     gpu_memory_limit,
 )
@@ -70,25 +66,19 @@ def server_from_pod(pod: Mapping[str, Any], pid: int = 0,
     node says it holds, where the annotation names none (the device plugin chose)."""
     metadata = pod.get("metadata") or {}
     labels = contract_labels(metadata)
-    status = _notebook(pod, "containerStatuses", "status")
-    running = (status.get("state") or {}).get("running")
-    cid = container_id(status)
-    if USER_LABEL not in labels or running is None or not cid:
+    cid = running_id(pod)
+    if USER_LABEL not in labels or not cid:
         return None
+    running = _notebook(pod, "containerStatuses", "status")["state"]["running"]
     spec = _notebook(pod, "containers", "spec")
     limits = (spec.get("resources") or {}).get("limits") or {}
     env = {e.get("name", ""): str(e.get("value", "")) for e in spec.get("env") or []
            if "value" in e}
-    named = tuple(u for u in (labels.get(GPUS_LABEL) or "").split(",") if u)
-    return Server(
+    return Server.from_labels(
+        labels,
         container_id=cid,
         name=str(metadata.get("name") or ""),
-        user=labels[USER_LABEL],
-        role=labels.get(ROLE_LABEL, ""),
-        image=labels.get(IMAGE_LABEL, ""),
-        hub_id=labels.get(HUB_LABEL, ""),
-        gpus=named or gpus,
-        gpu_mode=labels.get(GPU_MODE_LABEL, ""),
+        gpus=gpus,
         memory_limit=_quantity(limits.get("memory"), whole=True),
         cpus=_quantity(limits.get("cpu")),
         gpu_memory_limit=gpu_memory_limit(env),
