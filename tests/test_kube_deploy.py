@@ -461,14 +461,6 @@ def test_extra_config_lets_the_watchdog_log_in_with_its_scopes_only(
         run_extra_config(monkeypatch)
 
 
-KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters: [{name: none, cluster: {server: "https://127.0.0.1:9"}}]
-users: [{name: none, user: {token: not-a-token}}]
-contexts: [{name: none, context: {cluster: none, user: none}}]
-current-context: none
-"""
 WATCHDOG_PROBE = """\
 import json, sys
 from spawner.watchdog.app import QuotaWatchdog
@@ -491,6 +483,8 @@ def test_watchdog_starts_as_the_daemonset_runs_it(tmp_path: Path) -> None:
     import json
     import subprocess
     import sys
+
+    from test_kube_spawner import KUBECONFIG  # a kubeconfig that points nowhere
 
     config = tmp_path / "watchdog_config.py"
     config.write_text(watchdog_objects()["ConfigMap"]["data"]["watchdog_config.py"])

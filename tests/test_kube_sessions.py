@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("kubespawner")
 
 from test_budgets import table as budget_table  # noqa: E402
-from test_kube_spawner import SHIPPED, make, no_cluster  # noqa: E402, F401
+from test_kube_spawner import SHIPPED, make, no_cluster, offline  # noqa: E402, F401
 from tornado import web  # noqa: E402
 
 from spawner.kube.ends import disruption, pod_end  # noqa: E402
@@ -106,18 +106,12 @@ def ledger(url: str):
     ledger.dispose()
 
 
-async def no_watch(replace: bool = False) -> None:
-    return None
-
-
 def spawner_on(monkeypatch: pytest.MonkeyPatch, url: str, quota: Path | str = SHIPPED,
                user: str = "cy", groups: tuple[str, ...] = ("ml-platform",),
                **settings: Any) -> tuple[Any, FakeCluster]:
     spawner = make(QuotaKubeSpawner, quota, user=user, groups=groups, usage_db=url,
                    events_enabled=False, **settings)
-    cluster = FakeCluster(spawner.api)
-    spawner.api = cluster
-    spawner._start_watching_pods = no_watch
+    cluster = offline(spawner, FakeCluster)
     monkeypatch.setitem(QuotaKubeSpawner.reflectors, spawner._get_reflector_key("pods"),
                         SimpleNamespace(pods=cluster.pods))
     monkeypatch.setattr(QuotaKubeSpawner, "_ledgers", type(QuotaKubeSpawner._ledgers)())

@@ -201,16 +201,33 @@ class FakeApi:
         raise Created
 
 
+async def no_watch(replace: bool = False) -> None:
+    """In place of KubeSpawner's pod and event reflectors, which need a cluster."""
+    return None
+
+
+def offline(spawner: Any, api: type = FakeApi) -> Any:
+    """The spawner with ``api``, a fake of the cluster's API around the real client's
+    serialiser, and no reflector; returns the fake."""
+    spawner._start_watching_pods = no_watch
+    spawner.api = api(spawner.api)
+    return spawner.api
+
+
 async def start(spawner: Any) -> FakeApi:
     """KubeSpawner's own _start, up to the pod's creation; no reflector is started."""
-    async def no_watch(replace: bool = False) -> None:
-        return None
-
-    spawner._start_watching_pods = no_watch
-    spawner.api = FakeApi(spawner.api)
+    offline(spawner)
     with pytest.raises(Created):
         await spawner._start()
     return spawner.api
+
+
+async def refused_start(spawner: Any, api: type = FakeApi) -> web.HTTPError:
+    """KubeSpawner's own _start against ``api``, refused: the error the user gets."""
+    offline(spawner, api)
+    with pytest.raises(web.HTTPError) as info:
+        await spawner._start()
+    return info.value
 
 
 async def test_the_pod_carries_the_role():
@@ -275,15 +292,9 @@ def _sidecar_hook(spawner: Any, pod: Any) -> Any:
 async def test_hostile_settings_are_refused_at_the_last_step(caplog, settings, words):
     spawner = make(QuotaKubeSpawner, events_enabled=False, **settings)
     spawner.user_options = {}
-
-    async def no_watch(replace: bool = False) -> None:
-        return None
-
-    spawner._start_watching_pods = no_watch
-    spawner.api = FakeApi(spawner.api)
-    with caplog.at_level(logging.ERROR), pytest.raises(web.HTTPError) as info:
-        await spawner._start()
-    assert info.value.status_code == 500 and info.value.log_message == SETTING_REFUSED
+    with caplog.at_level(logging.ERROR):
+        error = await refused_start(spawner)
+    assert error.status_code == 500 and error.log_message == SETTING_REFUSED
     assert spawner.api.pods == []  # nothing reached the API
     assert "Refused to create a pod for" in caplog.text and words in caplog.text
 
@@ -330,11 +341,9 @@ def _hook_returning(value: Any) -> Any:
 async def test_a_hook_returning_no_pod_is_a_plain_500(caplog, hook):
     spawner = make(QuotaKubeSpawner, events_enabled=False, modify_pod_hook=hook)
     spawner.user_options = {"profile": "junior-researcher"}
-    spawner._start_watching_pods = no_watch
-    spawner.api = FakeApi(spawner.api)
-    with caplog.at_level(logging.ERROR), pytest.raises(web.HTTPError) as info:
-        await spawner._start()
-    assert info.value.status_code == 500 and info.value.log_message == SETTING_REFUSED
+    with caplog.at_level(logging.ERROR):
+        error = await refused_start(spawner)
+    assert error.status_code == 500 and error.log_message == SETTING_REFUSED
     assert spawner.api.pods == [] and "Refused to create a pod for" in caplog.text
 
 
@@ -363,12 +372,10 @@ class Refusing(FakeApi):
 async def test_a_cluster_refusal_is_a_plain_sentence_and_the_reason_is_logged(caplog):
     spawner = make(QuotaKubeSpawner, events_enabled=False)
     spawner.user_options = {"profile": "junior-researcher"}
-    spawner._start_watching_pods = no_watch
-    spawner.api = Refusing(spawner.api)
-    with caplog.at_level(logging.ERROR), pytest.raises(web.HTTPError) as info:
-        await spawner._start()
-    assert info.value.status_code == 500 and info.value.log_message == CLUSTER_REFUSED
-    assert "Forbidden" not in info.value.log_message
+    with caplog.at_level(logging.ERROR):
+        error = await refused_start(spawner, Refusing)
+    assert error.status_code == 500 and error.log_message == CLUSTER_REFUSED
+    assert "Forbidden" not in error.log_message
     assert "no PriorityClass with name quota-spawner-junior-researcher" in caplog.text
     assert "quota-spawner k8s priority-classes FILE | kubectl apply" in caplog.text
 
@@ -522,10 +529,6 @@ def with_saved_options(spawner: Any, new: dict[str, str], started: dict[str, str
     return spawner.db
 
 
-async def no_watch(replace: bool = False) -> None:
-    return None
-
-
 @pytest.mark.parametrize("user, options, settings, status", [
     ("anyone", {"profile": "big"}, {}, 400),  # a role the user does not hold
     ("lead", {"profile": "big"},  # a role they hold, and a configuration the quota refuses
@@ -537,11 +540,7 @@ async def test_a_refused_start_restores_the_options_that_last_started(tmp_path, 
     quota.write_text(TABLE_TEXT)
     spawner = make(QuotaKubeSpawner, quota, user=user, events_enabled=False, **settings)
     db = with_saved_options(spawner, options, {"profile": "small", "image": "paddle"})
-    spawner._start_watching_pods = no_watch
-    spawner.api = FakeApi(spawner.api)
-    with pytest.raises(web.HTTPError) as info:
-        await spawner._start()
-    assert info.value.status_code == status
+    assert (await refused_start(spawner)).status_code == status
     assert spawner.orm_spawner.user_options == {"profile": "small", "image": "paddle"}
     db.commit.assert_called()
     assert spawner.api.pods == []  # no pod reached the API
