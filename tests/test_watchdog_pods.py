@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("kubernetes")
 
 from kubernetes.client import ApiClient  # noqa: E402
+from test_watchdog_host import v2_files, write_files, write_proc  # noqa: E402
 
 from spawner.gpu.nvml import HostProcess, HostScan, _blank  # noqa: E402
 from spawner.kube.pod import KubeOptions, NotebookPod, pod_manifest  # noqa: E402
@@ -90,11 +91,9 @@ class FakeCoreApi:
 
 
 def node_proc(proc: Path, pid: int, cgroup: str, environ: dict[str, str] | None = None) -> None:
-    folder = proc / str(pid)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "cgroup").write_text(cgroup)
+    write_proc(proc, pid, cgroup)
     if environ is not None:
-        (folder / "environ").write_bytes(b"".join(
+        (proc / str(pid) / "environ").write_bytes(b"".join(
             f"{k}={v}".encode() + b"\0" for k, v in environ.items()))
 
 
@@ -136,12 +135,7 @@ def test_in_a_cgroup_namespace_of_its_own_the_folder_is_found_by_name(tmp_path):
     # the DaemonSet's pod sees paths relative to its own cgroup; the host's tree is
     # mounted at cgroup_root, where the container's folder is found by its name
     proc, root = tmp_path / "proc", tmp_path / "host-cgroup"
-    folder = root / containerd(A).lstrip("/")
-    folder.mkdir(parents=True)
-    (folder / "memory.current").write_text(f"{300 * MiB}\n")
-    (folder / "memory.stat").write_text(f"inactive_file {100 * MiB}\n")
-    (folder / "cpu.stat").write_text("usage_usec 2500000\n")
-    (folder / "memory.events").write_text("oom_kill 1\n")
+    write_files(root / containerd(A).lstrip("/"), v2_files(300 * MiB, 100 * MiB, 2500000, 1))
     pod_slice = f"kubepods-burstable-pod{POD_UID.replace('-', '_')}.slice"
     node_proc(proc, 100, v2(f"/../../../{pod_slice}/cri-containerd-{A}.scope"))
     server = server_from_pod(kube_pod("ann", "student", A), pid=100)
@@ -300,12 +294,7 @@ class NoXids:
 
 def test_a_cycle_reads_pods_as_it_reads_containers(tmp_path, node):
     root = tmp_path / "cgroup"
-    folder = root / containerd(A).lstrip("/")
-    folder.mkdir(parents=True)
-    (folder / "memory.current").write_text(f"{900 * MiB}\n")
-    (folder / "memory.stat").write_text(f"inactive_file {100 * MiB}\n")
-    (folder / "cpu.stat").write_text("usage_usec 1000000\n")
-    (folder / "memory.events").write_text("oom_kill 0\n")
+    write_files(root / containerd(A).lstrip("/"), v2_files(900 * MiB, 100 * MiB, 1000000, 0))
     node_proc(node, 1250, v2(containerd(A)))  # the notebook's kernel, on the GPU
     app = QuotaWatchdog(source="kubernetes", node_name=NODE, hub_id=HUB, proc_root=str(node))
     app.log = logging.getLogger("test")
