@@ -419,3 +419,38 @@ def test_schedules_in_the_ledger(tmp_path):
     assert classes.cancel(engine, "cs101", two["id"]) == (False, "done")
     assert classes.due(engine, 60.0) == []
     ledger.dispose()
+
+
+# --- hostile input: checked before anything is stored ----------------------------------------
+
+
+@pytest.mark.parametrize("at, words", [
+    (1e18, "The pre-warm's time is more than 366 days ahead"),
+    (time.time() + 367 * 86400, "The pre-warm's time is more than 366 days ahead"),
+    (-5, "The pre-warm's time is before 1970"),
+    ("tomorrow", "The request needs 'at', as a time in Unix seconds."),
+    (True, "The request needs 'at', as a time in Unix seconds."),
+])
+async def test_a_prewarm_time_out_of_range_is_refused_and_nothing_stored(api, at, words):
+    code, found = await api.call("POST", "/cs101/prewarm",
+                                 body={"role": "student", "image": "pytorch", "at": at})
+    assert code == 400 and words in found["message"], found
+    assert (await api.call("GET", "/cs101/schedules"))[1] == {"schedules": []}
+    assert api.hub_calls("POST") == []
+
+
+async def test_nan_at_is_refused(api):
+    r = await api.client.fetch(
+        api.base + "/cs101/prewarm", method="POST", raise_error=False,
+        headers={"X-Test-User": "prof-ada", "Content-Type": "application/json"},
+        body='{"role": "student", "image": "pytorch", "at": NaN}')
+    assert r.code == 400 and "NaN" in json.loads(r.body)["message"]
+    assert (await api.call("GET", "/cs101/schedules"))[1] == {"schedules": []}
+
+
+async def test_a_schedule_id_out_of_range_is_a_sentence(api):
+    for method in ("GET", "DELETE"):
+        code, found = await api.call(method, "/cs101/schedules/99999999999999999999")
+        assert (code, found["message"]) == (400, (
+            "'99999999999999999999' is not a schedule id: ids are whole numbers from 1 to "
+            "9223372036854775807."))

@@ -265,3 +265,24 @@ def test_the_text_of_a_row():
                                1799139600.0 + 125) == "2 min ago"
     assert class_page.ago_text(None, 0) == "never"
     assert USERS  # the fake hub's users, shared with test_class_api
+
+
+async def test_refusal_pages_are_titled_by_the_page_refused(site):
+    r = await site.get("classes", "carol")
+    assert r.code == 403 and "<title>Classes</title>" in r.body.decode()
+
+
+async def test_a_schedule_stored_at_an_absurd_time_never_breaks_the_page(site):
+    """Stored before the API checked 'at': the page shows it, and it can be cancelled."""
+    ledger = Ledger(site.url, create=False)
+    planned = classes.add_schedule(ledger.engine, "cs101", "student", "pytorch", 1e18,
+                                   "prof-ada", time.time())
+    ledger.dispose()
+    for who in ("prof-ada", "admin"):
+        r = await site.get("classes/cs101", who)
+        assert r.code == 200, r.body[:300]
+        assert "an invalid time (1e+18)" in r.body.decode()
+    r = await site.client.fetch(
+        f"{site.base}api/classes/cs101/schedules/{planned['id']}", method="DELETE",
+        headers={"X-Test-User": "prof-ada"}, raise_error=False)
+    assert r.code == 200 and json.loads(r.body)["state"] == "cancelled"

@@ -156,8 +156,11 @@ async def test_a_student_asks_lists_and_withdraws(api):
     asked = found["request"]
     assert (asked["user"], asked["role"], asked["state"], asked["groups"]) == (
         "student1", "gpu-training", "pending", ["cs101"])
-    assert found["message"].startswith("student1 asks for the role 'gpu-training' from "
-                                       "2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC")
+    # the asker reads about their own request; the deciders get the event's sentence
+    assert found["message"] == (
+        "You asked for the role 'gpu-training' from 2026-11-18 11:06 UTC to 2026-11-25 "
+        "11:06 UTC. Admins, or an instructor of your class, will decide, and you are told "
+        "either way.")
     code, mine = await api.get("mine", "student1")
     assert code == 200 and [r["id"] for r in mine["requests"]] == [asked["id"]]
     assert (await api.get("mine", "carol"))[1] == {"requests": []}
@@ -169,14 +172,15 @@ async def test_a_student_asks_lists_and_withdraws(api):
         "id": asked["id"], "user": "student1", "role": "gpu-training", "starts": NOW,
         "ends": NOW + 7 * DAY, "reason": "My thesis trains a model for a week.",
         "who": "student1", "comment": ""}
-    assert event["text"] == found["message"]
+    assert event["text"].startswith("student1 asks for the role 'gpu-training' from "
+                                    "2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC")
 
     # nobody else withdraws it
     code, refused = await api.post(f"/{asked['id']}/withdraw", "carol")
     assert (code, refused) == (400, {"message": f"You have no request {asked['id']}."})
     code, done = await api.post(f"/{asked['id']}/withdraw", "student1")
     assert code == 200 and done["request"]["state"] == "withdrawn"
-    assert done["message"] == "student1 withdrew the request for the role 'gpu-training'."
+    assert done["message"] == "You withdrew your request for the role 'gpu-training'."
     code, again = await api.post(f"/{asked['id']}/withdraw", "student1")
     assert code == 400 and "nothing to withdraw" in again["message"]
     events = await wait_events(api, 2)
@@ -234,9 +238,10 @@ async def test_the_admin_sees_all_and_approves(api):
                                 {"approve": True, "comment": "for the thesis"})
     assert code == 200, done
     assert (done["request"]["state"], done["request"]["decided_by"]) == ("approved", "admin")
+    # the approver reads what they did; the student's sentence goes to the student
     assert done["message"] == (
-        "Your request for the role 'gpu-training' was approved by admin; you hold it from "
-        "2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC: for the thesis")
+        "You approved student1's request for the role 'gpu-training': they hold it from "
+        "2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC. They are told.")
     # the grant shows on the student's side
     _, options = await api.get("options", "student1")
     assert options["granted"] == ["gpu-training"] and "gpu-training" in options["held"]
@@ -249,7 +254,9 @@ async def test_the_admin_sees_all_and_approves(api):
     assert approved["event"] == "role-request-approved"
     assert (approved["user"], approved["who"], approved["comment"], approved["hub"]) == (
         "student1", "admin", "for the thesis", HUB_ID)
-    assert approved["text"] == done["message"]
+    assert approved["text"] == (
+        "Your request for the role 'gpu-training' was approved by admin; you hold it from "
+        "2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC: for the thesis")
 
 
 async def test_a_refusal_needs_a_comment(api):
@@ -282,7 +289,7 @@ async def test_an_instructor_decides_for_their_group_only(api):
     code, done = await api.post(f"/{mine['request']['id']}/decide", "prof-ada",
                                 {"approve": True})
     assert code == 200 and done["request"]["decided_by"] == "prof-ada"
-    assert done["message"].endswith("2026-11-25 11:06 UTC.")
+    assert done["message"].endswith("2026-11-25 11:06 UTC. They are told.")
 
 
 async def test_instructors_decide_only_when_the_table_allows(admins_only):
@@ -363,3 +370,88 @@ def test_the_hub_id_is_the_spawners(tmp_path, monkeypatch):
     assert requests_api.hub_id_from_env() == hub_id_from_secret("quota", bytes.fromhex("ab" * 32))
     monkeypatch.setenv("QUOTA_SPAWNER_HUB_ID", "mine")
     assert requests_api.hub_id_from_env() == "mine"
+
+
+# --- hostile input: checked before anything is stored ----------------------------------------
+
+
+@pytest.mark.parametrize("starts, ends, words", [
+    (1e13, 1.0000000036e13, "A request may start at most 366 days from now"),
+    (NOW + 367 * DAY, NOW + 368 * DAY, "A request may start at most 366 days from now"),
+    (NOW, 1e300, "the longest this hub grants is 14 days"),
+    (-1e300, NOW + DAY, None),  # a start in the past means now: a normal request
+])
+async def test_a_window_out_of_range_is_refused_and_nothing_stored(api, starts, ends, words):
+    code, found = await api.ask(starts=starts, ends=ends)
+    if words is None:
+        assert code == 200 and found["request"]["starts"] == NOW
+        return
+    assert code == 400 and words in found["message"], found
+    assert (await api.get("mine", "student1"))[1] == {"requests": []}
+    assert api.logged() == []
+
+
+@pytest.mark.parametrize("raw", ["NaN", "Infinity", "-Infinity", "1e400"])
+async def test_nan_and_infinities_are_refused(api, raw):
+    body = f'{{"role": "gpu-training", "reason": "x", "starts": {raw}, "ends": {NOW + DAY}}}'
+    code, found = await api.post("", "student1", body)
+    assert code == 400, found
+    assert found["message"] in (
+        "The request holds NaN or Infinity, which are not numbers here.",
+        "'starts' must be a finite number: a time in Unix seconds.")
+    assert (await api.get("mine", "student1"))[1] == {"requests": []}
+
+
+@pytest.mark.parametrize("rid", ["99999999999999999999", "9223372036854775808", "0"])
+async def test_ids_out_of_the_databases_range_are_a_sentence(api, rid):
+    sentence = (f"'{rid}' is not a request id: ids are whole numbers from 1 to "
+                "9223372036854775807.")
+    for path, who, body in ((f"/{rid}/withdraw", "student1", {}),
+                            (f"/{rid}/decide", "admin", {"approve": True})):
+        assert await api.post(path, who, body) == (400, {"message": sentence})
+    assert await api.call("DELETE", f"api/requests/{rid}", "admin") == (
+        400, {"message": sentence})
+    # the largest id is an id: there is just no such request
+    assert (await api.post("/9223372036854775807/withdraw", "student1"))[0] == 400
+    assert (await api.post("/9223372036854775807/decide", "admin",
+                           {"approve": True}))[0] == 404
+
+
+async def test_a_role_no_longer_requestable_cannot_be_approved(api):
+    _, asked = await api.ask()
+    rid = asked["request"]["id"]
+    # an admin takes the role out of requests: roles before anyone decides
+    text = api.quota.read_text().replace("roles: [gpu-training, senior-engineer]",
+                                         "roles: [senior-engineer]")
+    api.quota.write_text(text)
+    code, found = await api.post(f"/{rid}/decide", "prof-ada", {"approve": True})
+    assert (code, found["message"]) == (400, (
+        "The role 'gpu-training' can no longer be requested: the quota table's requests: "
+        "roles does not list it now. Refuse this request, or have an admin add the role "
+        "back first."))
+    _, options = await api.get("options", "student1")
+    assert "gpu-training" not in options["held"] and options["granted"] == []
+    # a shorter max_days since the ask: the window is re-checked too
+    api.quota.write_text(text.replace("roles: [senior-engineer]",
+                                      "roles: [gpu-training, senior-engineer]")
+                         .replace("max_days: 14", "max_days: 3"))
+    code, found = await api.post(f"/{rid}/decide", "admin", {"approve": True})
+    assert code == 400 and "longer than the 3 days the quota table now allows" in \
+        found["message"]
+    code, found = await api.post(f"/{rid}/decide", "admin",
+                                 {"approve": False, "comment": "Too long now."})
+    assert code == 200
+
+
+async def test_long_texts_and_large_bodies_are_refused(api):
+    code, found = await api.ask(reason="x" * 2001)
+    assert (code, found["message"]) == (400, "Please keep the reason under 2000 characters.")
+    _, asked = await api.ask()
+    code, found = await api.post(f"/{asked['request']['id']}/decide", "admin",
+                                 {"approve": True, "comment": "y" * 2001})
+    assert (code, found["message"]) == (400, "Please keep the comment under 2000 characters.")
+    body = json.dumps({"reason": "z" * (1 << 20)})
+    code, found = await api.post("", "student1", body)
+    assert (code, found["message"]) == (413, "The request is 1,048,590 bytes; this service "
+                                             "takes at most 1,048,576 bytes (1 MiB).")
+    assert (await api.get("mine", "student1"))[1]["requests"] == [asked["request"]]

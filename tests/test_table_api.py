@@ -3,8 +3,10 @@ test_usage_service.py, and the hub's REST API by a small tornado app."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from spawner.usage import service
+from spawner.usage import service, table_api
 from spawner.usage.ledger import Ledger
 from spawner.usage.table_api import table_schema
 
@@ -248,3 +250,46 @@ async def test_crlf_is_saved_as_lf(api):
     assert code == 200
     assert b"\r" not in api.quota.read_bytes()
     assert api.quota.read_text() == without_gpu_lab(current["text"])
+
+
+# --- hostile input and a responsive service -----------------------------------------------
+
+
+async def test_version_ids_out_of_range_are_a_sentence(api):
+    sentence = ("'99999999999999999999' is not a version id: ids are whole numbers from 1 "
+                "to 9223372036854775807.")
+    assert await api.get("/versions/99999999999999999999") == (400, {"message": sentence})
+    _, now = await api.get()
+    assert await api.post("/versions/99999999999999999999/restore",
+                          {"comment": "x", "version": now["version"]}) == (
+        400, {"message": sentence})
+
+
+async def test_a_save_comment_has_a_limit(api):
+    _, now = await api.get()
+    code, found = await api.post("", {"text": now["text"], "version": now["version"],
+                                      "comment": "c" * 2001})
+    assert (code, found["message"]) == (400, "Please keep the comment under 2000 characters.")
+
+
+@pytest.mark.parametrize("endpoint, name", [("/check", "check"), ("/preview", "preview")])
+async def test_a_slow_table_check_holds_up_no_other_visitor(api, monkeypatch, endpoint, name):
+    """The check and the preview run on the service's threads: while one is slow (a large
+    table), another visitor is answered. On the event loop, the second answer would wait."""
+    release = threading.Event()
+    original = getattr(table_api, name)
+
+    def slow(*args):
+        release.wait(5)
+        return original(*args)
+
+    monkeypatch.setattr(table_api, name, slow)
+    _, now = await api.get()
+    checking = asyncio.ensure_future(api.post(endpoint, {"text": now["text"]}))
+    await asyncio.sleep(0.2)
+    code, _ = await api.get("/versions", who="admin")
+    assert code == 200
+    assert not checking.done()  # answered while the check still ran
+    release.set()
+    code, found = await checking
+    assert code == 200, found

@@ -387,6 +387,14 @@ async def test_anyone_else_is_refused_with_a_sentence(site):
 async def test_bad_dates_are_a_sentence(site):
     r = await site.get("?period=custom&since=yesterday", "admin")
     assert r.code == 400 and "is not a date like 2025-01-31" in r.body.decode()
+    # the last day of the calendar has no day after it: out of range, not a 500
+    for query in ("until=9999-12-31", "since=0001-01-01", "since=2026-01-01junk"):
+        r = await site.get(f"?period=custom&{query}", "admin")
+        assert r.code == 400, (query, r.code)
+        assert ("out of range: reports cover 1970-01-01 to 9998-12-31" in r.body.decode()
+                or "is not a date like" in r.body.decode())
+    r = await site.get("user?name=alice&period=custom&until=9999-12-31", "admin")
+    assert r.code == 400 and "<title>Usage</title>" in r.body.decode()
 
 
 async def test_a_ledger_not_there_yet_is_a_sentence(tmp_path, monkeypatch):

@@ -14,14 +14,16 @@ Everything here reads or writes the ledger and blocks: call it from a thread.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import Engine, and_, insert, select, update
+from sqlalchemy import Engine, and_, delete, insert, select, update
 
 from ..quota.model import QuotaTable
+from ..quota.units import format_moment, valid_moment
+from ..usage.inputs import DAY, REQUEST_HORIZON_DAYS
 from ..usage.schema import role_requests
 
 PENDING, APPROVED, REFUSED, WITHDRAWN = "pending", "approved", "refused", "withdrawn"
@@ -59,15 +61,24 @@ class RoleRequest:
     def window(self) -> str:
         return f"from {when(self.starts)} to {when(self.ends)}"
 
+    @property
+    def broken(self) -> bool:
+        """Stored before the input checks with a time no calendar shows: the pages show
+        it as broken, and an admin may refuse or delete it."""
+        return not (valid_moment(self.starts) and valid_moment(self.ends))
+
 
 @dataclass(frozen=True)
 class Outcome:
-    """What an ask, decision or withdrawal did: ``refusal`` says why nothing was done."""
+    """What an ask, decision or withdrawal did: ``refusal`` says why nothing was done;
+    ``reply`` is the sentence for whoever made the change, ``fields["text"]`` the
+    event's, for those it is told to."""
 
     request: RoleRequest | None = None
     refusal: str | None = None
     event: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)
+    reply: str = ""
 
     @property
     def done(self) -> bool:
@@ -80,8 +91,8 @@ class Outcome:
 
 
 def when(t: float) -> str:
-    """A moment for people: '2026-12-20 14:00 UTC'."""
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    """A moment for people: '2026-12-20 14:00 UTC' (never raises)."""
+    return format_moment(t)
 
 
 def _days(seconds: float) -> str:
@@ -95,12 +106,12 @@ def _row(row: Any) -> RoleRequest:
     return RoleRequest(**values)
 
 
-def _event(name: str, request: RoleRequest, text: str) -> Outcome:
+def _event(name: str, request: RoleRequest, text: str, reply: str) -> Outcome:
     fields = {"id": request.id, "user": request.user_name, "role": request.role,
               "starts": request.starts, "ends": request.ends, "reason": request.reason,
               "who": request.decided_by or request.user_name,
               "comment": request.decision_comment, "text": text}
-    return Outcome(request, None, name, fields)
+    return Outcome(request, None, name, fields, reply)
 
 
 def get(engine: Engine, request_id: int) -> RoleRequest | None:
@@ -117,8 +128,10 @@ def ask(engine: Engine, table: QuotaTable, user: str, groups: Iterable[str], rol
     groups = tuple(groups)
     rules = table.requests
     reason = reason.strip()
-    starts = max(starts, now)
     refusal = None
+    if not (math.isfinite(starts) and math.isfinite(ends)):
+        return Outcome(refusal="The window's start and end must be times in Unix seconds.")
+    starts = max(starts, now)
     if not rules.roles:
         refusal = "Roles cannot be requested on this hub; ask an admin."
     elif role not in rules.roles or role not in table.roles:
@@ -130,6 +143,9 @@ def ask(engine: Engine, table: QuotaTable, user: str, groups: Iterable[str], rol
         refusal = "The window you asked for has already ended; choose an end in the future."
     elif ends <= starts:
         refusal = "The window must end after it starts."
+    elif starts > now + REQUEST_HORIZON_DAYS * DAY:
+        refusal = (f"A request may start at most {REQUEST_HORIZON_DAYS} days from now; "
+                   "ask again closer to the time.")
     elif ends - starts > rules.max_seconds:
         refusal = (f"The window you asked for is {_days(ends - starts)} long; the longest "
                    f"this hub grants is {_days(rules.max_seconds)}.")
@@ -155,8 +171,12 @@ def ask(engine: Engine, table: QuotaTable, user: str, groups: Iterable[str], rol
             user_name=user, groups=",".join(groups), role=role, starts=starts, ends=ends,
             reason=reason, state=PENDING, asked_at=now)).inserted_primary_key[0]
     request = RoleRequest(new_id, user, groups, role, starts, ends, reason, PENDING, now)
+    deciders = "Admins" + (", or an instructor of your class," if rules.instructors_approve
+                           else "")
     return _event(ASKED, request, f"{user} asks for the role '{role}' {request.window}: "
-                                  f"{reason}")
+                                  f"{reason}",
+                  f"You asked for the role '{role}' {request.window}. {deciders} will "
+                  "decide, and you are told either way.")
 
 
 def decider(table: QuotaTable, *, admin: bool, instructor_of: Iterable[str] = (),
@@ -196,9 +216,23 @@ def decide(engine: Engine, table: QuotaTable, request_id: int, who: str, approve
         return Outcome(refusal="You cannot decide your own request.")
     comment = comment.strip()
     if approve:
+        # the table as it is now: an admin may have changed it since the request
+        rules = table.requests
+        if request.broken:
+            return Outcome(refusal=("This request's window holds a time no calendar can "
+                                    "show; it can only be refused or deleted."))
         if request.role not in table.roles:
             return Outcome(refusal=(f"The role '{request.role}' is no longer in the quota "
                                     "table; refuse this request."))
+        if request.role not in rules.roles:
+            return Outcome(refusal=(f"The role '{request.role}' can no longer be requested: "
+                                    "the quota table's requests: roles does not list it now. "
+                                    "Refuse this request, or have an admin add the role back "
+                                    "first."))
+        if request.ends - max(request.starts, now) > rules.max_seconds:
+            return Outcome(refusal=(f"This request's window is longer than the "
+                                    f"{_days(rules.max_seconds)} the quota table now allows; "
+                                    "refuse it and ask for a shorter one."))
         if request.ends <= now:
             return Outcome(refusal=("The window of this request has already ended; it can "
                                     "only be refused."))
@@ -214,12 +248,15 @@ def decide(engine: Engine, table: QuotaTable, request_id: int, who: str, approve
     request = RoleRequest(**{**asdict(request), "state": state, "decided_by": who,
                              "decided_at": now, "decision_comment": comment})
     said = f": {comment}" if comment else "."
+    whose = f"{request.user_name}'s request for the role '{request.role}'"
     if approve:
         text = (f"Your request for the role '{request.role}' was approved by {who}; you hold "
                 f"it {request.window}{said}")
-        return _event(APPROVED_EVENT, request, text)
+        return _event(APPROVED_EVENT, request, text,
+                      f"You approved {whose}: they hold it {request.window}. They are told.")
     text = f"Your request for the role '{request.role}' was refused by {who}{said}"
-    return _event(REFUSED_EVENT, request, text)
+    return _event(REFUSED_EVENT, request, text,
+                  f"You refused {whose}. They are told, with your comment.")
 
 
 def withdraw(engine: Engine, request_id: int, user: str, now: float) -> Outcome:
@@ -237,10 +274,29 @@ def withdraw(engine: Engine, request_id: int, user: str, now: float) -> Outcome:
             state=WITHDRAWN, decided_by=user, decided_at=now)).rowcount
     if not changed:
         return withdraw(engine, request_id, user, now)
+    was = request.state
     request = RoleRequest(**{**asdict(request), "state": WITHDRAWN, "decided_by": user,
                              "decided_at": now, "decision_comment": ""})
+    reply = (f"You gave up your grant of the role '{request.role}'." if was == APPROVED
+             else f"You withdrew your request for the role '{request.role}'.")
     return _event(WITHDRAWN_EVENT, request,
-                  f"{user} withdrew the request for the role '{request.role}'.")
+                  f"{user} withdrew the request for the role '{request.role}'.", reply)
+
+
+def delete_broken(engine: Engine, request_id: int) -> Outcome:
+    """An admin deletes a request whose window cannot be shown (stored before the input
+    checks); any other request stays, as the grants' audit trail."""
+    request = get(engine, request_id)
+    if request is None:
+        return Outcome(refusal=f"There is no request {request_id}.")
+    if not request.broken:
+        return Outcome(request, refusal=("Only a request whose window holds a time no calendar can "
+                                "show may be deleted; the others are the grants' record. "
+                                "Refuse it instead."))
+    with engine.begin() as connection:
+        connection.execute(delete(role_requests).where(role_requests.c.id == request_id))
+    return Outcome(request, reply=f"Request {request_id} of {request.user_name}, whose window "
+                                  "could not be shown, is deleted.")
 
 
 def pending(engine: Engine, groups: Iterable[str] | None = None) -> list[RoleRequest]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime, timezone, tzinfo
 
 _SIZE_UNITS = {
     "": 1,
@@ -97,3 +98,32 @@ def human_duration(seconds: float) -> str:
     if minutes:
         return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
     return f"{secs}s"
+
+
+INVALID_TIME = "an invalid time"
+
+
+def format_moment(epoch: float, tz: tzinfo = timezone.utc, pattern: str = "%Y-%m-%d %H:%M",
+                  zone: bool = True) -> str:
+    """'2026-12-20 14:00 UTC': a moment in ``tz`` for people, with the zone's name when
+    ``zone``. Never raises: a time no calendar can show (past the year 9999, NaN, a
+    stored row from before the input checks) reads as 'an invalid time (1e+13)'."""
+    try:
+        moment = datetime.fromtimestamp(epoch, tz)
+    except (OverflowError, OSError, ValueError, TypeError):
+        try:
+            shown = format(epoch, "g")
+        except (TypeError, ValueError):
+            shown = repr(epoch)[:40]
+        return f"{INVALID_TIME} ({shown})"
+    text = moment.strftime(pattern)
+    return f"{text} {moment.tzname() or tz}" if zone else text
+
+
+def valid_moment(epoch: float) -> bool:
+    """Whether ``format_moment`` can show ``epoch`` as a date."""
+    try:
+        datetime.fromtimestamp(epoch, timezone.utc)
+    except (OverflowError, OSError, ValueError, TypeError):
+        return False
+    return True

@@ -44,6 +44,7 @@ from tornado.ioloop import PeriodicCallback
 
 from ..admin import classes
 from ..admin.gpu_map import read_json_file, usage_state
+from . import inputs
 from .service import Access, LedgerReader, NotReady, Refused, _load_table, _names, access_for
 from .table_api import PAGINATION, TableApi
 
@@ -379,10 +380,12 @@ class PrewarmHandler(StopHandler):
         body = self.body("role", "image")
         role, image, at = body["role"], body["image"], body.get("at")
         now = time.time()
-        if at is not None and (isinstance(at, bool) or not isinstance(at, (int, float))):
-            raise Refused("'at' is the time to start, in seconds since the epoch.", 400)
-        if at is not None and at < now - 60:
-            raise Refused("That time has passed; pick a time to come, or none for now.", 400)
+        if at is not None:
+            at = inputs.moment(at, "at", now=now, ahead_days=inputs.PREWARM_HORIZON_DAYS,
+                               what="the pre-warm's time")
+            if at < now - 60:
+                raise Refused("That time has passed; pick a time to come, or none for now.",
+                              400)
         found = await self.members(group)
         if not found:
             raise Refused(f"{group} has no members you can see.", 404)
@@ -422,7 +425,7 @@ class ScheduleHandler(ClassApi):
     """GET: one schedule. DELETE: cancel it while it is pending."""
 
     async def _one(self, group: str, schedule_id: str) -> dict[str, Any]:
-        found = await self.ledger(classes.schedule, int(schedule_id))
+        found = await self.ledger(classes.schedule, inputs.record_id(schedule_id, "schedule"))
         if found is None or found["group"] != group:
             raise Refused(f"{group} has no pre-warm schedule {schedule_id}.", 404)
         return found
@@ -435,7 +438,8 @@ class ScheduleHandler(ClassApi):
     @web.authenticated
     async def delete(self, group: str, schedule_id: str) -> None:
         self.group(group)
-        cancelled, before = await self.ledger(classes.cancel, group, int(schedule_id))
+        number = inputs.record_id(schedule_id, "schedule")
+        cancelled, before = await self.ledger(classes.cancel, group, number)
         if before is None:
             raise Refused(f"{group} has no pre-warm schedule {schedule_id}.", 404)
         if not cancelled:

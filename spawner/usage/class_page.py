@@ -25,6 +25,7 @@ from urllib.parse import quote
 
 from tornado import web
 
+from ..quota.units import format_moment, valid_moment
 from .class_api import (
     ClassConfig,
     ClassVisitor,
@@ -109,6 +110,8 @@ def class_link(prefix: str, group: str) -> str:
 class ClassPages(ClassVisitor, UsageHandler):
     """Shared by the two pages: the class dashboard's visitor, and the page's headers."""
 
+    page_title = "Classes"
+
     def set_default_headers(self) -> None:
         super().set_default_headers()
         self.set_header("Content-Security-Policy", PAGE_CSP)
@@ -152,8 +155,9 @@ class ClassPage(ClassPages):
             script=f"{prefix}static/classes.js?v={script_version()}",
             cpu_text=cpu_text, memory_text=memory_text, size_text=size_text,
             role_text=role_text, ago=lambda t: ago_text(t, now),
-            when=lambda t: datetime.fromtimestamp(t, self.tz).strftime("%Y-%m-%d %H:%M"),
-            iso=lambda t: datetime.fromtimestamp(t, timezone.utc).isoformat(),
+            when=lambda t: format_moment(t, self.tz, zone=False),
+            iso=lambda t: format_moment(t, timezone.utc, "%Y-%m-%dT%H:%M:%S+00:00",
+                                        zone=False) if valid_moment(t) else "",
             choice_value=lambda c: json.dumps([c["role"], c["image"]]))
 
 

@@ -10,7 +10,9 @@ Routes under the service's prefix (``routes``):
 - ``GET api/requests/pending``: the requests this visitor may decide (admins: all;
   instructors of a group, when the table's ``requests: instructors_approve`` is true:
   those of the group's members); anyone else is refused (403);
-- ``POST api/requests/<id>/decide`` ``{approve, comment}``: approve or refuse.
+- ``POST api/requests/<id>/decide`` ``{approve, comment}``: approve or refuse;
+- ``DELETE api/requests/<id>``: an admin deletes a request whose window cannot be shown
+  (stored before the input checks, ``inputs.py``); every other request is kept.
 
 Unlike the usage report, these are for every logged-in user: the hub gives everyone
 ``access:services!service=usage`` (``USER_SCOPES``, for ``c.JupyterHub.extra_user_scopes``),
@@ -43,6 +45,7 @@ from ..config import hub_id_from_secret_file
 from ..events import EventLog
 from ..quota.model import QuotaTable, QuotaTableError
 from ..quota.store import QuotaStore
+from . import inputs
 from .service import Refused, access_for
 from .table_api import TableApi
 
@@ -189,10 +192,10 @@ class RequestsApi(TableApi):
         if not outcome.done:
             raise Refused(outcome.refusal or "", 400)
         outcome.emit(self.events, hub=self.hub_id())
-        log.info("Requests: %s (%s)", outcome.fields.get("text"), outcome.event)
+        log.info("Requests: %s (%s)", outcome.fields.get("text") or outcome.reply,
+                 outcome.event)
         assert outcome.request is not None
-        self.reply({"request": request_json(outcome.request),
-                    "message": outcome.fields.get("text", "")})
+        self.reply({"request": request_json(outcome.request), "message": outcome.reply})
 
 
 class OptionsHandler(RequestsApi):
@@ -227,10 +230,8 @@ class MineHandler(RequestsApi):
 
 
 def _seconds(body: dict[str, Any], name: str) -> float:
-    value = body.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise Refused(f"The request needs {name!r}, as a time in Unix seconds.", 400)
-    return float(value)
+    # the range (a start at most REQUEST_HORIZON_DAYS ahead) is the ask's own rule
+    return inputs.number(body.get(name), name, "a time in Unix seconds")
 
 
 class AskHandler(RequestsApi):
@@ -240,6 +241,7 @@ class AskHandler(RequestsApi):
     async def post(self) -> None:
         body = self.body("role", "reason")
         starts, ends = _seconds(body, "starts"), _seconds(body, "ends")
+        inputs.text(body["reason"], "reason", rr.MAX_REASON)
         table = await self.quota_table()
         user = self.who()
         groups = await self.my_groups()
@@ -255,8 +257,9 @@ class WithdrawHandler(RequestsApi):
     @web.authenticated
     async def post(self, request_id: str) -> None:
         self.body()
+        found = inputs.record_id(request_id, "request")
         user, now = self.who(), self.clock()
-        self.told(await self.reader.run(rr.withdraw, int(request_id), user, now))
+        self.told(await self.reader.run(rr.withdraw, found, user, now))
 
 
 class PendingHandler(RequestsApi):
@@ -285,11 +288,10 @@ class DecideHandler(RequestsApi):
         approve = body.get("approve")
         if not isinstance(approve, bool):
             raise Refused("The request needs 'approve', as true or false.", 400)
-        comment = body.get("comment", "")
-        if not isinstance(comment, str):
-            raise Refused("The comment must be a string.", 400)
+        comment = inputs.text(body.get("comment", ""), "comment", inputs.MAX_COMMENT)
+        number = inputs.record_id(request_id, "request")
         table = await self.quota_table()
-        found = await self.reader.run(rr.get, int(request_id))
+        found = await self.reader.run(rr.get, number)
         if found is None:
             raise Refused(f"There is no request {request_id}.", 404)
         may = await self.decider(table, [found])
@@ -297,8 +299,25 @@ class DecideHandler(RequestsApi):
             raise Refused(f"You may not decide the requests of {found.user_name}.")
         who, now = self.who(), self.clock()
         outcome = await self.reader.run(lambda engine: rr.decide(
-            engine, table, int(request_id), who, approve, comment, may, now))
+            engine, table, number, who, approve, comment, may, now))
         self.told(outcome)
+
+
+class DeleteHandler(RequestsApi):
+    """DELETE: an admin deletes a request whose window cannot be shown."""
+
+    @web.authenticated
+    async def delete(self, request_id: str) -> None:
+        number = inputs.record_id(request_id, "request")
+        if self.current_user.get("admin") is not True:
+            raise Refused("Only admins may delete a request, and only one whose window "
+                          "cannot be shown.")
+        outcome = await self.reader.run(rr.delete_broken, number)
+        if not outcome.done:
+            raise Refused(outcome.refusal or "", 404 if outcome.request is None else 400)
+        log.warning("Requests: %s deleted request %s of %s, whose window could not be shown",
+                    self.who(), number, outcome.request.user_name if outcome.request else "?")
+        self.reply({"message": outcome.reply})
 
 
 def routes(prefix: str, *, quota_file: str | None = None, state_dir: str | None = None,
@@ -337,4 +356,5 @@ def routes(prefix: str, *, quota_file: str | None = None, state_dir: str | None 
         (prefix + "api/requests/pending", PendingHandler, shared),
         (prefix + r"api/requests/(\d+)/withdraw", WithdrawHandler, shared),
         (prefix + r"api/requests/(\d+)/decide", DecideHandler, shared),
+        (prefix + r"api/requests/(\d+)", DeleteHandler, shared),
     ]

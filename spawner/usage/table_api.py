@@ -53,6 +53,7 @@ from ..admin.table_edit import (
 )
 from ..quota.loader import parse_quota_table
 from ..quota.model import Problem, QuotaTable, QuotaTableError
+from . import inputs
 from .service import Refused, UsageHandler
 
 log = logging.getLogger("quota_spawner.usage")
@@ -142,10 +143,7 @@ class TableApi(UsageHandler):
         kind = self.request.headers.get("Content-Type", "").split(";")[0].strip().lower()
         if kind != "application/json":
             raise Refused("Send the request as JSON (Content-Type: application/json).", 400)
-        try:
-            found = json.loads(self.request.body or b"{}")
-        except ValueError:
-            raise Refused("The request is not valid JSON.", 400) from None
+        found = inputs.parse_json(self.request.body or b"")
         if not isinstance(found, dict):
             raise Refused("The request must be a JSON object.", 400)
         for name in required:
@@ -204,6 +202,12 @@ def _lf(text: str) -> str:
     return text.replace("\r\n", "\n")
 
 
+def _comment(body: dict[str, Any]) -> str:
+    """A save's comment: missing is empty (the save says it is needed), else bounded."""
+    found = body.get("comment")
+    return inputs.text(found, "comment", inputs.MAX_COMMENT) if found is not None else ""
+
+
 class TableHandler(TableApi):
     """GET: the table as it is. POST: save an edit."""
 
@@ -225,11 +229,10 @@ class TableHandler(TableApi):
     async def post(self) -> None:
         who = self.admin()
         body = self.body("text", "version")
-        comment = body.get("comment")
+        comment = _comment(body)
         table = self.table
         result = await self.audit(lambda audit: table.save(
-            _lf(body["text"]), body["version"], who,
-            comment if isinstance(comment, str) else "", audit))
+            _lf(body["text"]), body["version"], who, comment, audit))
         if result.saved:
             log.info("Table editor: %s saved %s (audit %s)", who, table.path, result.audit_id)
         self.saved(result)
@@ -243,8 +246,8 @@ class CheckHandler(TableApi):
         self.admin()
         text = _lf(self.body("text")["text"])
         path = self.table.path
-        # small and CPU-bound: a thread hop would cost more than the parse
-        self.reply({"problems": problems_json(check(text, path))})
+        # on the worker threads: a large table's check must not hold up other visitors
+        self.reply({"problems": problems_json(await self.blocking(check, text, path))})
 
 
 def _parse(text: str, path: str) -> tuple[QuotaTable | None, list[Problem]]:
@@ -286,8 +289,11 @@ class PreviewHandler(TableApi):
             log.warning("Table editor: could not read the hub's users: %s", e)
             raise Refused("The preview needs the hub's list of users, and the hub did not "
                           "answer; try again in a moment.", 503) from None
-        found = preview(old, new, users, running)
-        self.reply({"sentences": found.sentences(), "details": asdict(found)})
+        def compare() -> dict[str, Any]:
+            found = preview(old, new, users, running)
+            return {"sentences": found.sentences(), "details": asdict(found)}
+
+        self.reply(await self.blocking(compare))
 
 
 class VersionsHandler(TableApi):
@@ -308,9 +314,10 @@ class VersionHandler(TableApi):
     async def get(self, version_id: str) -> None:
         self.admin()
         table = self.table
+        number = inputs.record_id(version_id, "version")
 
         def one(audit: Audit) -> Version | None:
-            found = audit.version(int(version_id))
+            found = audit.version(number)
             return found if found and found.path == os.path.abspath(table.path) else None
 
         found = await self.audit(one)
@@ -325,12 +332,12 @@ class RestoreHandler(TableApi):
     @web.authenticated
     async def post(self, version_id: str) -> None:
         who = self.admin()
+        number = inputs.record_id(version_id, "version")
         body = self.body("version")
-        comment = body.get("comment")
+        comment = _comment(body)
         table = self.table
         result = await self.audit(lambda audit: audit.restore(
-            int(version_id), who, comment if isinstance(comment, str) else "", table,
-            base_version=body["version"]))
+            number, who, comment, table, base_version=body["version"]))
         if result.saved:
             log.info("Table editor: %s restored version %s of %s (audit %s)", who,
                      version_id, table.path, result.audit_id)

@@ -86,6 +86,7 @@
 
   function localTime(epoch) {
     const d = new Date(epoch * 1000);
+    if (Number.isNaN(d.getTime())) return `an invalid time (${epoch})`; // a stored odd row
     const pad = (n) => String(n).padStart(2, "0");
     return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
       `${pad(d.getHours())}:${pad(d.getMinutes())} ${zone}`;
@@ -211,7 +212,8 @@
       const tr = make("tr");
       tr.dataset.id = String(s.id);
       const time = make("time", "", localTime(s.at));
-      time.dateTime = new Date(s.at * 1000).toISOString();
+      const moment = new Date(s.at * 1000);
+      if (!Number.isNaN(moment.getTime())) time.dateTime = moment.toISOString();
       const when = make("td", "text");
       when.append(time);
       const actions = make("td", "text");
