@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -110,8 +111,8 @@ def person(browser, hub):
     """``person()`` opens a browser context; all are closed after the test."""
     opened: list[Person] = []
 
-    def make() -> Person:
-        p = Person(browser, hub)
+    def make(**context: Any) -> Person:
+        p = Person(browser, hub, **context)
         opened.append(p)
         return p
 
@@ -120,8 +121,8 @@ def person(browser, hub):
         p.context.close()
 
 
-def log_in(person, name: str) -> Person:
-    p = person()
+def log_in(person, name: str, **context: Any) -> Person:
+    p = person(**context)
     p.log_in(name)
     p.open_requests()
     return p
@@ -154,7 +155,12 @@ def the_user_is_told(hub: Hub, event: dict[str, Any]) -> None:
                                   Snapshot(time=time.time(), host="test"))
     assert told.incident.rule == "role_request"
     assert told.incident.server.user == event["user"]
-    assert told.incident.what.startswith(event["text"].rstrip("."))
+    # the hub's sentence, with what the user typed (reason, comment) quoted as data
+    text = event["text"]
+    typed = event.get("comment") or event.get("reason")
+    if typed and text.endswith(typed):
+        text = text[:-len(typed)]
+    assert told.incident.what.startswith(text.rstrip("."))
 
 
 def refused_spawn(hub: Hub, docker_client, user: str) -> str:
@@ -208,9 +214,17 @@ def test_ask_with_the_keyboard_then_the_admin_approves_and_the_grant_spawns(
     assert refused_spawn(hub, docker_client, "student1").startswith(
         f"You asked for the role '{ROLE}', which you do not hold.")
 
-    student = log_in(person, "student1")
+    # a browser in New York with a 12-hour locale: the form still takes 24-hour times in
+    # the service's zone (UTC), as the page's tables show them
+    student = log_in(person, "student1", timezone_id="America/New_York", locale="en-US")
     page = student.page
     expect(page.locator("#held")).to_have_text("You hold student, gpu-lab.")
+    expect(page.locator("label[for=ask-starts]")).to_contain_text("From (UTC)")
+    assert page.get_attribute("#ask-starts", "type") == "text"
+    shown = page.input_value("#ask-starts")
+    utc_now = [datetime.fromtimestamp(time.time() + d, UTC).strftime("%Y-%m-%d %H:%M")
+               for d in (-60, 0)]
+    assert shown in utc_now, (shown, utc_now)
     expect(page.locator("#decide")).to_have_count(0)
     # the keyboard only: the role and the window keep their defaults (the first role,
     # from now to a day later), the reason is typed, Tab reaches the button, Enter asks
@@ -220,7 +234,9 @@ def test_ask_with_the_keyboard_then_the_admin_approves_and_the_grant_spawns(
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.id") == "ask-submit"
     page.keyboard.press("Enter")
-    expect(student.message()).to_contain_text(f"student1 asks for the role '{ROLE}' from ")
+    # the asker reads about their own request, not the deciders' third-person sentence
+    expect(student.message()).to_contain_text(f"You asked for the role '{ROLE}' from {shown}")
+    expect(student.message()).to_contain_text("you are told either way.")
     assert page.evaluate("document.activeElement.id") == "page-message"
     row = student.mine()
     expect(row.locator(".status")).to_have_text("Waiting for a decision")
@@ -261,8 +277,9 @@ def test_ask_with_the_keyboard_then_the_admin_approves_and_the_grant_spawns(
     admin.page.keyboard.press("Tab")
     assert admin.page.evaluate("document.activeElement.textContent") == "Approve"
     admin.page.keyboard.press("Enter")
+    # the approver reads what they did; "Your request … was approved" is the student's
     expect(admin.message()).to_contain_text(
-        f"Your request for the role '{ROLE}' was approved by admin; you hold it from ")
+        f"You approved student1's request for the role '{ROLE}': they hold it from ")
     expect(admin.to_decide("student1")).to_have_count(0)
     r = admin.api("POST", f"api/requests/{rid}/decide", {"approve": False, "comment": "no"})
     assert (r.status, r.json()["message"]) == (400, "This request was already approved by "
@@ -283,8 +300,7 @@ def test_ask_with_the_keyboard_then_the_admin_approves_and_the_grant_spawns(
 
     # giving the grant up ends it at once
     row.locator("button.withdraw").click()
-    expect(student.message()).to_have_text(
-        f"student1 withdrew the request for the role '{ROLE}'.")
+    expect(student.message()).to_have_text(f"You gave up your grant of the role '{ROLE}'.")
     expect(row.locator(".status")).to_contain_text("Withdrawn")
     wait_event(hub, "student1", "role-request-withdrawn")
     refused_spawn(hub, docker_client, "student1")
@@ -313,7 +329,7 @@ def test_the_instructor_approves_and_the_grant_ends_by_itself(hub, person, docke
     assert (r.status, r.json()["message"]) == (403, "You may not decide the requests of dora.")
     prof.to_decide("student2").get_by_role("button", name="Approve").click()
     expect(prof.message()).to_contain_text(
-        f"Your request for the role '{ROLE}' was approved by prof-ada")
+        f"You approved student2's request for the role '{ROLE}'")
     the_user_is_told(hub, wait_event(hub, "student2", "role-request-approved"))
     prof.check_clean()
 
@@ -358,7 +374,8 @@ def test_a_refusal_needs_a_comment_and_the_user_is_told(hub, person, docker_clie
     request.locator("input[name=comment]").fill(comment)
     request.get_by_role("button", name="Refuse").click()
     expect(prof.message()).to_have_text(
-        f"Your request for the role '{ROLE}' was refused by prof-ada: {comment}")
+        f"You refused student3's request for the role '{ROLE}'. They are told, with your "
+        "comment.")
     expect(prof.to_decide("student3")).to_have_count(0)
     prof.check_clean()
 

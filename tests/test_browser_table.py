@@ -113,7 +113,8 @@ def test_a_typo_shows_as_a_problem_while_typing(table, visit):
     expect(problem).to_have_count(1, timeout=5000)
     assert re.match(rf"Line {number}: unknown key 'roles_typo'", problem.inner_text()), \
         problem.inner_text()
-    expect(page.locator("#check-status")).to_contain_text("one problem")
+    expect(page.locator("#check-status")).to_have_text(
+        "The table has one problem; it cannot be saved until it is fixed.")
     expect(page.locator(".cm-gutter-lint .cm-lint-marker-error")).to_have_count(1)
     v.shot("typo")
     # the problem's button takes the cursor to the line
@@ -253,6 +254,9 @@ def test_anyone_but_an_admin_is_refused(table, visit, name):
     response = page.goto(f"{v.hub.url}/services/usage/table")
     assert response.status == 403
     expect(page.locator("body")).to_contain_text(ADMINS_ONLY)
+    # the refusal is titled by the page refused, not "Usage"
+    expect(page).to_have_title("Quota table")
+    expect(page.locator("header h1")).to_have_text("Quota table")
     assert page.locator(".cm-editor").count() == 0
     assert ".cm-" not in page.content() and "editor.js" not in page.content()
     v.shot(f"refused-{name}")
@@ -332,6 +336,8 @@ def test_a_saved_edit_applies_at_the_next_spawn(table, original, visit, docker_c
         v.shot("preview")
         v.save("smaller explore servers")
         expect(page.locator("#save-result")).to_contain_text("Saved;")
+        # the preview told of changes now made: it is gone with the save
+        expect(page.locator("#preview-result li")).to_have_count(0)
         # the running server keeps its limits
         assert container_for(docker_client, "carol").attrs["HostConfig"]["Memory"] == 4 * 2**30
         hub.stop_server("carol")

@@ -81,6 +81,23 @@ def oauth_scopes(hub: Hub, user: str) -> set[str]:
     return set(tokens[-1]["scopes"])
 
 
+# Each chart label as Chromium lays it out: one past its chart's edge is cut off on screen
+# ("use not meas…"). The y axis's turned unit is left out.
+CUT_LABELS = """() => {
+  const cut = [];
+  for (const svg of document.querySelectorAll("svg.chart")) {
+    const width = svg.viewBox.baseVal.width;
+    for (const t of svg.querySelectorAll("text:not([transform])")) {
+      const box = t.getBBox();
+      if (box.x < -0.5 || box.x + box.width > width + 0.5)
+        cut.push(`${t.textContent}: ${box.x.toFixed(1)} to ${(box.x + box.width).toFixed(1)}`
+                 + ` of ${width}`);
+    }
+  }
+  return cut;
+}"""
+
+
 def test_the_admin_sees_everything_and_opens_a_user(hub, visit):
     v = visit()
     v.log_in("admin")
@@ -96,6 +113,7 @@ def test_the_admin_sees_everything_and_opens_a_user(hub, visit):
     for chart in ("gpu-days", "top-users", "reserved-used.cpu", "reserved-used.memory"):
         assert page.locator(f"svg.chart.{chart} rect.bar").count() > 0, chart
     assert page.locator("svg.chart.gpu-days circle.used").count() >= 2
+    assert page.evaluate(CUT_LABELS) == []
     expect(page.locator("#advice li.suggests").first).to_contain_text("would have served")
     v.shot("admin")
 
@@ -111,6 +129,7 @@ def test_the_admin_sees_everything_and_opens_a_user(hub, visit):
     expect(page.locator("#scope")).to_contain_text("the sessions of alice")
     assert page.locator("svg.chart.timeline rect.bar.session").count() == 3
     assert page.locator("table.sessions tr.session").count() == 3
+    assert page.evaluate(CUT_LABELS) == []
     expect(page.locator("table.sessions")).to_contain_text("killed for memory")
     v.shot("admin-user")
     v.check_stayed_home()

@@ -32,6 +32,7 @@ from tornado.testing import bind_unused_port
 from harness import shipped_table_without_requests
 from spawner.usage import requests_api, requests_page, service
 from spawner.usage.ledger import Ledger
+from spawner.usage.schema import role_requests
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "/services/usage/"
@@ -63,11 +64,12 @@ class FakeHubUser(web.RequestHandler):
 
 
 class Site:
-    def __init__(self, port: int, quota: Path, clock: list[float]):
+    def __init__(self, port: int, quota: Path, clock: list[float], url: str = ""):
         self.base = f"http://127.0.0.1:{port}{PREFIX}"
         self.client = AsyncHTTPClient()
         self.quota = quota
         self.clock = clock
+        self.url = url
 
     async def get(self, path: str, who: str = ""):
         headers = {"X-Test-User": who} if who else {}
@@ -121,7 +123,7 @@ async def site(tmp_path, monkeypatch):
     sock, port = bind_unused_port()
     server = HTTPServer(app)
     server.add_sockets([sock])
-    yield Site(port, quota, clock)
+    yield Site(port, quota, clock, url)
     server.stop()
     hub_server.stop()
     app.settings["usage_reader"]._pool.shutdown(wait=False)
@@ -161,7 +163,11 @@ async def test_a_student_gets_the_form_and_no_decisions(site):
     assert "<title>Role requests</title>" in page
     assert options(page) == ["gpu-training", "senior-engineer"]
     assert "You hold student, gpu-lab." in page
-    for needed in ('type="datetime-local"', 'id="ask-reason"', "required",
+    # 24-hour times in the service's zone, as the tables show them, not the browser's
+    # datetime-local (12-hour in some locales)
+    assert 'type="datetime-local"' not in page
+    assert 'data-tz="UTC"' in page and "<label for=\"ask-starts\">From (UTC)" in page
+    for needed in ('placeholder="2026-12-20 14:00"', 'id="ask-reason"', "required",
                    '<label for="ask-role">', '<label for="ask-starts">',
                    '<label for="ask-ends">', '<label for="ask-reason"',
                    "at most 14 days long", "an instructor of your class"):
@@ -369,6 +375,64 @@ async def test_names_reasons_and_comments_are_escaped(site):
     assert "<img src=x" not in mine
     assert rows(mine) == [f"gpu-training 2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC "
                           f"{HOSTILE_REASON} Refused by admin {HOSTILE_COMMENT}"]
+
+
+# --- a row stored before the input checks -----------------------------------------------
+
+
+def store_broken(site: Site, user: str = "dora", state: str = "pending") -> int:
+    """A request as the API stored it before it checked times: a window in year 318857."""
+    ledger = Ledger(site.url, create=False)
+    with ledger.engine.begin() as connection:
+        rid = connection.execute(role_requests.insert().values(
+            user_name=user, groups="cs102", role="gpu-training", starts=1e13,
+            ends=1.0000000036e13, reason="x", state=state, asked_at=NOW)
+        ).inserted_primary_key[0]
+    ledger.dispose()
+    return int(rid)
+
+
+async def test_a_broken_row_never_breaks_the_pages_and_can_be_refused_or_deleted(site):
+    good = await site.ask()  # student1's ordinary request, beside it
+    broken = store_broken(site)
+    for who in ("admin", "dora", "student1"):
+        page = await site.page(who)  # 200, for everyone
+    admin = await site.page("admin")
+    assert "an invalid time (1e+13)" in section(admin, "decide")
+    assert 'class="request waiting broken"' in admin
+    assert "Its window holds a time no calendar can show" in " ".join(admin.split())
+    assert 'data-decision="delete"' in admin  # admins may delete it
+    page = await site.page("dora")
+    assert rows(page) and "an invalid time" in rows(page)[0]
+    code, found = await site.api("GET", "/pending", "admin")
+    assert code == 200 and [r["id"] for r in found["requests"]] == [good, broken]
+    code, found = await site.api("GET", "/mine", "dora")
+    assert code == 200 and found["requests"][0]["window"].startswith("from an invalid time")
+    # never approved; refused, or deleted by an admin only
+    code, found = await site.decide(broken, "admin", True)
+    assert (code, found["message"]) == (400, "This request's window holds a time no calendar "
+                                             "can show; it can only be refused or deleted.")
+    code, found = await site.api("DELETE", f"/{broken}", "dora")
+    assert (code, found["message"]) == (403, "Only admins may delete a request, and only one "
+                                             "whose window cannot be shown.")
+    code, found = await site.api("DELETE", f"/{good}", "admin")
+    assert code == 400 and "the grants' record" in found["message"]
+    code, found = await site.api("DELETE", f"/{broken}", "admin")
+    assert (code, found["message"]) == (200, f"Request {broken} of dora, whose window could "
+                                             "not be shown, is deleted.")
+    code, found = await site.api("GET", "/mine", "dora")
+    assert (code, found) == (200, {"requests": []})
+    assert (await site.api("DELETE", f"/{broken}", "admin"))[0] == 404
+    # refusing one works as for any other
+    other = store_broken(site)
+    code, found = await site.decide(other, "admin", False, "Ask again with real dates.")
+    assert code == 200 and found["request"]["state"] == "refused"
+    await site.page("dora")
+
+
+async def test_the_page_says_times_in_the_services_zone_and_24_hours(site):
+    page = await site.page("student1")
+    assert "24-hour, in UTC, as everywhere on this" in page
 
 
 # --- the script -----------------------------------------------------------------------------

@@ -164,3 +164,48 @@ def test_ticks_are_round():
 ])
 def test_hour_labels_never_round_a_few_minutes_to_zero(value, text):
     assert charts.hours(value) == text
+
+
+# --- nothing is cut at the chart's edge ---------------------------------------------------
+
+
+def assert_every_text_inside(svg: str) -> None:
+    """Each label's extent, by the charts' own width estimate and its anchor, lies in the
+    viewBox: a label past the edge is cut ("use not meas…")."""
+    root = parse(svg)
+    width = float(root.get("viewBox").split()[2])
+    for e in root.iter(f"{SVG}text"):
+        if e.get("transform"):  # the y axis's unit, turned along the axis
+            continue
+        label = e.text or ""  # its own text, not its <title>
+        w = charts.text_width(label)
+        x = float(e.get("x"))
+        start = {"middle": x - w / 2, "end": x - w}.get(e.get("text-anchor", "start"), x)
+        assert 0 <= start and start + w <= width + 0.5, (label, start, start + w, width)
+
+
+def test_value_labels_fit_beside_the_longest_bar():
+    rows = [("a-user-with-a-long-name", 1234.5, None), ("bob", 12.5, 0.31), ("c", 0.2, None)]
+    assert_every_text_inside(charts.reserved_vs_used(rows, unit="GPU-hours"))
+    assert_every_text_inside(charts.top_users(rows))
+
+
+def test_a_legend_of_many_roles_wraps_before_the_edge():
+    roles = [f"role-with-a-longer-name-{i}" for i in range(12)]
+    rows = [("2025-03-01", r, 1.0 + i, 0.5) for i, r in enumerate(roles)]
+    svg = charts.gpu_hours_per_day(rows, [f"2025-03-{d:02d}" for d in range(1, 32)])
+    assert_every_text_inside(svg)
+    root = parse(svg)
+    legend_rows = {e.get("y") for g in root.iter(f"{SVG}g") if g.get("class") == "legend"
+                   for e in g.iter(f"{SVG}text")}
+    assert len(legend_rows) > 1
+
+
+def test_the_timeline_keeps_its_tick_labels_and_legend_inside():
+    now = 1_740_000_000.0
+    reasons = list(charts.REASON_WORDS)
+    found = [{"id": i, "role": "r", "image": "pytorch", "requested": now + i * 3600,
+              "started": now + i * 3600, "stopped": now + i * 3600 + 1800,
+              "reason": reason} for i, reason in enumerate(reasons[:-1])]
+    svg = charts.session_timeline(found, since=now - 86400, until=now + 86400, now=now)
+    assert_every_text_inside(svg)

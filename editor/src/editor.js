@@ -110,7 +110,9 @@ function showProblems(problems) {
   }
   $("check-status").textContent = problems.length === 0
     ? "The table has no problems."
-    : `The table has ${problems.length === 1 ? "one problem" : problems.length + " problems"}; it cannot be saved until they are fixed.`;
+    : problems.length === 1
+      ? "The table has one problem; it cannot be saved until it is fixed."
+      : `The table has ${problems.length} problems; it cannot be saved until they are fixed.`;
 }
 
 async function runCheck() {
@@ -122,6 +124,12 @@ async function runCheck() {
 }
 
 // --- preview --------------------------------------------------------------------------------
+
+// A preview compares an edit with the table it was made on: once saved or restored, that
+// table is gone, and the preview would tell of changes already made.
+function clearPreview() {
+  clear($("preview-result"));
+}
 
 $("preview").addEventListener("click", async () => {
   const out = $("preview-result");
@@ -166,6 +174,7 @@ $("save-form").addEventListener("submit", async (event) => {
   if (status === 200) {
     version = data.version;
     $("comment").value = "";
+    clearPreview();
     if (data.diff) out.appendChild(diffBlock("What changed", data.diff));
     loadVersions();
   } else if (status === 409) {
@@ -272,6 +281,7 @@ $("restore-form").addEventListener("submit", async (event) => {
   if (status === 200) {
     version = data.version;
     $("restore-comment").value = "";
+    clearPreview();
     const current = await call("GET", "");
     if (current.status === 200) { setText(current.data.text); version = current.data.version; }
     loadVersions();

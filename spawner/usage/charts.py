@@ -43,6 +43,17 @@ def esc(value: Any) -> str:
     return escape(str(value), quote=True)
 
 
+def text_width(text: str) -> float:
+    """An upper estimate of ``text``'s width in pixels in the charts' 12px sans-serif font
+    (wide letters are about 7px, the common ones less), for room to leave beside it."""
+    return 7.0 * len(text)
+
+
+def _value_text(value: float, share: float | None) -> str:
+    used = "use not measured" if share is None else f"{share:.0%} used"
+    return f"{hours(value)} · {used}"
+
+
 def short(name: str, limit: int = 20) -> str:
     return name if len(name) <= limit else name[: limit - 1] + "…"
 
@@ -93,20 +104,30 @@ def empty_chart(css_class: str, title: str, sentence: str, width: int = WIDTH) -
         f'fill="#555">{esc(sentence)}</text>'], width)
 
 
-def _legend(items: Sequence[tuple[str, str, str]], x: float, y: float) -> list[str]:
-    """(label, colour, kind) entries in a row; kind 'box' or 'line'."""
+LEGEND_ROW = 18  # pixels between the rows of a legend that wraps
+
+
+def _legend(items: Sequence[tuple[str, str, str]], x: float, y: float,
+            width: float = WIDTH) -> tuple[list[str], float]:
+    """(label, colour, kind) entries in rows, kind 'box' or 'line', wrapped before the
+    chart's right edge; returns the elements and how much lower the last row is than ``y``."""
     out = ['<g class="legend">']
+    left, below = x, 0.0
     for label, colour, kind in items:
+        step = 16 + text_width(label) + 18
+        if x > left and x + step - 18 > width:
+            x, below = left, below + LEGEND_ROW
+        row = y + below
         if kind == "line":
-            out.append(f'<line x1="{x:.1f}" y1="{y - 4:.1f}" x2="{x + 12:.1f}" y2="{y - 4:.1f}" '
-                       f'stroke="{colour}" stroke-width="2.5"/>')
+            out.append(f'<line x1="{x:.1f}" y1="{row - 4:.1f}" x2="{x + 12:.1f}" '
+                       f'y2="{row - 4:.1f}" stroke="{colour}" stroke-width="2.5"/>')
         else:
-            out.append(f'<rect x="{x:.1f}" y="{y - 10:.1f}" width="12" height="12" '
+            out.append(f'<rect x="{x:.1f}" y="{row - 10:.1f}" width="12" height="12" '
                        f'fill="{colour}"/>')
-        out.append(f'<text x="{x + 16:.1f}" y="{y:.1f}">{esc(label)}</text>')
-        x += 16 + 7 * len(label) + 18
+        out.append(f'<text x="{x + 16:.1f}" y="{row:.1f}">{esc(label)}</text>')
+        x += step
     out.append("</g>")
-    return out
+    return out, below
 
 
 # --- GPU-hours per day, by role ---------------------------------------------------
@@ -130,7 +151,7 @@ def gpu_hours_per_day(rows: Sequence[tuple[str, str, float, float]],
     colours = dict(colours or colours_for(roles))
     top = max(max(sum(d.values()) for d in reserved.values()), max(used.values(), default=0))
     ticks = nice_ticks(top)
-    left, right, top_pad, plot_h = 56, 12, 34, 220
+    left, right, top_pad, plot_h = 56, 24, 34, 220
     plot_w = WIDTH - left - right
     scale = plot_h / ticks[-1]
     base = top_pad + plot_h
@@ -174,9 +195,9 @@ def gpu_hours_per_day(rows: Sequence[tuple[str, str, float, float]],
                    f'stroke="{USED_FILL}" stroke-width="1.5"/>')
     legend = [(role, colours.get(role, PALETTE[0]), "box") for role in roles]
     legend.append(("used", USED_FILL, "line"))
-    height = base + 44
-    out += _legend(legend, left, base + 34)
-    return _svg("gpu-days", title, height, out)
+    items, below = _legend(legend, left, base + 34)
+    out += items
+    return _svg("gpu-days", title, base + 44 + below, out)
 
 
 def _y_axis(ticks: Sequence[float], left: float, base: float, scale: float, plot_w: float,
@@ -214,7 +235,10 @@ def reserved_vs_used(rows: Sequence[tuple[str, float, float | None]], *, unit: s
         return empty_chart(css_class, title, empty or f"No {unit} were reserved in this period.",
                            width)
     ticks = nice_ticks(max(r for _, r, _ in drawn), 4)
-    label_w, right, row_h, top_pad = 150, 110, 22, 30
+    label_w, row_h, top_pad = 150, 22, 30
+    # room right of the longest bar for its value ("12.5 · use not measured"), so that
+    # no label is cut at the chart's edge
+    right = max(60, max(text_width(_value_text(v, s)) for _, v, s in drawn) + 12)
     plot_w = width - label_w - right
     scale = plot_w / ticks[-1]
     out = [f'<text class="chart-title" x="0" y="16" font-weight="600">{esc(title)}</text>']
@@ -230,7 +254,6 @@ def reserved_vs_used(rows: Sequence[tuple[str, float, float | None]], *, unit: s
     for i, (name, value, share) in enumerate(drawn):
         y = top_pad + i * row_h
         w = value * scale
-        used_text = "use not measured" if share is None else f"{share:.0%} used"
         tip = f"{name}: {hours(value)} {unit} reserved, " + (
             "use not measured" if share is None
             else f"{hours(value * share)} used ({share:.0%})")
@@ -246,10 +269,10 @@ def reserved_vs_used(rows: Sequence[tuple[str, float, float | None]], *, unit: s
                        f'y="{y + 7:.1f}" width="{u * scale:.2f}" height="{row_h - 14}" '
                        f'fill="{USED_FILL}"><title>{esc(tip)}</title></rect>')
         out.append(f'<text class="value" x="{label_w + w + 6:.2f}" y="{y + 14:.1f}" '
-                   f'fill="#333">{hours(value)} · {esc(used_text)}</text></g>')
+                   f'fill="#333">{esc(_value_text(value, share))}</text></g>')
     height = base + 52
     out += _legend([("reserved", RESERVED_FILL, "box"), ("used", USED_FILL, "box")],
-                   label_w, height)
+                   label_w, height, width)[0]
     if left_out > 0:
         out.append(f'<text class="more" x="{label_w + 140}" y="{height:.1f}" fill="#555">'
                    f"and {left_out} more, in the table</text>")
@@ -347,7 +370,8 @@ def session_timeline(sessions: Sequence[Mapping[str, Any]], *, since: float, unt
     lanes = _lanes([(a, b) for a, b, _ in spans])
     lane_count = min(max(lanes) + 1, max_lanes)
     hidden = sum(1 for lane in lanes if lane >= max_lanes)
-    left, right, top_pad, lane_h = 40, 40, 30, 22
+    # a tick label ("12-05 00:00") is centred on its tick: half of it must fit at each end
+    left, right, top_pad, lane_h = 48, 48, 30, 22
     plot_w = WIDTH - left - right
     scale = plot_w / max(1.0, until - since)
     base = top_pad + lane_h * lane_count
@@ -386,6 +410,7 @@ def session_timeline(sessions: Sequence[Mapping[str, Any]], *, since: float, unt
                    f"{hidden} overlapping sessions not drawn; all are in the table</text>")
         height += 16
     order = [r for r in REASON_COLOURS if r in seen] + [r for r in seen if r not in REASON_COLOURS]
-    out += _legend([(REASON_WORDS.get(r, r), REASON_COLOURS.get(r, "#888"), "box")
-                    for r in order], left, height - 8)
-    return _svg("timeline", title, height, out)
+    items, below = _legend([(REASON_WORDS.get(r, r), REASON_COLOURS.get(r, "#888"), "box")
+                            for r in order], left, height - 8)
+    out += items
+    return _svg("timeline", title, height + below, out)

@@ -217,6 +217,8 @@ def script_version() -> str:
 
 
 class _GpuMap(UsageHandler):
+    page_title = "GPU map"
+
     def admin(self, what: str) -> str:
         """The admin's name, or Refused: only ``admin`` true counts."""
         model = self.current_user

@@ -21,13 +21,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import tzinfo
 from typing import Any
 
 from tornado import web
 
 from ..admin import requests as rr
 from ..quota.model import QuotaTable
+from ..quota.units import format_moment
 from . import requests_api
 from .service import Refused, UsageHandler
 from .table_page import PAGE_CSP, static_version
@@ -54,6 +55,7 @@ class Row:
     status: str  # the state in words
     comment: str
     withdraw: str  # the button's label; empty: nothing to withdraw
+    broken: bool = False  # a window no calendar shows: refused or deleted, never approved
 
 
 def row(r: rr.RoleRequest, now: float, when: Callable[[float], str]) -> Row:
@@ -73,21 +75,21 @@ def row(r: rr.RoleRequest, now: float, when: Callable[[float], str]) -> Row:
     else:
         state, status, withdraw = "withdrawn", (
             f"Withdrawn on {when(r.decided_at)}" if r.decided_at else "Withdrawn"), ""
+    if r.broken:
+        status = f"{status}. Its window holds a time no calendar can show."
     return Row(r.id, r.user_name, ", ".join(r.groups), r.role,
                f"{when(r.starts)} to {when(r.ends)}", r.reason, when(r.asked_at), state,
-               status, r.decision_comment, withdraw)
+               status, r.decision_comment, withdraw, r.broken)
 
 
 def clock_text(tz: tzinfo) -> Callable[[float], str]:
-    def when(t: float) -> str:
-        moment = datetime.fromtimestamp(t, tz)
-        return f"{moment:%Y-%m-%d %H:%M} {moment.tzname() or tz}"
-
-    return when
+    return lambda t: format_moment(t, tz)
 
 
 class RequestsPage(UsageHandler):
     """GET {prefix}requests: ask, follow one's requests, and decide those of others."""
+
+    page_title = "Role requests"
 
     def set_default_headers(self) -> None:
         super().set_default_headers()
@@ -146,6 +148,7 @@ class RequestsPage(UsageHandler):
             granted=sorted(granted), max_days=f"{rules.max_days:g}" if rules else "0",
             instructors_approve=bool(rules and rules.instructors_approve),
             mine=mine, to_decide=to_decide, decide_problem=decide_problem,
+            admin=model.get("admin") is True,
             max_reason=rr.MAX_REASON,
             xsrf=self.xsrf(),
             api=prefix + "api/requests", script=f"{prefix}static/requests.js?v={script_version()}")

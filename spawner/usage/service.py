@@ -45,7 +45,8 @@ from tornado.ioloop import IOLoop
 from ..quota.store import QuotaStore
 from ..quota.units import format_human, human_duration
 from ..rbac import USAGE_SCOPE as SCOPE
-from . import charts
+from ..refusals import hours_text
+from . import charts, inputs
 from .ledger import Ledger, LedgerNotReady, default_url
 from .report import BY, build_report, daily_gpu_hours, format_report, user_sessions
 from .schema import session_groups, sessions
@@ -248,12 +249,22 @@ def _midnight(d: datetime) -> datetime:
     return d.replace(hour=0, minute=0, second=0, microsecond=0)
 
 
+# The days a report may name (docs/security.md#input-limits): the ledger holds nothing
+# before 1970, and the day after 9998-12-31 must still be a date.
+FIRST_YEAR, LAST_YEAR = 1970, 9998
+
+
 def _day(text: str, tz: tzinfo, what: str) -> datetime:
     try:
-        return datetime.strptime(text.strip(), "%Y-%m-%d").replace(tzinfo=tz)
+        found = datetime.strptime(text.strip()[:10], "%Y-%m-%d").replace(tzinfo=tz)
     except ValueError:
-        raise Refused(f"The {what} date {text!r} is not a date like 2025-01-31.",
-                      400) from None
+        found = None
+    if found is None or len(text.strip()) != 10:
+        raise Refused(f"The {what} date {text[:40]!r} is not a date like 2025-01-31.", 400)
+    if not FIRST_YEAR <= found.year <= LAST_YEAR:
+        raise Refused(f"The {what} date {text!r} is out of range: reports cover "
+                      f"{FIRST_YEAR}-01-01 to {LAST_YEAR}-12-31.", 400)
+    return found
 
 
 def window(period: str, since: str, until: str, now: float, tz: tzinfo) -> Window:
@@ -365,7 +376,7 @@ def _templates() -> jinja2.Environment:
         autoescape=True, trim_blocks=True, lstrip_blocks=True,
         undefined=jinja2.StrictUndefined)
     env.filters["share"] = lambda v: "–" if v is None else f"{v:.0%}"
-    env.filters["hours"] = lambda v: f"{v:,.1f}"
+    env.filters["hours"] = hours_text  # 0.005, 4.5, 1,234.5: never 0.0 for a short session
     env.filters["size"] = lambda v: "–" if v is None else format_human(int(v))
     env.filters["duration"] = human_duration
     return env
@@ -378,6 +389,8 @@ CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:; "
 class UsageHandler(HubOAuthenticated, web.RequestHandler):
     """Shared by the pages: the visitor's access, the period, rendering, refusals."""
 
+    page_title = "Usage"  # what a refusal of this page is titled
+
     @property
     def reader(self) -> LedgerReader:
         return self.settings["usage_reader"]
@@ -387,6 +400,7 @@ class UsageHandler(HubOAuthenticated, web.RequestHandler):
         return self.settings["usage_tz"]
 
     async def prepare(self) -> None:
+        inputs.check_body_size(len(self.request.body or b""))
         # fetch the user model without blocking the loop; current_user then reads the cache
         await self.hub_auth.get_user(self, sync=False)
 
@@ -449,8 +463,9 @@ class UsageHandler(HubOAuthenticated, web.RequestHandler):
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         error = kwargs.get("exc_info", (None, None, None))[1]
-        if isinstance(error, (Refused, NotReady)):
-            sentence = error.sentence
+        sentence = getattr(error, "sentence", None)  # Refused, NotReady, inputs.BadInput
+        if sentence is not None:
+            pass
         elif status_code == 403:  # HubOAuthenticated refused the user model
             sentence = REFUSED
         elif status_code == 404:
@@ -458,9 +473,10 @@ class UsageHandler(HubOAuthenticated, web.RequestHandler):
         elif status_code == 400:
             sentence = "The page was asked for with arguments it cannot read."
         else:
-            sentence = ("The usage page could not be shown because of an error; "
+            sentence = ("The page could not be shown because of an error; "
                         "the service's log has the details.")
-        self.render_page("message.html", status=status_code, title="Usage", sentence=sentence)
+        self.render_page("message.html", status=status_code, title=self.page_title,
+                         sentence=sentence)
 
 
 def _now() -> float:
@@ -638,7 +654,8 @@ def main() -> None:
 
     Prewarmer(ClassConfig.from_environment(), app.settings["usage_reader"]).start()
     bind = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", DEFAULT_URL))
-    server = HTTPServer(app, xheaders=True)
+    # a body past inputs.MAX_BODY gets a 413 with a sentence; this cap ends the rest early
+    server = HTTPServer(app, xheaders=True, max_body_size=inputs.MAX_BODY_HARD)
     server.listen(bind.port or 80, bind.hostname or "127.0.0.1")
     log.info("Usage page at %s, serving %s", bind.geturl(),
              os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/usage/"))

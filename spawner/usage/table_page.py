@@ -48,6 +48,8 @@ def bundle_version() -> str:
 class TablePage(UsageHandler):
     """GET {prefix}table: the editor, with the table's text, version, schema and problems."""
 
+    page_title = "Quota table"
+
     def set_default_headers(self) -> None:
         super().set_default_headers()
         self.set_header("Content-Security-Policy", PAGE_CSP)

@@ -72,17 +72,39 @@
     element.classList.toggle("refusal", Boolean(refusal));
   }
 
-  // --- the ask form: datetime-local inputs are in the browser's time zone -----------------
+  // --- the ask form: "YYYY-MM-DD HH:MM", 24-hour, in the service's time zone ------------
+  // (the page's data-tz, an IANA name such as "UTC" or "Europe/Berlin"), as every time
+  // the page shows; the browser's own zone and clock format play no part.
 
+  const zone = root.dataset.tz || "UTC";
   const pad = (n) => String(n).padStart(2, "0");
-  function localValue(date) {
-    return `${date.getFullYear()}-${pad(date.getMonth() + 1)}-${pad(date.getDate())}` +
-      `T${pad(date.getHours())}:${pad(date.getMinutes())}`;
+  const parts = new Intl.DateTimeFormat("en-GB", {
+    timeZone: zone, hourCycle: "h23", year: "numeric", month: "2-digit", day: "2-digit",
+    hour: "2-digit", minute: "2-digit",
+  });
+  // The wall clock in the zone at epoch milliseconds ``ms``, as milliseconds of a UTC date.
+  function wallClock(ms) {
+    const p = {};
+    for (const part of parts.formatToParts(new Date(ms))) p[part.type] = part.value;
+    return Date.UTC(Number(p.year), Number(p.month) - 1, Number(p.day), Number(p.hour),
+                    Number(p.minute));
+  }
+  function zoneValue(ms) {
+    const d = new Date(wallClock(ms));
+    return `${d.getUTCFullYear()}-${pad(d.getUTCMonth() + 1)}-${pad(d.getUTCDate())} ` +
+      `${pad(d.getUTCHours())}:${pad(d.getUTCMinutes())}`;
   }
   function seconds(value) {
-    // "YYYY-MM-DDTHH:MM" without an offset is read as local time
-    const t = new Date(value).getTime();
-    return Number.isNaN(t) ? null : t / 1000;
+    const m = /^\s*(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2})\s*$/.exec(value);
+    if (!m) return null;
+    const [year, month, day, hour, minute] = m.slice(1).map(Number);
+    if (month < 1 || month > 12 || day < 1 || day > 31 || hour > 23 || minute > 59) return null;
+    const wanted = Date.UTC(year, month - 1, day, hour, minute);
+    if (new Date(wanted).getUTCDate() !== day) return null; // 2026-02-30
+    // the zone's offset at that moment, found twice for the hours a clock change moves
+    let guess = wanted - (wallClock(wanted) - wanted);
+    guess = wanted - (wallClock(guess) - guess);
+    return wallClock(guess) === wanted ? guess / 1000 : null;
   }
 
   const form = byId("ask-form");
@@ -90,22 +112,12 @@
     const starts = byId("ask-starts");
     const ends = byId("ask-ends");
     const result = byId("ask-result");
-    const now = new Date();
-    now.setSeconds(0, 0);
-    starts.min = localValue(now);
-    if (!starts.value) starts.value = localValue(now);
-    const limitEnd = () => {
-      const from = new Date(starts.value);
-      if (Number.isNaN(from.getTime())) return;
-      ends.min = localValue(from);
-      if (maxDays > 0) ends.max = localValue(new Date(from.getTime() + maxDays * DAY_MS));
-    };
+    const now = Math.floor(Date.now() / 60000) * 60000;
+    if (!starts.value) starts.value = zoneValue(now);
     if (!ends.value) {
       const days = maxDays > 0 ? Math.min(1, maxDays) : 1;
-      ends.value = localValue(new Date(now.getTime() + days * DAY_MS));
+      ends.value = zoneValue(now + days * DAY_MS);
     }
-    limitEnd();
-    starts.addEventListener("change", limitEnd);
 
     form.addEventListener("submit", async (event) => {
       event.preventDefault();
@@ -116,7 +128,8 @@
         reason: byId("ask-reason").value.trim(),
       };
       if (body.starts === null || body.ends === null) {
-        say(result, "Give the start and the end of the window as dates and times.", true);
+        say(result, `Give the start and the end of the window as a date and a 24-hour time ` +
+            `in ${zone}, such as 2026-12-20 14:00.`, true);
         return;
       }
       if (!body.reason) {
@@ -167,6 +180,18 @@
     });
     for (const button of buttons) {
       button.addEventListener("click", async () => {
+        if (button.dataset.decision === "delete") {
+          buttons.forEach((b) => { b.disabled = true; });
+          say(result, "Deleting…", false);
+          const answer = await call("DELETE", `/${decide.dataset.id}`);
+          if (answer.ok) {
+            doneThenReload(answer.message);
+            return;
+          }
+          buttons.forEach((b) => { b.disabled = false; });
+          say(result, answer.message, true);
+          return;
+        }
         const approve = button.dataset.decision === "approve";
         const comment = decide.elements.comment.value.trim();
         if (!approve && !comment) {
