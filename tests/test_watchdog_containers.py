@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from spawner.contract import (
     GPU_MODE_LABEL,
     GPUS_LABEL,
@@ -10,6 +14,7 @@ from spawner.contract import (
     ROLE_LABEL,
     USER_LABEL,
 )
+from spawner.watchdog import containers
 from spawner.watchdog.containers import OomEvents, server_from_inspect
 
 INSPECT = {
@@ -42,8 +47,6 @@ def test_a_container_without_the_labels_or_limits():
 
 
 def test_oom_events_become_servers():
-    import logging
-
     events = OomEvents(client=None, hub_id="quota-abc", log=logging.getLogger("t"))
     events._record({"Actor": {"ID": "e" * 64, "Attributes": {
         "name": "quota-bo", USER_LABEL: "bo", HUB_LABEL: "quota-abc", ROLE_LABEL: "small"}}})
@@ -52,3 +55,31 @@ def test_oom_events_become_servers():
     (server,) = events.take()
     assert (server.name, server.user, server.role) == ("quota-bo", "bo", "small")
     assert events.take() == []
+
+
+class _Stop(BaseException):
+    """Ends OomEvents' endless loop in a test."""
+
+
+def test_an_engine_that_is_not_there_is_told_once(tmp_path, monkeypatch, caplog):
+    """An engine that is down at start (or a wrong docker_host) fails a cycle with
+    EngineUnreachable, which the watchdog logs once; the event stream says it once too."""
+    client = containers.EngineClient(f"unix://{tmp_path}/no-engine.sock")  # nothing asked yet
+    with pytest.raises(containers.EngineUnreachable, match="No such file"):
+        containers.Containers(client).servers()
+    with pytest.raises(containers.EngineUnreachable):
+        client.events  # noqa: B018 (connecting is the point)
+
+    naps = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 3:
+            raise _Stop
+
+    monkeypatch.setattr(containers.time, "sleep", nap)
+    events = OomEvents(client, hub_id="", log=logging.getLogger("t"))
+    with caplog.at_level(logging.INFO, logger="t"), pytest.raises(_Stop):
+        events._follow()
+    assert naps == [5, 5, 5]
+    assert caplog.text.count("Lost the engine's event stream") == 1

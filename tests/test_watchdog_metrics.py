@@ -320,6 +320,14 @@ def test_dcgm_leaves_out_gpus_that_nvml_does_not_list(tmp_path):
     assert write_dcgm_mapping(tmp_path, snapshot(ServerSample(ALICE), gpus=(SHARED,))) == {}
 
 
+def test_dcgm_leaves_out_a_gpu_nvml_never_saw(tmp_path):
+    """NVML down from the start: the GPU a server holds has no index (-1), no file "-1"."""
+    unseen = snapshot(ServerSample(ALICE), gpus=())
+    unseen.gpus[EXCLUSIVE] = GpuSample(EXCLUSIVE, -1, lost="NVML Shared Library Not Found")
+    assert write_dcgm_mapping(tmp_path, unseen) == {}
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_dcgm_a_directory_that_cannot_be_made_raises(tmp_path):
     (tmp_path / "taken").write_text("a file where the directory should be\n")
     with pytest.raises(OSError):

@@ -396,7 +396,7 @@ def test_test_channel_sends_one_message_with_one_command():
 def test_channels_are_checked_when_configured():
     with pytest.raises(TraitError, match="needs a url"):
         Notifier(channels=[{"name": "x"}])
-    with pytest.raises(TraitError, match="apprise does not accept"):
+    with pytest.raises(TraitError, match="nosuchscheme:// is not a kind of channel"):
         Notifier(channels=[{"url": "nosuchscheme://abc"}])
     with pytest.raises(TraitError, match="groups must be a list"):
         Notifier(channels=[{"url": "json://localhost", "groups": "cs101"}])

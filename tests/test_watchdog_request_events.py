@@ -34,6 +34,9 @@ HUB_ID = "quota-c9fb1a93a60b"
 HUB_URL = "https://hub.example.org"
 ASK_TEXT = ("student1 asks for the role 'gpu-training' from 2026-11-18 11:06 UTC to "
             "2026-11-25 11:06 UTC: My thesis trains a model for a week.")
+# as the message shows it: the user's words in quotes
+ASK_SHOWN = ("student1 asks for the role 'gpu-training' from 2026-11-18 11:06 UTC to "
+             "2026-11-25 11:06 UTC: \"My thesis trains a model for a week.\"")
 
 
 def asked(**kw) -> dict:
@@ -80,7 +83,7 @@ def test_a_request_says_who_asks_for_what_and_why():
     message = format_message(event, HUB_URL, "h", now=T + 5)
     assert message.title == "[info] student1 asks for the role gpu-training"
     assert message.body.splitlines() == [
-        f"What: {ASK_TEXT}",
+        f"What: {ASK_SHOWN}",
         "Who: student1",
         "Role: gpu-training",
         "Window: from 2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC",
@@ -102,13 +105,13 @@ def test_decisions_and_withdrawals():
                              "by prof-ada"
     assert yes_text.body.splitlines()[0] == (
         "What: Your request for the role 'gpu-training' was approved by prof-ada; you hold it "
-        "from 2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC: for the thesis.")
+        "from 2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC: \"for the thesis\"")
     assert "What to do: Choose the role on the spawn form while the window holds" in \
         yes_text.body
     no_text = format_message(no, HUB_URL, "h", now=T)
     assert no_text.title == "[info] student1's request for the role gpu-training refused " \
                             "by admin"
-    assert "was refused by admin: The GPUs are booked.\n" in no_text.body
+    assert 'was refused by admin: "The GPUs are booked."\n' in no_text.body
     assert "What to do: Ask again with another window or a clearer reason" in no_text.body
     gone_text = format_message(gone, HUB_URL, "h", now=T)
     assert gone_text.title == "[info] student1 withdrew the request for the role gpu-training"

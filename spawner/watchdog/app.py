@@ -11,10 +11,15 @@ Each cycle (``interval``, 5 s by default):
    zombies; the rules (``rules.py``) turn the snapshot into events, and the
    hub's event log (``hub_events.py``) adds its preemptions;
 3. each event goes to its channels (``notify.py``) in the background, so a
-   slow channel never delays the next cycle; the gauges (``metrics.py``) and
-   dcgm-exporter's job mapping are updated, and the incidents saved;
+   slow channel never delays the next cycle, and on its own, so one that
+   cannot be worded or sent is one line in the log and the others go on;
+   the gauges (``metrics.py``) and dcgm-exporter's job mapping are updated,
+   and the incidents saved;
 4. in a thread: each server's sample is folded into its session in the
    usage ledger (``spawner.usage.ledger``), when there is one.
+
+SIGINT or SIGTERM (how the hub stops its services) ends the loop after its
+cycle: one line in the log, exit status 0.
 """
 
 from __future__ import annotations
@@ -23,20 +28,22 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import socket
+import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from traitlets import CaselessStrEnum, Float, Integer, Unicode, default
+from traitlets import CaselessStrEnum, Float, Integer, TraitError, Unicode, default
 from traitlets.config import Application
 
 from ..config import hub_id_from_secret_file
 from ..gpu.nvml import Nvml, XidWatcher
 from ..usage.ledger import Ledger, Sample, default_url
-from .containers import Containers, OomEvents
+from .containers import Containers, EngineClient, EngineUnreachable, OomEvents
 from .host import CgroupReader, CpuMeter, gpu_memory_by_container
 from .hub_api import HubDirectory
 from .hub_events import NOTICE, for_hub, hub_event_messages, read_new
@@ -45,12 +52,19 @@ from .model import GpuProcess, GpuSample, Server, ServerSample, Snapshot
 from .notify import Notifier
 from .pods import Pods, kube_api
 from .rules import GPU_IDLE, RULES, Event, IncidentBook, WatchdogRules
+from .text import name, number, one_line
 
 # The hub's event log, in its state folder unless the hub's config says otherwise.
 EVENTS_FILE_NAME = "quota-spawner-events.jsonl"
 # Each cycle's GPU numbers, for the admins' GPU map (spawner/admin/gpu_map.py).
 GPU_USAGE_FILE_NAME = "quota-spawner-gpu-usage.json"
 GPU_USAGE_VERSION = 1
+# A container is a zombie only if the hub's answer that lacks its server was asked for
+# at least this long after the container started: the engine's clock and the
+# watchdog's may differ a little, and a normal start is never a false alarm.
+ZOMBIE_CLOCK_MARGIN = 2.0
+# After SIGINT or SIGTERM, how long messages on their way may still take.
+STOP_GRACE = 5.0
 
 
 class QuotaWatchdog(Application):
@@ -66,6 +80,10 @@ class QuotaWatchdog(Application):
     _events_error = ""  # why the hub's event log could not be read, logged once
     _usage_error = ""  # why the usage ledger could not be written, logged once
     _gpu_usage_error = ""  # why the GPU usage file could not be written, logged once
+    _engine_error = ""  # why the engine could not be reached, logged once
+    # When each container was first seen (epoch seconds): its start, for the zombie
+    # check, where the engine does not say it. Replaced each cycle, never changed in place.
+    _first_seen: dict[str, float] = {}
     _ledger: Ledger | None = None
 
     config_file = Unicode(
@@ -176,9 +194,17 @@ class QuotaWatchdog(Application):
         if self.config_file:
             self.load_config_file(self.config_file)
             self.parse_command_line(argv)  # the command line wins over the file
-        self.rules = WatchdogRules(parent=self)
-        self.rules.check()  # a clear threshold above its high one: refused at start
-        self.notifier = Notifier(parent=self, log=self.log)
+        try:
+            self.rules = WatchdogRules(parent=self)
+            self.rules.check()  # a clear threshold above its high one: refused at start
+            self.notifier = Notifier(parent=self, log=self.log)
+        except (TraitError, ValueError) as error:
+            # a setting an admin wrote: one sentence that names it, not a traceback
+            where = f"in {self.config_file} or on the command line" if self.config_file \
+                else "on the command line"
+            self.log.critical("The watchdog does not start: %s. Fix it %s.",
+                              str(error).rstrip("."), where)
+            self.exit(2)
         # apprise says why a channel failed in its own log: into ours, warnings up
         apprise_log = logging.getLogger("apprise")
         apprise_log.handlers, apprise_log.propagate = list(self.log.handlers), False
@@ -189,9 +215,8 @@ class QuotaWatchdog(Application):
         if self.source == "kubernetes":
             self.containers = self.oom_events = self.pods()
         else:
-            import docker
-
-            client = docker.APIClient(base_url=self.docker_host, version="auto")
+            # connected at the first cycle: an engine that is down now is told, not fatal
+            client = EngineClient(self.docker_host)
             self.containers = Containers(client, self.hub_id)
             self.oom_events = OomEvents(client, self.hub_id, self.log)
         self.nvml = Nvml()
@@ -262,21 +287,41 @@ class QuotaWatchdog(Application):
         if scan.error:  # NVML itself is down: every GPU a server holds is out of reach
             for uuid in sorted(expected):
                 last = self._last_gpus.get(uuid)
+                # -1: never seen, so no index; the messages name it by its UUID
                 found[uuid] = GpuSample(uuid=uuid, index=last.index if last else -1,
                                         name=last.name if last else "GPU", lost=scan.error)
         self._last_gpus = {u: g for u, g in found.items() if not u.startswith("unknown:")}
         return found
 
     async def zombies(self, snapshot: Snapshot) -> list[Server]:
-        """Containers holding GPUs whose user has no server in the hub (once it answered),
-        after a fresh read: a server started since the last read is not a zombie."""
+        """Containers holding GPUs whose user has no server in the hub (once it answered).
+
+        Only by an answer the hub gave after the container started (with
+        ``ZOMBIE_CLOCK_MARGIN``): the hub records a server before its container
+        starts, so that answer would name it, while an older one cannot. A fresh
+        read is asked for first; when it is not allowed yet (the last read is under
+        2 s old) or fails, such a container waits for a later cycle's answer.
+        """
+        self._first_seen = {cid: self._first_seen.get(cid, snapshot.time)
+                            for cid in snapshot.servers}
+
         def unclaimed() -> list[Server]:
             return [s.server for s in snapshot.servers.values()
                     if s.server.gpus and not self.hub.has_server(s.server.user)]
 
-        if self.hub.known and unclaimed():
+        def began(server: Server) -> float:
+            return server.started if server.started is not None \
+                else self._first_seen[server.container_id]
+
+        def judged(server: Server) -> bool:
+            read = self.hub.read_at
+            return read is not None and read >= began(server) + ZOMBIE_CLOCK_MARGIN
+
+        if not self.hub.known:
+            return []
+        if not all(judged(s) for s in unclaimed()):
             await self.hub.refresh(force=True)
-        return unclaimed() if self.hub.known else []
+        return [s for s in unclaimed() if judged(s)]
 
     async def cycle(self) -> None:
         began = time.monotonic()
@@ -307,7 +352,16 @@ class QuotaWatchdog(Application):
     def _spawn(self, sending: Any) -> None:
         task = asyncio.ensure_future(sending)
         self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task[Any]) -> None:
+        """A sending task is done; what it raised is one line in the log, never asyncio's
+        "Task exception was never retrieved" with a traceback."""
+        self._sending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            error = task.exception()
+            self.log.error("Sending failed (%s: %s)", type(error).__name__,
+                           one_line(str(error)))
 
     async def hub_events(self, snapshot: Snapshot) -> list[Event]:
         """The messages (preemptions, budgets) for what the hub appended to its event log
@@ -331,12 +385,19 @@ class QuotaWatchdog(Application):
         if self._events_error:
             self.log.info("The hub's event log %s can be read again", self.events_file)
             self._events_error = ""
-        ours = for_hub(found, self.hub_id)
-        for event in ours:
+        told: list[Event] = []
+        for event in for_hub(found, self.hub_id):
             if event.get("event") == NOTICE:  # counted whether or not the rule is on
                 self.metrics.preemption(str(event.get("role") or ""),
                                         str(event.get("by_role") or ""))
-        return hub_event_messages(ours, self.rules, snapshot)
+            # each on its own: one the watchdog cannot word must not drop the others
+            try:
+                told += hub_event_messages([event], self.rules, snapshot)
+            except Exception as error:
+                self.log.error("Cannot tell the hub's event %s (%s: %s); it is skipped",
+                               describe_hub_event(event), type(error).__name__,
+                               one_line(str(error)))
+        return told
 
     def record_usage(self, snapshot: Snapshot) -> None:
         """Fold the cycle's samples into the ledger's open sessions (blocking). A ledger
@@ -371,21 +432,34 @@ class QuotaWatchdog(Application):
         self._gpu_usage_error = ""
 
     async def notify_in_order(self, events: list[Event]) -> None:
-        for event in events:
+        for event in events:  # notify never raises: one failure does not stop the rest
             await self.notify(event)
 
     async def notify(self, event: Event) -> None:
-        """One event to its channels; every event is in the log too, channels or not."""
-        message = self.notifier.message(event)
-        self.log.warning("%s | %s", message.title, message.body.replace("\n", " | "))
-        results = await self.notifier.send(event, self.hub.groups_for)
+        """One event to its channels; every event is in the log too, channels or not.
+
+        Never raises: an event that cannot be worded or sent is one line in the
+        log, with its incident's key, and the cycle's other events go on.
+        """
+        try:
+            message = self.notifier.message(event)
+            self.log.warning("%s | %s", message.title, message.body.replace("\n", " | "))
+            results = await self.notifier.send(event, self.hub.groups_for, message=message)
+        except Exception as error:
+            self.log.error("Cannot tell %s of %s (%s: %s); it is skipped", event.kind,
+                           one_line(event.incident.key), type(error).__name__,
+                           one_line(str(error)))
+            return
         for channel, delivered in results.items():
             if delivered:
                 self.metrics.notification_sent(channel)
             else:
                 self.metrics.notification_failed(channel)
 
-    async def run(self) -> None:
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """Cycle until ``stop`` is set (never, without one), then let the messages on
+        their way finish for up to ``STOP_GRACE`` seconds."""
+        stop = stop or asyncio.Event()
         self._sending: set[asyncio.Task[Any]] = set()
         self._saved = ""
         self.oom_events.start()
@@ -394,20 +468,65 @@ class QuotaWatchdog(Application):
         self.log.info("Watching %s every %gs (hub %s); incidents in %s; hub events from %s",
                       self.docker_host, self.interval, self.hub_id or "any", self.state_file,
                       self.events_file or "nowhere")
-        while True:
+        while not stop.is_set():
             began = time.monotonic()
             try:
                 await self.cycle()
+            except EngineUnreachable as error:  # down or restarting: said once, not a trace
+                if str(error) != self._engine_error:
+                    self.log.warning("Cannot reach the engine at %s (%s); trying again each "
+                                     "cycle", self.docker_host, error)
+                    self._engine_error = str(error)
             except Exception:  # one bad cycle must not end the watch
                 self.log.exception("Watchdog cycle failed")
-            await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - began)))
+            else:
+                if self._engine_error:
+                    self.log.info("The engine at %s answers again", self.docker_host)
+                    self._engine_error = ""
+            left = max(0.0, self.interval - (time.monotonic() - began))
+            try:
+                await asyncio.wait_for(stop.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+        if self._sending:
+            await asyncio.wait(set(self._sending), timeout=STOP_GRACE)
+
+    async def serve(self) -> str:
+        """``run`` until SIGINT or SIGTERM (the hub stops its services with these); the
+        name of the signal. The first ends the watch after its cycle; a second, at once."""
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        main = asyncio.ensure_future(self.run(stop))
+        got: list[str] = []
+
+        def on_signal(signum: signal.Signals) -> None:
+            got.append(signum.name)
+            if stop.is_set():
+                main.cancel()
+            stop.set()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal, signum)
+        # The handlers stay until the loop closes: a signal while asyncio.run winds down
+        # must not raise KeyboardInterrupt there.
+        try:
+            await main
+        except asyncio.CancelledError:
+            if not got:  # cancelled by someone else, not a signal
+                raise
+        return got[0] if got else ""
 
     def start(self) -> None:
         if self.test_channel:
-            delivered = self.notifier.test_channel(self.test_channel)
+            try:
+                delivered = self.notifier.test_channel(self.test_channel)
+            except ValueError as error:  # a typo in the URL: a usage error, said plainly
+                print(f"Cannot test this channel: {str(error).rstrip('.')}.", file=sys.stderr)
+                self.exit(2)
             print("delivered" if delivered else "NOT delivered; the log above says why")
             self.exit(0 if delivered else 1)
-        asyncio.run(self.run())
+        stopped_by = asyncio.run(self.serve())
+        self.log.info("Watchdog stopped (%s)", stopped_by or "done")
 
 
 def usage_samples(snapshot: Snapshot) -> list[Sample]:
@@ -447,7 +566,9 @@ def gpu_usage_snapshot(snapshot: Snapshot, book: IncidentBook, interval: float) 
         "time": snapshot.time,
         "host": snapshot.host,
         "interval": interval,
-        "gpus": {u: {"index": g.index, "name": g.name, "utilization": g.utilization,
+        # a GPU NVML never saw has no index (-1): None, as for a GPU the pool alone knows
+        "gpus": {u: {"index": g.index if g.index >= 0 else None, "name": g.name,
+                     "utilization": g.utilization,
                      "memory_used": g.memory_used, "memory_total": g.memory_total,
                      "lost": g.lost}
                  for u, g in sorted(snapshot.gpus.items())},
@@ -457,6 +578,21 @@ def gpu_usage_snapshot(snapshot: Snapshot, book: IncidentBook, interval: float) 
                     for s in sorted(snapshot.servers.values(), key=lambda s: s.server.name)},
         "idle": idle,
     }
+
+
+def describe_hub_event(event: dict[str, Any]) -> str:
+    """One hub event for the log, safe whatever its fields hold: 'role-request 7 of
+    student1 at 1e+13'."""
+    kind = event.get("event")
+    parts = [name(kind) if isinstance(kind, str) and kind else "(no kind)"]
+    if "id" in event:
+        parts.append(name(event["id"]) if isinstance(event["id"], str | int)
+                     else number(event["id"]))
+    if isinstance(event.get("user"), str) and event["user"]:
+        parts.append(f"of {name(event['user'])}")
+    if "time" in event:
+        parts.append(f"at {number(event['time'])}")
+    return " ".join(parts)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -7,7 +7,9 @@ while a container runs, except the CPU quota at the end of the start boost,
 so each container is inspected when first seen and again every
 ``refresh`` seconds. ``OomEvents`` follows the engine's event stream for
 the OOM kills that take a whole container with them (its cgroup is gone
-before the next cycle could read the counter).
+before the next cycle could read the counter). ``EngineClient`` connects to
+the engine when first used, so an engine that is down when the watchdog
+starts is a cycle that says so (``EngineUnreachable``), not a failed start.
 
 Blocking: the watchdog calls these in threads.
 """
@@ -51,6 +53,34 @@ def server_from_inspect(info: Mapping[str, Any]) -> Server | None:
     )
 
 
+class EngineUnreachable(Exception):
+    """The engine did not answer (not started, restarting, a wrong ``docker_host``)."""
+
+
+class EngineClient:
+    """docker's ``APIClient`` for ``base_url``, connected when first used: its API
+    version is asked of the engine then, and again at the next use after a failure."""
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url
+        self._client: Any = None
+        self._lock = threading.Lock()  # the cycle's thread and the OOM events' thread
+
+    def connect(self) -> Any:
+        with self._lock:
+            if self._client is None:
+                import docker
+
+                try:
+                    self._client = docker.APIClient(base_url=self.base_url, version="auto")
+                except docker.errors.DockerException as error:
+                    raise EngineUnreachable(str(error)) from None
+            return self._client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.connect(), name)
+
+
 class Containers:
     """This host's notebook containers, for one hub (``hub_id``) or for all."""
 
@@ -61,8 +91,16 @@ class Containers:
         self._seen: dict[str, tuple[float, Server]] = {}  # id -> (when inspected, server)
 
     def servers(self, now: float | None = None) -> list[Server]:
+        """The running notebook containers; EngineUnreachable when the engine does not
+        answer."""
+        import requests
+
         now = time.monotonic() if now is None else now
-        listed = self.client.containers(filters={"label": USER_LABEL, "status": "running"})
+        try:
+            listed = self.client.containers(
+                filters={"label": USER_LABEL, "status": "running"})
+        except requests.exceptions.ConnectionError as error:
+            raise EngineUnreachable(str(error)) from None
         found: dict[str, tuple[float, Server]] = {}
         for entry in listed:
             labels = entry.get("Labels") or {}
@@ -103,14 +141,21 @@ class OomEvents:
         return events
 
     def _follow(self) -> None:
+        lost = ""  # why the stream was lost: logged once while the engine stays away
         while True:
             try:
                 stream = self.client.events(decode=True,
                                             filters={"event": "oom", "label": USER_LABEL})
+                if lost:
+                    self.log.info("Following the engine's event stream again")
+                    lost = ""
                 for event in stream:
                     self._record(event)
             except Exception as e:  # the engine restarted: follow it again
-                self.log.warning("Lost the engine's event stream (%s); following it again", e)
+                if str(e) != lost:
+                    self.log.warning("Lost the engine's event stream (%s); following it "
+                                     "again", e)
+                    lost = str(e)
                 time.sleep(5)
 
     def _record(self, event: Mapping[str, Any]) -> None:

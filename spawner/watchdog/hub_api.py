@@ -28,6 +28,9 @@ class HubDirectory:
         self.log = log
         self.ttl = ttl
         self.known = False  # whether the hub has answered at least once
+        # When the last answer was asked for, epoch seconds (None before the first):
+        # it shows every server the hub had recorded by then.
+        self.read_at: float | None = None
         self._groups: dict[str, list[str]] = {}
         self._servers: dict[str, set[str]] = {}
         self._read_at = float("-inf")
@@ -53,6 +56,7 @@ class HubDirectory:
             return
         groups: dict[str, list[str]] = {}
         servers: dict[str, set[str]] = {}
+        asked = time.time()
         offset = 0
         client = AsyncHTTPClient()
         try:
@@ -74,4 +78,4 @@ class HubDirectory:
                              "zombie check use what was read before", e)
             return
         self._groups, self._servers = groups, servers
-        self.known, self._read_at = True, time.monotonic()
+        self.known, self._read_at, self.read_at = True, time.monotonic(), asked

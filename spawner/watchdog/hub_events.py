@@ -29,18 +29,22 @@ channels (their instructors, who may decide when the table allows it);
 ``role-request-approved``, ``-refused`` and ``-withdrawn`` to the user.
 
 ``hub_event_messages`` is all of them, in the log's order: what a cycle tells.
+The app words each event on its own, so one it cannot word never holds up the
+others. The log's fields are checked for their type (a NaN or infinite number
+is left out), and what users typed (a reason, a comment, a name) is quoted
+or shown plain as ``text.py`` says.
 
 Only ``read_new`` blocks (file I/O).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from typing import Any
 
 from ..events import read_events
-from ..quota.units import human_duration
 from .model import Server, Snapshot
 from .rules import (
     BUDGET,
@@ -52,6 +56,8 @@ from .rules import (
     WatchdogRules,
     _instant,
 )
+from .text import duration, is_plain, quoted
+from .text import name as shown
 
 NOTICE, STOPPED, WITHDRAWN = "preemption", "preempted", "preemption-withdrawn"
 PREEMPTION_EVENTS = (NOTICE, STOPPED, WITHDRAWN)
@@ -114,9 +120,11 @@ def _text(value: Any) -> str:
 
 
 def _number(value: Any) -> float | None:
-    # bool is an int, but never a time or a priority
+    # bool is an int, but never a time or a priority; NaN and infinity are no number
+    # a message can use
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        number = float(value)
+        return number if math.isfinite(number) else None
     return None
 
 
@@ -142,16 +150,16 @@ def _sentence(text: str) -> str:
 
 def _what(f: dict[str, Any]) -> str:
     """What happens, in the hub's words where it gave them."""
-    by = f.get("by", "another user")
+    by = shown(f["by"]) if f.get("by") else "another user"
     if f["event"] == STOPPED:
         ran = f.get("ran_for")
-        after = f" after running for {human_duration(ran)}" if ran is not None else ""
+        after = f" after running for {duration(ran)}" if ran is not None else ""
         return f"The server was stopped{after}, to free its GPUs for {by}."
     if f["event"] == WITHDRAWN:
         why = _sentence(f.get("why", ""))
         return f"The preemption for {by} was called off{': ' + why if why else '.'} " \
                "The server keeps running."
-    role = f" for the role {f['by_role']}" if f.get("by_role") else ""
+    role = f" for the role {shown(f['by_role'])}" if f.get("by_role") else ""
     reason = _sentence(f.get("reason", ""))
     if reason:  # the hub's sentence names both roles and priorities
         return f"Preempted by {by}{role}. {reason}"
@@ -225,8 +233,8 @@ def budget_facts(event: dict[str, Any]) -> dict[str, Any]:
 def _budget_owner(f: dict[str, Any]) -> str:
     """'the group cs101' or 'alice': whose budget, for the sentence made of numbers."""
     if f.get("budget_kind") == "group" and f.get("budget_name"):
-        return f"the group {f['budget_name']}"
-    return f.get("budget_name") or f.get("user", "")
+        return f"the group {shown(f['budget_name'])}"
+    return shown(f.get("budget_name") or f.get("user", ""))
 
 
 def _budget_what(f: dict[str, Any]) -> str:
@@ -284,17 +292,28 @@ def request_facts(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def _request_what(f: dict[str, Any]) -> str:
-    """The hub's sentence, or one made from the fields when it gave none."""
+    """The hub's sentence, with what the user or the decider typed in it quoted; or one
+    made from the fields when it gave none."""
     if f.get("text"):
+        # the reason (a request) or the comment (a decision), where the hub wrote it
+        said = f.get("reason") if f["event"] == ASKED else f.get("comment")
+        before, found, after = f["text"].rpartition(said) if said else ("", "", "")
+        if found:
+            return before + quoted(said) + (_sentence(after) if after.strip(". ") else "")
         return _sentence(f["text"])
-    role = f"the role '{f['role']}'" if f.get("role") else "a role"
-    who = f.get("who", "")
+    role = f"the role {_role(f['role'])}" if f.get("role") else "a role"
+    who = shown(f["who"]) if f.get("who") else ""
     if f["event"] == ASKED:
-        return f"{f['user']} asks for {role}."
+        return f"{shown(f['user'])} asks for {role}."
     if f["event"] == GIVEN_UP:
-        return f"{f['user']} withdrew the request for {role}."
+        return f"{shown(f['user'])} withdrew the request for {role}."
     state = "approved" if f["event"] == APPROVED else "refused"
     return f"The request for {role} was {state}{' by ' + who if who else ''}."
+
+
+def _role(role: str) -> str:
+    """'gpu-training', in single quotes as the hub writes it; an odd name quoted."""
+    return f"'{role}'" if is_plain(role) else quoted(role)
 
 
 def role_request_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,

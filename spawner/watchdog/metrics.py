@@ -302,13 +302,13 @@ def dcgm_job_map(snapshot: Snapshot) -> dict[int, list[str]]:
     The job id is the user name: dcgm-exporter's hpc_job label then names the
     user, which is what its users want to group by. Control characters (a
     newline would split one name into two jobs) become "_". A GPU that NVML
-    does not list has no index and is left out.
+    does not list, or never listed (index -1), has no index and is left out.
     """
     jobs: dict[int, set[str]] = {}
     for sample in snapshot.servers.values():
         for uuid in sample.server.gpus:
             gpu = snapshot.gpus.get(uuid)
-            if gpu is not None:
+            if gpu is not None and gpu.index >= 0:
                 jobs.setdefault(gpu.index, set()).add(_CONTROL.sub("_", sample.server.user))
     return {index: sorted(users) for index, users in sorted(jobs.items())}
 

@@ -41,13 +41,15 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
+import math
 import os
 import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
@@ -55,7 +57,7 @@ import requests
 from traitlets import Dict, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
-from ..quota.units import format_human, human_duration
+from ..quota.units import format_human
 from .rules import (
     BUDGET,
     GPU_IDLE,
@@ -68,6 +70,7 @@ from .rules import (
     Event,
     Incident,
 )
+from .text import duration, name, one_line, utc
 
 GroupsOf = Callable[[str], list[str]] | Mapping[str, list[str]]
 
@@ -104,22 +107,41 @@ def _percent(incident: Incident) -> float | None:
     return None
 
 
+def _index(incident: Incident) -> int | None:
+    """The GPU's index, when NVML said it: -1 is NVML's "not seen" (spawner.gpu.nvml)."""
+    index = incident.gpu_index
+    return index if isinstance(index, int) and index >= 0 else None
+
+
+def _gpu_name(incident: Incident) -> str:
+    """'GPU 2'; a GPU whose index NVML did not say by its UUID: admins can look that up."""
+    index, uuid = _index(incident), incident.gpu_uuid
+    if index is not None:
+        return f"GPU {index}"
+    if uuid:
+        return uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU {uuid}"
+    return "a GPU"
+
+
 def _gpu(incident: Incident) -> str:
-    if incident.gpu_index is None and not incident.gpu_uuid:
+    """The GPU line: its index and UUID, or its UUID and that its index is unknown."""
+    index, uuid = _index(incident), incident.gpu_uuid
+    if index is None and not uuid:
         return ""
-    index = "?" if incident.gpu_index is None else str(incident.gpu_index)
-    return f"GPU {index}" + (f" ({incident.gpu_uuid})" if incident.gpu_uuid else "")
+    if index is None:
+        return f"{uuid} (its index is unknown: NVML does not see it)"
+    return f"GPU {index}" + (f" ({uuid})" if uuid else "")
 
 
 def _clock(epoch: float) -> str:
     """'14:32 UTC': a time within minutes, for people."""
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%H:%M UTC")
+    return utc(epoch, "%H:%M UTC")
 
 
 def _preemption(incident: Incident, whose: str) -> str:
     """The title's subject of the hub's preemption events (hub_events.py)."""
     event = incident.hub_event
-    by = event.get("by", "another user")
+    by = name(event["by"]) if event.get("by") else "another user"
     if event.get("event") == "preempted":
         return f"{whose} was stopped: preempted by {by}"
     if event.get("event") == "preemption-withdrawn":
@@ -131,24 +153,29 @@ def _preemption(incident: Incident, whose: str) -> str:
 def _budget(incident: Incident, whose: str) -> str:
     """The title's subject of the hub's budget events (hub_events.py)."""
     event = incident.hub_event
-    name = event.get("budget_name") or (incident.server.user if incident.server else "")
-    owner = f"the group {name}" if event.get("budget_kind") == "group" and name else name
+    owner = event.get("budget_name") or (incident.server.user if incident.server else "")
+    owner = name(owner) if owner else ""
+    if owner and event.get("budget_kind") == "group":
+        owner = f"the group {owner}"
     budget = f"GPU-hour budget of {owner}" if owner else "a GPU-hour budget"
     if event.get("event") == "budget-spent":
         if event.get("stopping"):
             return f"{whose} will be stopped: {budget} spent"
         return f"{budget} spent: {whose} keeps running"
     used, hours = event.get("used"), event.get("gpu_hours")
-    share = f"{int(used / hours * 100 + 1e-9)}%" if used is not None and hours else "nearly"
+    share = "nearly"
+    if used is not None and hours:
+        fraction = used / hours * 100 + 1e-9
+        share = f"{int(fraction)}%" if math.isfinite(fraction) else share
     return f"{budget} {share} used: {whose}"
 
 
 def _role_request(incident: Incident) -> str:
     """The title's subject of the hub's requests for a bigger role (hub_events.py)."""
     event = incident.hub_event
-    user = incident.server.user if incident.server else "a user"
-    role = f"the role {event['role']}" if event.get("role") else "a role"
-    by = f" by {event['who']}" if event.get("who") else ""
+    user = name(incident.server.user) if incident.server else "a user"
+    role = f"the role {name(event['role'])}" if event.get("role") else "a role"
+    by = f" by {name(event['who'])}" if event.get("who") else ""
     kind = event.get("event")
     if kind == "role-request-approved":
         return f"{user}'s request for {role} approved{by}"
@@ -160,7 +187,7 @@ def _role_request(incident: Incident) -> str:
 
 
 def _day_and_time(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return utc(epoch, "%Y-%m-%d %H:%M UTC")
 
 
 def _when(incident: Incident, now: float) -> str | None:
@@ -168,22 +195,25 @@ def _when(incident: Incident, now: float) -> str | None:
     deadline = incident.hub_event.get("deadline")
     if incident.hub_event.get("event") != "preemption" or deadline is None:
         return None
-    left = deadline - now
     grace = incident.hub_event.get("grace_period")
-    given = f" (a grace period of {human_duration(grace)})" if grace is not None else ""
+    given = f" (a grace period of {duration(grace)})" if grace is not None else ""
+    at = _clock(deadline)
+    if at.startswith("an invalid time"):  # no countdown to a moment that cannot be
+        return f"stopped at {at}{given}"
+    left = deadline - now
     if left <= 0:
-        return f"stopped at {_clock(deadline)}, {human_duration(-left)} ago{given}"
-    return f"stopped at {_clock(deadline)}, in {human_duration(left)}{given}"
+        return f"stopped at {at}, {duration(-left)} ago{given}"
+    return f"stopped at {at}, in {duration(left)}{given}"
 
 
 def _headline(incident: Incident, numbers: bool = True) -> str:
     """The title's subject, without the kind; ``numbers``: with the percent."""
     server = incident.server
-    user = server.user if server else None
+    user = name(server.user) if server else None
     percent = _percent(incident)
     pct = f" at {percent:.0f}%" if percent is not None and numbers else ""
     of = " of its limit" if pct else " high"
-    gpu = f"GPU {incident.gpu_index}" if incident.gpu_index is not None else "a GPU"
+    gpu = _gpu_name(incident)
     rule = incident.rule
     if rule == "gpu_memory":
         return f"{user}'s GPU memory{pct}{of}" if user else f"GPU memory{pct}{of}"
@@ -200,8 +230,8 @@ def _headline(incident: Incident, numbers: bool = True) -> str:
     if rule == GPU_IDLE:
         return f"{gpu} reserved by {user} is idle" if user else f"{gpu} reserved and idle"
     if rule == "zombie":
-        name = server.name if server else "a container"
-        return f"container {name} holds GPUs but no hub server claims it"
+        container = name(server.name) if server else "a container"
+        return f"container {container} holds GPUs but no hub server claims it"
     if rule == PREEMPTION:
         return _preemption(incident, f"{user}'s server" if user else "a server")
     if rule == BUDGET:
@@ -260,6 +290,13 @@ ADVICE = {
     "gpu_lost": (
         "Admins: drain the host, check dmesg and nvidia-smi, and reset or replace the GPU. "
         "Users on it: save what you can; the server needs a restart."),
+    # a lost GPU whose index NVML did not say: NVML itself may be what is broken
+    "gpu_unseen": (
+        "Admins: NVML does not see this GPU. On the host, check that the NVIDIA driver is "
+        "loaded and sees it (nvidia-smi, nvidia-smi -L | grep <UUID>, dmesg | grep -i "
+        "nvrm); with compose, the watchdog service's GPU reservation too. If nvidia-smi "
+        "does not list it either, drain the host and reset or replace the GPU. Users on "
+        "it: save what you can; the server may need a restart."),
     "xid": (
         "Admins: look the XID code up in NVIDIA's XID catalogue and dmesg; some need a GPU "
         "reset. Users: if your job failed, restart it."),
@@ -311,25 +348,29 @@ def _advice(incident: Incident) -> str | None:
         return ADVICE.get(event.get("event", ""))
     if incident.rule == ROLE_REQUEST:
         return ADVICE.get(incident.hub_event.get("event", ""))
+    if incident.rule == "gpu_lost" and _index(incident) is None:
+        return ADVICE["gpu_unseen"]
     return ADVICE.get(incident.rule)
 
 
 def format_message(event: Event, hub_url: str, host: str, now: float | None = None) -> Message:
-    """The plain-text title and body of one event. Nothing is escaped: no HTML.
+    """The plain-text title and body of one event: no HTML. Never raises for odd values.
 
-    ``host`` names the host when the incident does not.
+    ``host`` names the host when the incident does not. Names are shown bare when
+    plain, else quoted; the title and each line are one line whatever they hold
+    (``text.py``), so nothing a user typed can pass for one of the message's lines.
     """
     incident = event.incident
     now = time.time() if now is None else now
     if event.kind == "resolve":
         ended = incident.resolved if incident.resolved is not None else now
-        lasted = human_duration(ended - incident.since)
+        lasted = duration(ended - incident.since)
         title = f"[resolved] {_headline(incident, numbers=False)}: resolved after {lasted}"
     elif event.kind == "remind":
-        lasted = human_duration(now - incident.since)
+        lasted = duration(now - incident.since)
         title = f"[{incident.severity}] still: {_headline(incident)}, for {lasted}"
     else:
-        lasted = human_duration(now - incident.since)
+        lasted = duration(now - incident.since)
         title = f"[{incident.severity}] {_headline(incident)}"
     server = incident.server
     lines = []
@@ -346,29 +387,30 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
     if incident.rule == ROLE_REQUEST:  # about a user and a role, not a server
         asked = incident.hub_event
         if server is not None:
-            lines.append(f"Who: {server.user}")
+            lines.append(f"Who: {name(server.user)}")
         if asked.get("role"):
-            lines.append(f"Role: {asked['role']}")
+            lines.append(f"Role: {name(asked['role'])}")
         if "starts" in asked and "ends" in asked:
             lines.append(f"Window: from {_day_and_time(asked['starts'])} to "
                          f"{_day_and_time(asked['ends'])}")
         server = None
     if server is not None:
         # a stopped server's image is not known (its event does not say)
-        image = f", image {server.image}" if server.image else ""
-        lines.append(f"Who: {server.user} (role {server.role or '?'}{image})")
+        image = f", image {name(server.image)}" if server.image else ""
+        role = name(server.role) if server.role else "?"
+        lines.append(f"Who: {name(server.user)} (role {role}{image})")
         lines.append(f"Server: {server_url(hub_url, server.user)}")
         if server.name:
-            lines.append(f"Container: {server.name}")
+            lines.append(f"Container: {name(server.name)}")
     gpu = _gpu(incident)
     if gpu:
         lines.append(f"GPU: {gpu}")
     elif incident.rule == PREEMPTION:  # several, or a stopped server's: as the hub names them
         gpus = incident.hub_event.get("gpus") or (server.gpus if server else ())
         if gpus:
-            lines.append(f"GPUs: {', '.join(gpus)}")
+            lines.append(f"GPUs: {', '.join(name(g) for g in gpus)}")
     lines.append(f"Host: {getattr(incident, 'host', '') or host}")
-    since = datetime.fromtimestamp(incident.since, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    since = utc(incident.since)
     if incident.rule in (*INSTANT_RULES, PREEMPTION, BUDGET, ROLE_REQUEST, "test"):
         lines.append(f"At: {since}")
     else:
@@ -378,7 +420,7 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
         if advice:
             lines.append(f"What to do: {advice}")
     lines.append(f"Incident: {incident.key}")
-    return Message(title=title, body="\n".join(lines))
+    return Message(title=one_line(title), body="\n".join(one_line(line) for line in lines))
 
 
 # --- routing ---------------------------------------------------------------------------
@@ -474,9 +516,12 @@ class NativeChannel:
             path = [p for p in parts.path.split("/") if p]
             token, secret = parts.netloc, (path[0] if path else "")
         if not token:
-            raise ValueError(f"a {scheme}:// channel needs its bot's token")
+            form = ("dingtalk://[SECRET@]ACCESS-TOKEN" if scheme == "dingtalk"
+                    else f"{scheme}://HOOK-TOKEN[/SIGNING-SECRET]")
+            raise ValueError(f"a {scheme}:// URL needs its bot's token, as in {form}")
         if not urlsplit(base).scheme.startswith("http"):
-            raise ValueError(f"base= must be an http(s) URL, not {base!r}")
+            raise ValueError("its base= must be an http(s) URL, such as "
+                             "base=https://relay.example.org")
         return cls(scheme, token, secret, base)
 
     def secrets(self) -> list[str]:
@@ -523,7 +568,9 @@ class NativeChannel:
 class AppriseChannel:
     """Any apprise URL: mailto://, wecombot://, slack://, json://, jsons:// and the rest."""
 
-    def __init__(self, url: str, timeout: float):
+    def __init__(self, url: str, timeout: float, quiet: bool = False):
+        """``quiet``: a URL being checked (at start, or --test-channel), whose refusal
+        the ValueError says, without apprise's own line."""
         import apprise
 
         self._apprise = apprise
@@ -537,8 +584,13 @@ class AppriseChannel:
         self.asset = apprise.AppriseAsset(app_id="quota-spawner watchdog",
                                           app_desc="GPU and memory watchdog")
         probe = apprise.Apprise(asset=self.asset)
-        if not probe.add(url):
-            raise ValueError(f"apprise does not accept this {parts.scheme}:// URL")
+        if quiet:  # its error would show parts of the URL; ours says why instead
+            with _apprise_quiet():
+                accepted = probe.add(url)
+        else:
+            accepted = probe.add(url)
+        if not accepted:
+            raise ValueError(_refused_url(parts.scheme))
 
     def secrets(self) -> list[str]:
         parts = urlsplit(self.url)
@@ -558,6 +610,37 @@ class AppriseChannel:
                                body_format=apprise.NotifyFormat.TEXT)
         if not result:
             raise SendError("apprise could not deliver it (its log says why)")
+
+
+@contextmanager
+def _apprise_quiet() -> Any:
+    """apprise's log off for a moment: its "Unparseable URL" line shows part of the URL
+    (with its tokens); the ValueError that follows says what is wrong instead. Only
+    while URLs are checked at start: a delivery's warnings are logged as ever."""
+    log = logging.getLogger("apprise")
+    was = log.disabled
+    log.disabled = True
+    try:
+        yield
+    finally:
+        log.disabled = was
+
+
+def _refused_url(scheme: str) -> str:
+    """Why apprise refused a URL, without the URL: an unknown scheme, or a known one
+    with a part missing or misspelt."""
+    try:
+        from apprise.plugins import N_MGR
+
+        service = N_MGR[scheme.lower()].service_name if scheme.lower() in N_MGR else None
+    except Exception:  # another apprise's layout: say less
+        return f"apprise does not accept this {scheme}:// URL"
+    if service is None:
+        return (f"{scheme}:// is not a kind of channel apprise or the watchdog knows "
+                "(a typo? mailtos://, json://, jsons://, slack://, wecombot://, "
+                "feishu://, lark:// and dingtalk:// are some that are)")
+    return (f"apprise does not accept this {service} URL ({scheme}://): a part of it is "
+            "missing or misspelt (docs/watchdog.md#channels and apprise's wiki show its form)")
 
 
 def _redact(text: str, secrets: list[str]) -> str:
@@ -637,17 +720,17 @@ class Notifier(LoggingConfigurable):
                     raise TraitError(f"channel {channel['name']}: {key} must be a list of names")
                 channel[key] = list(value)
             try:
-                self._sender(url)
+                self._sender(url, quiet=True)
             except ValueError as error:
                 raise TraitError(f"channel {channel['name']}: {error}") from None
             checked.append(channel)
         return checked
 
-    def _sender(self, url: str) -> NativeChannel | AppriseChannel:
+    def _sender(self, url: str, quiet: bool = False) -> NativeChannel | AppriseChannel:
         scheme = url.split("://", 1)[0].lower()
         if scheme in _NATIVE:
             return NativeChannel.parse(url)
-        return AppriseChannel(url, self.timeout)
+        return AppriseChannel(url, self.timeout, quiet)
 
     def message(self, event: Event, now: float | None = None) -> Message:
         return format_message(event, self.hub_url, self.host, now)
@@ -667,6 +750,7 @@ class Notifier(LoggingConfigurable):
     async def _deliver(self, channel: Mapping[str, Any], message: Message, event: Event) -> bool:
         """Tries one channel up to ``tries`` times; True when it took the message."""
         name = channel["name"]
+        key = one_line(event.incident.key)  # it holds names users chose: one log line
         try:
             sender = self._sender(channel["url"])
         except ValueError as error:
@@ -685,7 +769,7 @@ class Notifier(LoggingConfigurable):
             except Exception as error:  # a plugin's own bug: logged, never raised
                 reason = f"{type(error).__name__}: {error}"
             else:
-                self.log.info("Channel %s: sent %s of %s", name, event.kind, event.incident.key)
+                self.log.info("Channel %s: sent %s of %s", name, event.kind, key)
                 return True
             reason = _redact(reason, secrets)
             if attempt < self.tries:
@@ -695,17 +779,19 @@ class Notifier(LoggingConfigurable):
                 delay *= 2
             else:
                 self.log.error("Channel %s: gave up on %s of %s after %d tries (%s)",
-                               name, event.kind, event.incident.key, self.tries, reason)
+                               name, event.kind, key, self.tries, reason)
         return False
 
     async def send(self, event: Event,
                    groups_of: GroupsOf | Callable[[str], Awaitable[list[str]]] | None = None,
-                   now: float | None = None) -> dict[str, bool]:
+                   now: float | None = None, message: Message | None = None
+                   ) -> dict[str, bool]:
         """Send one event to every channel that routes it, all at once.
 
         ``groups_of`` gives a user's groups (a dict, or a function answering from
-        a cache: it is called on the event loop). Returns {channel name: delivered};
-        never raises for a channel's failure.
+        a cache: it is called on the event loop); ``message``, the event's message
+        when the caller made it already. Returns {channel name: delivered}; never
+        raises for a channel's failure.
         """
         if event.kind not in KINDS:
             raise ValueError(f"unknown event kind {event.kind!r}; expected one of {KINDS}")
@@ -726,7 +812,7 @@ class Notifier(LoggingConfigurable):
         channels = self.channels_for(incident, groups)
         if not channels:
             return {}
-        message = self.message(event, now)
+        message = message or self.message(event, now)
         results = await asyncio.gather(*(self._deliver(c, message, event) for c in channels))
         return {c["name"]: ok for c, ok in zip(channels, results, strict=True)}
 
@@ -734,10 +820,14 @@ class Notifier(LoggingConfigurable):
         """Send a test message to one channel URL, with the usual tries; blocks.
 
         For ``quota-spawner watchdog --test-channel URL``: True when it was delivered;
-        the log says why not.
+        the log says why not. ValueError, with a sentence that does not show the URL,
+        for a URL no sender takes.
         """
         channel = {"url": url, "name": name}
-        self._sender(url)  # ValueError for a URL no sender takes
+        if "://" not in url:
+            raise ValueError("a channel URL has a scheme and ://, such as "
+                             "mailtos://… or feishu://TOKEN/SECRET")
+        self._sender(url, quiet=True)  # ValueError for a URL no sender takes
         now = time.time()
         event = Event("open", Incident(
             key="test", rule="test", severity="info", server=None, since=now, opened=now,
