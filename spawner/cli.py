@@ -11,6 +11,7 @@ from .quota.form import describe_limits
 from .quota.loader import load_quota_table, table_duration
 from .quota.model import Budget, GpuCapacity, QuotaTable, QuotaTableError, Role
 from .quota.units import format_size, parse_size
+from .refusals import hours_text
 
 
 def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
@@ -73,8 +74,9 @@ def describe_budget(budget: Budget, zone: str) -> str:
     GPU-hours per month (from midnight UTC on the 1st), shared by the group · warned at
     90% · running servers keep running when it is spent'."""
     starts = {"day": "", "week": " on Mondays", "month": " on the 1st"}[budget.per]
-    parts = [f"{budget.kind} {budget.name}: {budget.gpu_hours:g} GPU-hours per {budget.per} "
-             f"(from midnight {zone}{starts})"
+    # hours_text, as the refusal says it: 0.005 stays 0.005, 1,000,000 is not 1e+06
+    parts = [f"{budget.kind} {budget.name}: {hours_text(budget.gpu_hours)} GPU-hours "
+             f"per {budget.per} (from midnight {zone}{starts})"
              + (", shared by the group" if budget.kind == "group" else "")]
     parts.append(f"warned at {budget.warn_at * 100:g}%")
     parts.append("GPU servers stopped when it is spent" if budget.stop
@@ -268,7 +270,7 @@ def cmd_ledger_status(args: argparse.Namespace) -> int:
         print(f"quota-spawner ledger: {problem}", file=sys.stderr)
         return 2
     try:
-        engine = make_engine(url)
+        engine = make_engine(url, create=False)  # only reads: WAL is the owner's to set
     except (SQLAlchemyError, ImportError) as e:
         print(f"quota-spawner ledger: {_one_line(e)}", file=sys.stderr)
         return 2

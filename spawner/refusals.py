@@ -89,10 +89,23 @@ _THIS = {"day": "today", "week": "this week", "month": "this month"}
 _RESERVED = "Budgets count the time GPUs were reserved, busy or not."
 
 
-def gpu_hours_text(hours: float) -> str:
-    """'200.4', '200' (not '200.0'), '0.1': GPU-hours to one decimal, for people."""
-    text = f"{hours:.1f}"
-    return text[:-2] if text.endswith(".0") else text
+HOURS_PRECISION = 0.001  # the least amount of hours written as a number
+
+
+def hours_text(hours: float) -> str:
+    """Hours (GPU-, CPU- or GiB-hours) for people: '0.005', '4.5', '200.4', '1,234.5',
+    '200' (not '200.0'). Three significant digits below 10, so a small budget or a short
+    session keeps its size; one decimal from 10 up, so large ones stay short. Never an
+    exponent, and never '0' for an amount that is not 0: below 0.001 it is '<0.001'."""
+    if hours < 0:
+        return "-" + hours_text(-hours)
+    if hours == 0:
+        return "0"
+    if hours < HOURS_PRECISION:
+        return f"<{HOURS_PRECISION:g}"
+    # from 0.001 to 10, 'g' with 3 digits writes no exponent and no trailing zeros
+    text = f"{hours:.3g}" if hours < 10 else f"{hours:,.1f}"
+    return text.removesuffix(".0")
 
 
 def local_time(epoch: float, zone: tzinfo) -> str:
@@ -115,7 +128,7 @@ def _whose(budget: Budget) -> str:
 
 def _used(state: BudgetState) -> str:
     budget = state.budget
-    return (f"{gpu_hours_text(state.used)} of {gpu_hours_text(budget.gpu_hours)} GPU-hours "
+    return (f"{hours_text(state.used)} of {hours_text(budget.gpu_hours)} GPU-hours "
             f"used {_THIS.get(budget.per, 'this ' + budget.per)}")
 
 
@@ -147,3 +160,21 @@ def budget_spent_running(state: BudgetState, zone: tzinfo) -> str:
         now = "Your running servers keep running, but no new GPU server can start."
     return (f"{_whose(budget)} is spent: {_used(state)}. {now} {_RESERVED} It resets on "
             f"{local_time(state.resets_at, zone)}. Roles without GPUs can still be started.")
+
+
+# --- the engine cannot give GPUs (docs/gpus.md#an-engine-without-the-nvidia-runtime) ---
+
+NO_NVIDIA_RUNTIME = (
+    "This hub's GPUs cannot be given to containers: the container engine has no NVIDIA "
+    "runtime. Ask an admin to install it."
+)
+
+
+def no_nvidia_runtime(choices: list[Choice]) -> str:
+    """A GPU start refused because the engine has no NVIDIA runtime, and what the user
+    can start meanwhile."""
+    cpu_roles = list(dict.fromkeys(c.role.name for c in choices if not c.role.gpus))
+    if cpu_roles:
+        return (NO_NVIDIA_RUNTIME + " A role without GPUs can still be started: you can "
+                f"start a CPU-only server now with the role '{cpu_roles[0]}'.")
+    return NO_NVIDIA_RUNTIME + " You have no role without GPUs to start meanwhile."

@@ -22,7 +22,7 @@ from harness import line_of
 from spawner.cli import main as cli_main
 from spawner.quota.loader import TOP_FIELDS, parse_quota_table
 from spawner.quota.model import Budget, QuotaTable, QuotaTableError, Role
-from spawner.refusals import budget_spent, gpu_hours_text, local_time
+from spawner.refusals import budget_spent, budget_warning, hours_text, local_time
 from spawner.usage.budgets import (
     BudgetCheck,
     BudgetState,
@@ -205,7 +205,7 @@ def test_show_prints_one_line_per_budget(tmp_path, capsys):
     ]
     assert cli_main(["show", str(path), "--user", "x", "--group", "ml-platform"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
-        "  group ml-platform: 1000.5 GPU-hours per week (from midnight Europe/Berlin on "
+        "  group ml-platform: 1,000.5 GPU-hours per week (from midnight Europe/Berlin on "
         "Mondays), shared by the group · warned at 75% · GPU servers stopped when it is spent")
     assert cli_main(["show", str(path), "--user", "nobody"]) == 0
     assert "budget" not in capsys.readouterr().out
@@ -213,6 +213,19 @@ def test_show_prints_one_line_per_budget(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["budgets"] == [
         {"kind": "user", "name": "alice", "gpu_hours": 8.0, "per": "day", "stop": False,
          "warn_at": 0.9, "timezone": "Europe/Berlin"}]
+
+
+def test_show_keeps_a_small_or_large_budgets_size(tmp_path, capsys):
+    path = tmp_path / "q.yaml"
+    path.write_text(table("  users:\n    alice: {gpu_hours: 0.005, per: day}\n"
+                          "  groups:\n    big: {gpu_hours: 1000000, per: month}\n"))
+    assert cli_main(["validate", str(path)]) == 0
+    capsys.readouterr()
+    assert cli_main(["show", str(path), "--user", "alice", "--group", "big"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    # not '0.005' read as 0, and not '1e+06'
+    assert lines[-2].startswith("  user alice: 0.005 GPU-hours per day ")
+    assert lines[-1].startswith("  group big: 1,000,000 GPU-hours per month ")
 
 
 # --- periods ----------------------------------------------------------------------------
@@ -412,9 +425,34 @@ def test_the_reset_is_said_in_the_tables_time_zone(ledger, s):
     assert "It resets on 1 July 2026 at 00:00 CEST." in budget_spent(summer, t.budget_zone)
 
 
+def test_a_small_budget_is_not_read_as_zero(ledger, s):
+    t = parse_quota_table(table("  users:\n    alice: {gpu_hours: 0.005, per: day}\n"),
+                          "q.yaml")
+    s.add("alice", NOW - 36, NOW)  # 36 seconds of a GPU: 0.01 GPU-hours
+    assert check_start(ledger.engine, t, "alice", [], GPU, NOW) == (
+        "Your GPU-hour budget is spent: 0.01 of 0.005 GPU-hours used today. "
+        f"{RESERVED} It resets on 19 November 2026 at 00:00 UTC. Roles without GPUs can "
+        "still be started.")
+    (state,) = states_for(ledger.engine, t, "alice", [], NOW)
+    half = BudgetState(state.budget, 0.0025, state.start, state.resets_at)
+    assert "is 50% used: 0.0025 of 0.005 GPU-hours used today." in budget_warning(half, UTC)
+    tiny = BudgetState(state.budget, 0.0001, state.start, state.resets_at)
+    assert "is 2% used: <0.001 of 0.005 GPU-hours used today." in budget_warning(tiny, UTC)
+
+
+def test_hours_text_keeps_small_amounts_and_shortens_large_ones():
+    cases = {0: "0", 0.005: "0.005", 0.0123456: "0.0123", 0.05: "0.05", 0.1: "0.1",
+             0.00278: "0.00278", 0.001: "0.001", 0.000999: "<0.001", 1e-9: "<0.001",
+             1.0: "1", 4.5: "4.5", 9.876: "9.88", 9.9999: "10", 10.04: "10",
+             200.4: "200.4", 1234.56: "1,234.6", 1e6: "1,000,000",
+             1e16: "10,000,000,000,000,000", -2.5: "-2.5"}
+    assert {h: hours_text(h) for h in cases} == cases
+    assert all("e" not in hours_text(10.0 ** k) for k in range(-12, 20))
+
+
 def test_the_sentences_numbers_and_times():
-    assert [gpu_hours_text(h) for h in (200.4, 200.0, 200.04, 0.05, 1234.56)] == [
-        "200.4", "200", "200", "0.1", "1234.6"]
+    assert [hours_text(h) for h in (200.4, 200.0, 200.04, 0.05, 1234.56)] == [
+        "200.4", "200", "200", "0.05", "1,234.6"]
     assert local_time(at(2026, 12, 1), UTC) == "1 December 2026 at 00:00 UTC"
     # a zone whose abbreviation is a number is named by its offset
     assert local_time(at(2026, 12, 1, 3), ZoneInfo("America/Sao_Paulo")) == \
@@ -435,6 +473,19 @@ def watch_table(extra: str = "") -> QuotaTable:
 
 def check(watch: BudgetWatch, ledger: Ledger, t: QuotaTable, now: float) -> BudgetCheck:
     return watch.check(ledger.engine, t, running_gpu_sessions(ledger.engine), now)
+
+
+def test_a_small_budgets_warning_keeps_its_numbers(ledger, s):
+    t = parse_quota_table(table("  users:\n    alice: {gpu_hours: 0.005, per: day}\n"),
+                          "q.yaml")
+    s.add("alice", DAY)
+    now = DAY + 0.0046 * HOUR  # 92% of the budget, past its warn_at
+    (notice,) = BudgetWatch().check(ledger.engine, t, running_gpu_sessions(ledger.engine),
+                                    now).notices
+    assert notice.event == "budget-warning"
+    assert "% used: 0.0046 of 0.005 GPU-hours used today." in notice.text
+    assert (notice.fields()["used"], notice.fields()["gpu_hours"]) == (
+        pytest.approx(0.0046), 0.005)
 
 
 def test_running_sessions_are_the_open_gpu_ones_with_their_groups(ledger, s):

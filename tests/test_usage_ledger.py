@@ -503,6 +503,8 @@ def test_fold_cycle_by_cycle_sums_counts_and_peaks(ledger):
 def test_fold_in_one_call_gives_the_same_and_counts_the_sessions(ledger):
     ada = open_session(ledger, "ada")
     bo = open_session(ledger, "bo")
+    ran(ledger, "jupyter-ada")
+    ran(ledger, "jupyter-bo")
     batch = [Sample(HUB, "jupyter-ada", **s) for s in SAMPLES] + [
         Sample(HUB, "jupyter-bo", 220.0, cpu=0.0, memory=0),
         Sample(HUB, "jupyter-nobody", 220.0, cpu=9.0),
@@ -1129,6 +1131,7 @@ def test_the_watchdog_folds_its_samples_once_the_hub_made_the_ledger(url, caplog
         watchdog.record_usage(snapshot)  # the same trouble is logged once
         ledger = Ledger(url, LOG)
         session = open_session(ledger)
+        ran(ledger)
         caplog.clear()
         watchdog.record_usage(snapshot)
     assert [r.getMessage() for r in caplog.records if r.name == LOG.name] == [

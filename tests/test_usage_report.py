@@ -7,13 +7,14 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from sqlalchemy import insert
+from sqlalchemy import insert, update
 
 from spawner.cli import main as cli_main
 from spawner.quota.model import QuotaTable, Role
 from spawner.usage.ledger import Ledger, head_revision
 from spawner.usage.report import (
     Advice,
+    Report,
     Row,
     build_report,
     daily_gpu_hours,
@@ -201,12 +202,12 @@ def test_table_format(ledger):
 Usage from 1970-01-05 04:00 UTC to 1970-01-09 08:00 UTC, by user
 
 User     Sessions  GPU-h  GPU used  CPU-h  CPU used  Mem GiB-h  Mem used  Ended
-alice           2    0.0         -   28.0       32%       56.0       32%  1 stopped, 1 culled
-bob             2   35.0       50%  160.0       50%      640.0       25%  1 preempted, 1 running
-carol           2    0.0         -   20.0       75%       40.0       75%  1 failed, 1 running
-erin            1    0.5        0%    4.0       25%       16.0       25%  1 oom
+alice           2      0         -     28       32%         56       32%  1 stopped, 1 culled
+bob             2     35       50%    160       50%        640       25%  1 preempted, 1 running
+carol           2      0         -     20       75%         40       75%  1 failed, 1 running
+erin            1    0.5        0%      4       25%         16       25%  1 oom
 -------------------------------------------------------------------------------
-(total)         7   35.5       49%  212.0       49%      752.0       29%  1 stopped, 1 culled, 1 preempted, 1 oom, 1 failed, 2 running
+(total)         7   35.5       49%    212       49%        752       29%  1 stopped, 1 culled, 1 preempted, 1 oom, 1 failed, 2 running
 """
 
 
@@ -247,6 +248,65 @@ def test_unknown_format_is_refused(ledger):
     report = build_report(ledger.engine, since=SINCE, until=UNTIL, now=NOW)
     with pytest.raises(ValueError, match="format must be one of table, csv, json"):
         format_report(report, "xml")
+
+
+# Names JupyterHub accepts that a spreadsheet would run as formulas (OWASP, "CSV Injection")
+FORMULAS = ["=rt+7", "+41", "-2+3", "@SUM(A1)", "\tx", "\rx", '=HYPERLINK("http://x","y")']
+
+
+@pytest.mark.parametrize("by", ["user", "role", "group", "image"])
+def test_csv_cells_from_names_are_not_formulas(tmp_path, by):
+    ledger = Ledger(f"sqlite:///{tmp_path / 'names.sqlite'}")
+    names = [*FORMULAS, "alice", "o'brien", "two\rlines", "two\nlines"]
+    with ledger.engine.begin() as c:
+        for i, name in enumerate(names):
+            session = add(c, name, "small", started=(120 + i) * H, stopped=(121 + i) * H,
+                          reason="stopped", image=name, groups=[name])
+            c.execute(update(sessions).where(sessions.c.id == session).values(role=name))
+    report = build_report(ledger.engine, since=SINCE, until=UNTIL, by=by, now=NOW)
+    ledger.dispose()
+    text = format_report(report, "csv")
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    found = {r[0] for r in rows[1:-1]}
+    assert found == {"'" + n for n in FORMULAS} | {"alice", "o'brien", "two\rlines",
+                                                   "two\nlines"}
+    assert len(rows) == len(names) + 2 and rows[-1][0] == "(total)"
+    # the numbers are ours, written as numbers
+    assert [float(r[rows[0].index("cpu_hours")]) for r in rows[1:-1]] == [1.0] * len(names)
+    # the other formats keep the names as they are
+    assert {r["key"] for r in json.loads(format_report(report, "json"))["rows"]} == set(names)
+
+
+def test_csv_numbers_are_not_quoted_even_when_negative():
+    numbers = Row(key="-x", sessions=1, ended={}, gpu_hours=-1.5, gpu_used=-0.25,
+                  cpu_hours=2.0, cpu_used=None, memory_gib_hours=-3.0, memory_used=0.5)
+    report = Report(since=0.0, until=1.0, now=1.0, by="user", rows=[numbers],
+                    total=numbers, advice=[])
+    lines = format_report(report, "csv").splitlines()
+    assert lines[1].startswith("'-x,1,")
+    assert lines[1].endswith(",-1.5,-0.25,2.0,,-3.0,0.5")
+
+
+def test_table_keeps_the_size_of_short_sessions(tmp_path):
+    ledger = Ledger(f"sqlite:///{tmp_path / 'short.sqlite'}")
+    with ledger.engine.begin() as c:
+        add(c, "ann", "gpu", started=120 * H, stopped=120 * H + 10, reason="stopped")
+        add(c, "ben", "small", started=120 * H, stopped=120 * H + 1, reason="stopped")
+    report = build_report(ledger.engine, since=SINCE, until=UNTIL, now=NOW)
+    ledger.dispose()
+    lines = format_report(report, "table").splitlines()
+    # 10 s of 1 GPU, 4 CPUs and 16 GiB; 1 s of 1 CPU and 2 GiB: never "0.0"
+    assert lines[3].split()[:7] == ["ann", "1", "0.00278", "-", "0.0111", "-", "0.0444"]
+    assert lines[4].split()[:7] == ["ben", "1", "0", "-", "<0.001", "-", "<0.001"]
+    assert lines[6].split()[:7] == ["(total)", "2", "0.00278", "-", "0.0114", "-", "0.045"]
+
+
+def test_the_usage_page_keeps_the_size_of_short_sessions():
+    from spawner.usage.service import _templates
+
+    page = _templates().from_string("{% for h in hours %}[{{ h|hours }}]{% endfor %}")
+    assert page.render(hours=[0.0, 0.00278, 0.0004, 4.5, 200.04, 1234.56]) == (
+        "[0][0.00278][&lt;0.001][4.5][200][1,234.6]")  # escaped, as all of the page
 
 
 def test_daily_gpu_hours_split_across_days(ledger):
@@ -384,7 +444,7 @@ def test_advice_suggests_a_cpu_role_for_an_unused_gpu(advice_ledger):
     assert (grace.suggestion, grace.served) == ("cpu-large", 5)
     assert (grace.gpu_util_peak, grace.gpu_memory_peak) == (0.0, 0)
     assert grace.text == (
-        "grace used at most 6 GiB of 16 GiB and 3.0 of 4 CPUs and never used its GPU over "
+        "grace used at most 6 GiB of 16 GiB and 3 of 4 CPUs and never used its GPU over "
         "5 sessions as gpu; cpu-large with 16 GiB, 4 CPUs and no GPU would have served 5 "
         "of them.")
 

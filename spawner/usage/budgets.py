@@ -209,9 +209,10 @@ class BudgetNotice:
     def fields(self) -> dict[str, Any]:
         """The event log's fields: ``EventLog.append(notice.event, **notice.fields())``."""
         budget, first = self.state.budget, self.sessions[0]
+        # `used` to a millionth: 0.0046 of a 0.005 budget must not read as all of it
         return {
             "hub": first.hub, "user": self.user, "budget_kind": budget.kind,
-            "budget_name": budget.name, "used": round(self.state.used, 3),
+            "budget_name": budget.name, "used": round(self.state.used, 6),
             "gpu_hours": budget.gpu_hours, "per": budget.per, "warn_at": budget.warn_at,
             "period_start": self.state.start, "resets_at": self.state.resets_at,
             "text": self.text, "stopping": self.stopping,

@@ -38,6 +38,7 @@ from sqlalchemy import (
     create_engine,
     delete,
     event,
+    func,
     insert,
     inspect,
     select,
@@ -67,6 +68,11 @@ REASONS = (STOPPED, CULLED, MAX_AGE, PREEMPTED, OOM, FAILED, ZOMBIE, BUDGET, LOS
 # What the server itself shows wins over what was said before the stop:
 # a server killed for memory while it was being culled ended by memory.
 _OWN = (OOM, FAILED, LOST)
+# Seconds after a server is ready (else after its container started) whose CPU samples
+# do not count in its CPU peak: the Jupyter server and JupyterLab loading take 0.4 to
+# 0.7 cores even in a session that is idle, and the right-sizing advice reads the peak.
+# Its sums (the averages) keep every sample (docs/usage.md#right-sizing-advice).
+STARTUP_WINDOW = 60.0
 
 
 def default_url(state_dir: str = "") -> str:
@@ -134,14 +140,16 @@ class Sample:
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # Per connection only: nothing here changes the file, so a reader may open any file.
     cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")  # readers never block the writers
     cursor.execute("PRAGMA busy_timeout=30000")  # writers of three processes take turns
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 
 
 def make_engine(url: str, create: bool = True) -> Engine:
+    """An engine for the ledger at ``url``. It changes nothing in the database: WAL mode,
+    which a SQLite file keeps, is set by ``use_wal`` once the ledger is known to be one."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if create and parsed.database and parsed.database != ":memory:":
@@ -150,6 +158,16 @@ def make_engine(url: str, create: bool = True) -> Engine:
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(url, pool_pre_ping=True)
+
+
+def use_wal(engine: Engine) -> None:
+    """Put a SQLite ledger in WAL mode, so readers never block the writers. The mode is
+    kept in the file, so only the ledger's owner sets it (``Ledger(create=True)``), after
+    creating or upgrading it: a reader that refuses a file leaves it as it found it."""
+    if engine.url.get_backend_name() != "sqlite" or engine.url.database in (None, "", ":memory:"):
+        return
+    with engine.connect() as connection:
+        connection.exec_driver_sql("PRAGMA journal_mode=WAL")
 
 
 def _alembic_config(connection: Connection) -> Any:
@@ -213,8 +231,13 @@ class Ledger:
         self.engine = make_engine(url, create)
         if create:
             upgrade(self.engine, self.log)
+            use_wal(self.engine)
         else:
-            self.check_ready()
+            try:
+                self.check_ready()
+            except BaseException:
+                self.engine.dispose()  # a refused file is not held open
+                raise
 
     def check_ready(self) -> None:
         database = self.engine.url.database
@@ -368,13 +391,18 @@ class Ledger:
                              bindparam(value)), else_=column)
 
             c = sessions.c
+            # a sample in the startup window, or of a session with neither time known
+            # (NULL), leaves the CPU peak as it is
+            after_startup = (bindparam("b_time")
+                             >= func.coalesce(c.ready, c.started) + STARTUP_WINDOW)
             cls._FOLD = update(sessions).where(and_(
                 c.hub == bindparam("b_hub"), c.container == bindparam("b_container"),
                 c.stopped.is_(None))).values(
                 last_seen=bindparam("b_time"),
                 cpu_samples=c.cpu_samples + bindparam("cpu_n"),
                 cpu_sum=c.cpu_sum + bindparam("cpu"),
-                cpu_peak=peak(c.cpu_peak, "cpu", "cpu_n"),
+                cpu_peak=case((after_startup, peak(c.cpu_peak, "cpu", "cpu_n")),
+                              else_=c.cpu_peak),
                 mem_samples=c.mem_samples + bindparam("mem_n"),
                 mem_sum=c.mem_sum + bindparam("mem"),
                 mem_peak=peak(c.mem_peak, "mem", "mem_n"),
@@ -390,7 +418,8 @@ class Ledger:
 
     def fold(self, samples: Sequence[Sample]) -> int:
         """Add one cycle's samples to the open sessions, in one transaction; returns how
-        many sessions took one (a server whose session is not open is left out)."""
+        many sessions took one (a server whose session is not open is left out). The CPU
+        peak leaves out the samples of the first ``STARTUP_WINDOW`` seconds."""
         if not samples:
             return 0
         params = []

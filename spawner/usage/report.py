@@ -20,6 +20,7 @@ from sqlalchemy import Engine, and_, case, func, literal, or_, select
 
 from ..quota.model import QuotaTable, Role
 from ..quota.units import format_human
+from ..refusals import hours_text
 from .ledger import REASONS
 from .queries import in_window, seconds_in_window
 from .schema import session_groups, sessions
@@ -244,8 +245,9 @@ def role_gpus(role: Role) -> float:
 def _serves(role: Role) -> Any:
     """SQL: 1 when a session's peaks fit in ``role``, by the advice rule."""
     c = sessions.c
+    # the evidence has a CPU peak (``_advice``): a session without one fits nothing
     fits = [func.coalesce(c.mem_peak, 0) <= MEMORY_HEADROOM * role.memory,
-            func.coalesce(c.cpu_peak, 0.0) <= role.cpus]
+            c.cpu_peak <= role.cpus]
     never_used_gpu = and_(c.gpu_samples > 0, func.coalesce(c.gpu_util_peak, 0.0) <= 0,
                           func.coalesce(c.gpu_mem_peak, 0) <= 0)
     if not role.gpus:
@@ -263,8 +265,10 @@ def _advice(connection: Any, table: QuotaTable, since: float, until: float, now:
             group: str | None) -> list[Advice]:
     c = sessions.c
     names = list(table.roles)
+    # A session's CPU peak leaves out its startup (ledger.STARTUP_WINDOW); one that has
+    # CPU samples but no peak yet (all in that window) says nothing of the size it needs.
     sampled = and_(in_window(since, until, now), _in_group(group),
-                   c.cpu_samples > 0, c.mem_samples > 0)
+                   c.cpu_peak.is_not(None), c.mem_samples > 0)
     query = (select(
         c.user_name, c.role, func.count().label("n"),
         func.max(c.mem_peak).label("mem_peak"), func.max(c.mem_limit).label("mem_limit"),
@@ -338,7 +342,8 @@ def _describe(role: Role, had_gpu: bool) -> str:
 
 def _evidence(r: Any) -> str:
     memory = format_human(r.mem_peak) if r.mem_peak is not None else "an unknown amount"
-    cpu = f"{r.cpu_peak:.1f}" if r.cpu_peak is not None else "an unknown number"
+    # the same rounding as hours: an idle session's 0.03 cores is not "0.0"
+    cpu = hours_text(r.cpu_peak) if r.cpu_peak is not None else "an unknown number"
     text = (f"{r.user_name} used at most {memory} of {format_human(r.mem_limit)} "
             f"and {cpu} of {_cpus(r.cpu_limit)}")
     if r.gpus:
@@ -481,9 +486,9 @@ def _table(report: Report) -> str:
               "Mem GiB-h", "Mem used", "Ended")
     lines = []
     for row in [*report.rows, report.total]:
-        lines.append((row.key or TOTAL, str(row.sessions), f"{row.gpu_hours:.1f}",
-                      _share(row.gpu_used), f"{row.cpu_hours:.1f}", _share(row.cpu_used),
-                      f"{row.memory_gib_hours:.1f}", _share(row.memory_used),
+        lines.append((row.key or TOTAL, str(row.sessions), hours_text(row.gpu_hours),
+                      _share(row.gpu_used), hours_text(row.cpu_hours), _share(row.cpu_used),
+                      hours_text(row.memory_gib_hours), _share(row.memory_used),
                       _ended_text(row.ended)))
     widths = [max(len(line[i]) for line in (header, *lines)) for i in range(len(header))]
 
@@ -506,6 +511,18 @@ def _table(report: Report) -> str:
     return "\n".join(text) + "\n"
 
 
+# A cell that starts with one of these is a formula to a spreadsheet (OWASP, "CSV
+# Injection"): a user named '=rt+7' must not run in the admin's spreadsheet.
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text(value: str) -> str:
+    """A text cell of a CSV (a user's, role's, group's or image's name), with a quote put
+    before a start that would make a spreadsheet read it as a formula. Our own numbers
+    are written as they are: a negative number is a number, not a name."""
+    return "'" + value if value.startswith(_FORMULA_START) else value
+
+
 def csv_header(report: Report) -> list[str]:
     reasons = list(REASONS) + [RUNNING]
     for row in [*report.rows, report.total]:
@@ -516,12 +533,14 @@ def csv_header(report: Report) -> list[str]:
 
 def _csv(report: Report) -> str:
     out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
+    # RFC 4180's CRLF: the writer quotes a cell holding any character of the line end, so
+    # a name with a carriage return (or a line feed) in it stays one cell, not a new row
+    writer = csv.writer(out, lineterminator="\r\n")
     header = csv_header(report)
     writer.writerow(header)
     reasons = [h.removeprefix("ended_") for h in header if h.startswith("ended_")]
     for row in [*report.rows, report.total]:
-        writer.writerow([row.key or TOTAL, row.sessions,
+        writer.writerow([csv_text(row.key or TOTAL), row.sessions,
                          *(row.ended.get(r, 0) for r in reasons),
                          *("" if v is None else repr(v) for v in (
                              row.gpu_hours, row.gpu_used, row.cpu_hours, row.cpu_used,
