@@ -25,7 +25,7 @@ from tornado import web
 
 from . import refusals
 from .admin.requests import granted_roles
-from .engine import FrameworkLabels, check_engine_info, warn_oversized_roles
+from .engine import FrameworkLabels, NvidiaRuntime, check_engine_info, warn_oversized_roles
 from .events import EventLog
 from .gpu.pool import GpuPool, hub_inventory, request_for
 from .gpu.snapshot import GPUS_FILE
@@ -41,6 +41,17 @@ from .usage.ledger import Ledger, LedgerWriter, default_url
 
 EVENTS_FILE = "quota-spawner-events.jsonl"
 PREEMPTIONS_FILE = "quota-spawner-preemptions.json"
+
+
+def probe_images(store: QuotaStore, log: Any, capacity: GpuCapacity) -> list[str]:
+    """The images the NVIDIA runtime probe may use: the quota table's, those of its GPU
+    roles first (the probe never pulls: it takes the first the engine has). Blocks."""
+    try:
+        table = store.get(log, capacity)
+    except QuotaTableError:
+        return []
+    keys = [k for r in table.roles.values() if r.gpus for k in r.images] + list(table.images)
+    return list(dict.fromkeys(table.images[k].image for k in keys if k in table.images))
 
 
 class RoleChoicesMixin:
@@ -157,6 +168,16 @@ class ChoicesMixin(RoleChoicesMixin):
             pool.evictions = evictor
             await evictor.recover()
             await self._open_ledger(pool)
+            if inventory.devices:  # can the engine give them? Said in the log at once
+                store, log, capacity = QuotaStore.for_path(self.quota_file), self.log, \
+                    pool.capacity  # not self: the pool outlives this spawner
+
+                async def images() -> list[str]:
+                    return await asyncio.to_thread(probe_images, store, log, capacity)
+
+                pool.nvidia = NvidiaRuntime(self.client, self.log, inventory.uuids[0],
+                                            images, self.hub_id)
+                pool.nvidia.start()
             return pool
 
         key = json.dumps([self.gpu_inventory, self.gpu_discovery, self.hub_id], default=str)

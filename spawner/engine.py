@@ -1,6 +1,7 @@
 """What the hub reads from the Docker engine: the checks the quotas depend on
-(docker info), what each image holds (its label), and the engine's own view
-of volumes and of paths inside a created container (the socket rule).
+(docker info), what each image holds (its label), the engine's own view
+of volumes and of paths inside a created container (the socket rule), and
+whether it can give GPUs to containers at all (the NVIDIA runtime probe).
 
 The engine calls go through ``docker``, DockerSpawner's ``self.docker``,
 which runs each call in a thread; ``stat_in_container`` blocks, and is
@@ -11,14 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from docker.errors import APIError
+from docker.errors import APIError, NotFound
+from docker.types import DeviceRequest
 from docker.utils import decode_json_header
 
-from .contract import FRAMEWORKS_LABEL
+from .contract import FRAMEWORKS_LABEL, HUB_LABEL
 from .mounts import BindSource, is_socket, named_volumes, probe_paths
 from .quota.model import QuotaTable
 from .quota.units import format_human
@@ -207,3 +211,181 @@ def container_end(client: Any, container_id: str, since: float) -> dict[str, Any
     if end is not None:
         end["oom"] = oom
     return end
+
+
+# --- the NVIDIA runtime (docs/gpus.md#an-engine-without-the-nvidia-runtime) -----------
+
+# dockerd registers its `nvidia` device driver at start only when it finds
+# nvidia-container-runtime-hook on its PATH; without it, it answers a GPU
+# DeviceRequest with this, at container start.
+NO_NVIDIA_DRIVER = 'could not select device driver "nvidia"'
+PROBE_LABEL = "quota-spawner.probe"  # never quota-spawner.user: not a notebook, not a zombie
+PROBE_PREFIX = "quota-spawner-nvidia-probe-"
+NVIDIA_RUNTIME_WARNING = (
+    "The Docker engine has no NVIDIA runtime, so it cannot give GPUs to containers: {how} "
+    "was answered with '{said}'. Every start of a role with GPUs is refused until an admin "
+    "installs the NVIDIA Container Toolkit on the engine's host, so that "
+    "nvidia-container-runtime-hook is on dockerd's PATH (nvidia-ctk runtime configure "
+    "--runtime=docker), and restarts dockerd "
+    "(docs/gpus.md#an-engine-without-the-nvidia-runtime). Roles without GPUs start as usual."
+)
+
+
+def no_nvidia_runtime(error: BaseException) -> str | None:
+    """The engine's own words when ``error`` is its answer that it has no NVIDIA
+    runtime (no `nvidia` device driver); None for any other error."""
+    text = getattr(error, "explanation", None) or str(error)
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return str(text) if NO_NVIDIA_DRIVER in str(text) else None
+
+
+@dataclass(frozen=True)
+class NvidiaProbe:
+    """What one probe found."""
+
+    image: str  # the image the probe container was made from
+    missing: str | None  # the engine's words when it has no NVIDIA runtime
+    start_error: str = ""  # the start's error, when it failed after the driver was found
+    seconds: float = 0.0  # how long the probe took, create to removal
+
+
+def probe_nvidia_runtime(client: Any, images: Iterable[str], uuid: str,
+                         hub_id: str = "") -> NvidiaProbe | None:
+    """Ask the engine whether it can give GPU ``uuid`` to a container. Blocks: call it
+    in a thread. ``client`` is a docker APIClient.
+
+    Creates (never pulls) a short-lived container from the first of ``images`` the
+    engine has, asking for the GPU through the `nvidia` driver, and starts it: the
+    engine selects the device driver then. Its "could not select device driver"
+    means no NVIDIA runtime; anything else (``true`` ran, or the start failed later,
+    say on a tiny image without ``true``) means the driver is there. The container
+    is always removed. None when the engine has none of the images.
+    """
+    image = next((i for i in dict.fromkeys(images) if _has_image(client, i)), None)
+    if image is None:
+        return None
+    began = time.monotonic()
+    host = client.create_host_config(
+        network_mode="none", cap_drop=["ALL"], security_opt=["no-new-privileges"],
+        mem_limit=128 * 2**20, pids_limit=64,
+        device_requests=[DeviceRequest(driver="nvidia", device_ids=[uuid],
+                                       capabilities=[["gpu"]])])
+    labels = {PROBE_LABEL: "nvidia-runtime", **({HUB_LABEL: hub_id} if hub_id else {})}
+    name = PROBE_PREFIX + secrets.token_hex(6)
+    missing, start_error = None, ""
+    try:
+        try:
+            client.create_container(image, entrypoint=["true"], user="65534:65534", name=name,
+                                    labels=labels, host_config=host)
+        except APIError as e:  # an engine may check the driver at create already
+            missing = no_nvidia_runtime(e)
+            if missing is None:
+                raise
+        else:
+            try:
+                client.start(name)
+            except APIError as e:
+                missing = no_nvidia_runtime(e)
+                start_error = "" if missing else str(e.explanation or e)
+    finally:
+        try:
+            client.remove_container(name, force=True)
+        except NotFound:
+            pass
+    return NvidiaProbe(image, missing, start_error, time.monotonic() - began)
+
+
+def _has_image(client: Any, image: str) -> bool:
+    try:
+        client.inspect_image(image)
+    except NotFound:
+        return False
+    return True
+
+
+class NvidiaRuntime:
+    """Whether the engine can give GPUs to containers: what the probe found, kept
+    up to date by the GPU starts. One per GPU pool.
+
+    The first probe runs in a thread when the pool comes up (``start``), so the
+    hub's log says at once when GPU starts cannot work. A start that finds the
+    runtime missing is refused before it joins the GPU queue; that finding is
+    probed again once it is ``recheck`` seconds old, so an engine fixed and
+    restarted is noticed without a hub restart.
+    """
+
+    def __init__(self, client: Any, log: logging.Logger | logging.LoggerAdapter, uuid: str,
+                 images: Callable[[], Awaitable[list[str]]], hub_id: str = "",
+                 recheck: float = 60.0):
+        self._client = client  # a docker APIClient (its methods block)
+        self.log = log
+        self.uuid = uuid  # the GPU the probe asks for
+        self._images = images
+        self.hub_id = hub_id
+        self.recheck = recheck
+        self.missing: str | None = None  # the engine's words, while it has no runtime
+        self._found_at = 0.0  # when ``missing`` was last found (monotonic)
+        self._task: asyncio.Task[None] | None = None
+        self.last: NvidiaProbe | None = None  # the last probe that ran
+
+    def start(self) -> None:
+        """Probe in the background (the hub's start is not held up by it)."""
+        self._probe_soon()
+
+    def _probe_soon(self) -> asyncio.Task[None]:
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._probe())
+        return self._task
+
+    async def missing_now(self) -> str | None:
+        """The engine's words if it has no NVIDIA runtime, as last found: after the
+        probe under way, if any, and probed again first when the finding is old."""
+        if self._task is not None and not self._task.done():
+            await asyncio.shield(self._task)
+        elif self.missing is not None and time.monotonic() - self._found_at >= self.recheck:
+            await asyncio.shield(self._probe_soon())
+        return self.missing
+
+    async def _probe(self) -> None:
+        try:
+            images = await self._images()
+            found = await asyncio.to_thread(probe_nvidia_runtime, self._client, images,
+                                            self.uuid, self.hub_id)
+        except Exception as e:  # the GPU starts will tell
+            self.log.warning("Could not check whether the Docker engine has an NVIDIA "
+                             "runtime: %s", e)
+            return
+        if found is None:
+            self.log.warning("Could not check whether the Docker engine has an NVIDIA "
+                             "runtime: it has none of the quota table's images")
+            return
+        self.last = found
+        if found.missing is not None:
+            self.saw(found.missing, f"a test container from {found.image} asking for GPU "
+                                    f"{self.uuid}")
+            return
+        if self.missing is not None:
+            self.log.info("The Docker engine has an NVIDIA runtime now: GPU starts are "
+                          "served again")
+        else:
+            self.log.info("The Docker engine has an NVIDIA runtime (probe with %s and GPU "
+                          "%s, %.2f s)", found.image, self.uuid, found.seconds)
+        if found.start_error:  # the driver is there; a wrong UUID shows here, say
+            self.log.warning("The NVIDIA runtime probe's test container (%s, GPU %s) "
+                             "failed to start: %s", found.image, self.uuid, found.start_error)
+        self.missing = None
+
+    def saw(self, said: str, how: str) -> None:
+        """The engine said it has no NVIDIA runtime, answering ``how``; logged as a
+        warning when it is news."""
+        if self.missing is None:
+            self.log.warning("%s", NVIDIA_RUNTIME_WARNING.format(how=how, said=said))
+        self.missing, self._found_at = said, time.monotonic()
+
+    def worked(self) -> None:
+        """A GPU container started: the runtime is there."""
+        if self.missing is not None:
+            self.log.info("The Docker engine has an NVIDIA runtime now: GPU starts are "
+                          "served again")
+        self.missing = None

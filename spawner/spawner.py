@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from docker.errors import APIError, NotFound
 from dockerspawner import DockerSpawner
 from jupyterhub.utils import maybe_future
 from tornado import web
@@ -31,7 +32,7 @@ from .container import (
     violations,
 )
 from .contract import HUB_LABEL
-from .engine import socket_probe_problems, volume_info
+from .engine import no_nvidia_runtime, socket_probe_problems, volume_info
 from .gpu.allocator import GpuRequest, NoGpuFree
 from .gpu.env import torch_reads_fraction
 from .gpu.pool import STOP_TIMEOUT, GpuPool, Server, mode_label, request_for
@@ -152,6 +153,10 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             return
         if request.count > len(pool.inventory.devices):  # no wait can ever serve it
             self._refuse_no_gpu(pool, request, role, choices)
+        # an engine that cannot give GPUs: refused before it waits in the queue for one
+        said = await pool.nvidia.missing_now() if pool.nvidia else None
+        if said is not None:
+            self._refuse_no_runtime(said, choices)
         ticket = pool.join(owner, Server(self.user.name, role.name, time.time()), role)
         try:
             if not ticket.grant.done():
@@ -225,9 +230,40 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         """Today's immediate 503: the role's GPUs are not free and it does not queue,
         or the hub could never serve them."""
         error = NoGpuFree(request, pool.allocator.usage(), pool.allocator.available(request))
-        message = refusals.no_gpu(role, error, pool.inventory.reason, choices)
-        self.log.warning("Refused %s: %s", self._log_name, message)
+        message = refusals.no_gpu(role, error, pool.inventory.plain_reason, choices)
+        if pool.inventory.devices:
+            self.log.warning("Refused %s: %s", self._log_name, message)
+        else:  # the user reads why in plain words; the admin the technical reason
+            self.log.warning("Refused %s: %s (GPU inventory: %s)", self._log_name, message,
+                             pool.inventory.describe())
         raise web.HTTPError(503, message)
+
+    def _refuse_no_runtime(self, said: str, choices: list[Choice]) -> None:
+        """A GPU start on an engine without the NVIDIA runtime (``said``: its words)."""
+        message = refusals.no_nvidia_runtime(choices)
+        self.log.warning("Refused %s: the Docker engine has no NVIDIA runtime (%s)",
+                         self._log_name, said)
+        raise web.HTTPError(503, message)
+
+    async def _refuse_if_no_runtime(self, pool: GpuPool, error: APIError,
+                                    choices: list[Choice]) -> None:
+        """The engine's refusal of this start's GPUs, turned into the plain refusal:
+        its container removed (the caller releases the GPUs). Returns for any other error."""
+        said = no_nvidia_runtime(error)
+        if said is None or not self.gpu_uuids:
+            return
+        if pool.nvidia is not None:
+            pool.nvidia.saw(said, f"the start of {self.object_name} (GPU "
+                                  f"{','.join(self.gpu_uuids)})")
+        try:
+            await self.docker("remove_container", self.object_id or self.object_name,
+                              force=True)
+        except NotFound:
+            pass
+        except Exception as e:
+            self.log.error("Could not remove %s: %s", self.object_name, e)
+        self.object_id = ""
+        self._refuse_no_runtime(said, choices)
 
     def _queue_message(self, pool: GpuPool, ticket: Ticket,
                        role: Role) -> tuple[tuple[Any, ...], str]:
@@ -331,7 +367,13 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                 await usage.set_gpus(self.hub_id, owner, self.gpu_uuids, mode_label(request),
                                      role.gpu_memory if request.shared else self._gpu_memory)
             self._progress("Starting the container", 40)
-            ip, port = await super().start()
+            try:
+                ip, port = await super().start()
+            except APIError as e:
+                await self._refuse_if_no_runtime(pool, e, choices)
+                raise
+            if self.gpu_uuids and pool.nvidia is not None:
+                pool.nvidia.worked()
             await usage.started(self.hub_id, owner, self.container_id)
             pool.claim(owner, self)
             self._progress("Container started; waiting for the notebook server", 60)

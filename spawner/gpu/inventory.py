@@ -14,7 +14,12 @@ from types import ModuleType
 from typing import Any
 
 from ..quota.units import parse_size
-from .nvml import Nvml, NvmlError, NvmlNotInstalled
+from .nvml import NOT_INSTALLED, Nvml, NvmlError, NvmlNotInstalled
+
+# the reasons an inventory is empty that the hub itself gives (the rest are NVML's)
+INVALID = "QuotaSpawner.gpu_inventory is invalid"
+DISCOVERY_OFF = "no gpu_inventory is declared and discovery is off"
+NONE_FOUND = "NVML found no GPUs"
 
 
 @dataclass(frozen=True)
@@ -46,12 +51,44 @@ class Inventory:
             return None
         return min(m for m in memories if m is not None)
 
+    @property
+    def plain_reason(self) -> str:
+        """Why there are no GPUs, in words for the hub's users ('' when there are
+        some); ``reason`` keeps the technical one, for the log."""
+        if self.devices:
+            return ""
+        return plain_reason(self.reason)
+
     def describe(self) -> str:
         if not self.devices:
             return f"no GPUs ({self.reason})" if self.reason else "no GPUs"
         names = ", ".join(f"{d.index}: {d.name} {d.uuid}" for d in self.devices)
         text = f"{len(self.devices)} GPUs from {self.source}: {names}"
         return f"{text} ({self.reason})" if self.reason else text
+
+
+# An empty inventory's reason (NVML's own words, or the config's) -> what users read.
+_PLAIN = (
+    ("NVML Shared Library Not Found", "it cannot read them: the NVIDIA driver's library is "
+                                      "not installed where the hub runs"),
+    ("Driver Not Loaded", "it cannot read them: the NVIDIA driver is not loaded on the "
+                          "hub's host"),
+    ("Insufficient Permissions", "it is not allowed to read them"),
+    (NOT_INSTALLED, "it cannot read them: the hub lacks the NVIDIA library that reads them"),
+    (INVALID, "an admin must fix the hub's list of GPUs"),
+    (DISCOVERY_OFF, "none are configured"),
+    (NONE_FOUND, "none were found"),
+)
+
+
+def plain_reason(reason: str) -> str:
+    """``reason`` for an empty inventory, in words a researcher understands."""
+    if not reason:
+        return "none were found"
+    for technical, plain in _PLAIN:
+        if technical in reason:
+            return plain
+    return "it cannot read them; the hub's log says why"
 
 
 def declared_inventory(entries: Iterable[Mapping[str, Any]]) -> Inventory:
@@ -96,7 +133,7 @@ def discover_nvml(nvml: ModuleType | None = None) -> Inventory:
                     for d in found)
     reason = "; ".join(f"GPU {i} skipped: NVML: {why}" for i, why in skipped)
     return Inventory(devices, "nvml" if devices else "none",
-                     reason or ("" if devices else "NVML found no GPUs"))
+                     reason or ("" if devices else NONE_FOUND))
 
 
 def free_memory(uuids: Iterable[str], nvml: ModuleType | None = None) -> dict[str, int]:

@@ -37,12 +37,20 @@ from ..events import EventLog
 from ..quota.model import GpuCapacity, Role
 from ..usage.ledger import ZOMBIE
 from .allocator import GpuAllocator, GpuRequest
-from .inventory import Inventory, declared_inventory, discover_nvml, free_memory
+from .inventory import (
+    DISCOVERY_OFF,
+    INVALID,
+    Inventory,
+    declared_inventory,
+    discover_nvml,
+    free_memory,
+)
 from .preemption import Running
 from .queue import Dispatched, GpuQueue, Ticket
 from .snapshot import SnapshotWriter
 
 if TYPE_CHECKING:
+    from ..engine import NvidiaRuntime
     from ..usage.ledger import LedgerWriter
 
 # How long a stop may take before the server is taken down by removing its container.
@@ -57,9 +65,9 @@ def hub_inventory(declared: list[dict[str, Any]], discovery: bool) -> Inventory:
         try:
             return declared_inventory(declared)
         except ValueError as e:
-            return Inventory((), "none", f"QuotaSpawner.gpu_inventory is invalid: {e}")
+            return Inventory((), "none", f"{INVALID}: {e}")
     if not discovery:
-        return Inventory((), "none", "no gpu_inventory is declared and discovery is off")
+        return Inventory((), "none", DISCOVERY_OFF)
     return discover_nvml()
 
 
@@ -158,6 +166,8 @@ class GpuPool:
         self.evictions: Evictions | None = None
         self.usage: LedgerWriter | None = None  # the usage ledger, when there is one
         self.usage_duties: Any = None
+        # whether the engine can give GPUs at all (engine.py); None without GPUs
+        self.nvidia: NvidiaRuntime | None = None
         self._queue_task: asyncio.Task[None] | None = None
         self._running: tuple[tuple[int, int, int], float, dict[str, Running]] | None = None
 
