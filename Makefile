@@ -44,7 +44,7 @@ labextension:
 	.venv/bin/python labextension/stamp.py
 
 # The quota table editor's browser bundle: builds editor/ (CodeMirror 6 with the table's
-# JSON Schema) into spawner/usage/static/editor.js and its license file, both committed
+# JSON Schema) into spawner/webapp/static/editor.js and its license file, both committed
 # and installed with the package. Pinned versions (editor/package-lock.json); needs node
 # >= 20 and npm.
 editor:

@@ -4,7 +4,7 @@ the quantile and the closing summary.
 Plain DockerSpawner runs on the same network as QuotaSpawner: the shipped
 config's user-defined bridge (``quota-spawner``), which stock DockerSpawner
 supports as it is. It keeps the minimal host-network support of
-QuotaSpawner (spawner.network.HostNetworkMixin), for a run with
+QuotaSpawner (spawner.docker.network.HostNetworkMixin), for a run with
 QUOTA_SPAWNER_NETWORK=host, and nothing else: no readiness wait, no quota
 table, no GPUs, no checks before create. Hubs load it as
 ``baseline.PlainDockerSpawner``.
@@ -18,7 +18,7 @@ from typing import Any
 
 from dockerspawner import DockerSpawner
 
-from spawner.network import HostNetworkMixin
+from spawner.docker.network import HostNetworkMixin
 
 # Hub config for the baseline: the same image and limits the bench roles use.
 PLAIN_CONFIG = """

@@ -2,7 +2,7 @@
 
 Two parts, both run unless one is chosen:
 
---collector  spawner.monitor's GpuMonitor in this process, on tests/fake_pynvml.py's
+--collector  spawner.notebook.monitor's GpuMonitor in this process, on tests/fake_pynvml.py's
              FakeNvml holding 1, 4 and 8 GPUs (2 processes on each): process
              CPU time and wall time of sample() + record() per sample, i.e. the
              whole tick minus the hop to a thread, with the callbacks the
@@ -70,8 +70,8 @@ from baseline import pct, run_parts  # noqa: E402
 
 from fake_pynvml import FakeGpu, FakeNvml  # noqa: E402
 from monitor_server import TOKEN, MonitorServer  # noqa: E402
-from spawner.monitor import metrics  # noqa: E402
-from spawner.monitor.collector import GpuMonitor  # noqa: E402
+from spawner.notebook.monitor import metrics  # noqa: E402
+from spawner.notebook.monitor.collector import GpuMonitor  # noqa: E402
 
 GiB = 1 << 30
 DEFAULT_INTERVAL = 1.0  # GpuMonitor.interval's default
@@ -79,7 +79,7 @@ DEFAULT_HISTORY = 900.0  # GpuMonitor.history_seconds's default
 
 
 def page_period(interval: float) -> float:
-    """How often the page polls (spawner/monitor/handlers.py's __REFRESH_MS__)."""
+    """How often the page polls (spawner/notebook/monitor/handlers.py's __REFRESH_MS__)."""
     return min(2.0, max(0.5, interval))
 
 
@@ -442,7 +442,8 @@ def api_bench(clients: int, seconds: float, page_seconds: float, period: float,
               ) -> dict[str, str]:
     server = Server(interval, history_entries, gpus=2)
     load = os.getloadavg()
-    print(f"\n== API: jupyter server + spawner.monitor, fake pynvml with 2 GPUs, collector "
+    print(f"\n== API: jupyter server + spawner.notebook.monitor, fake pynvml with 2 GPUs, "
+          f"collector "
           f"every {interval:g} s keeping {history_entries} samples; {clients} clients "
           f"(threads); {os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} "
           f"{load[2]:.2f}", flush=True)

@@ -1,4 +1,4 @@
-// Builds src/editor.js into ONE file, ../spawner/usage/static/editor.js (committed), with
+// Builds src/editor.js into ONE file, ../spawner/webapp/static/editor.js (committed), with
 // the licenses of what it bundles in editor.js.LICENSE.txt. Reproducible: pinned versions
 // (package-lock.json), no timestamps, no source map, the same esbuild.
 //
@@ -12,7 +12,7 @@ import { dirname, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const out = resolve(here, "..", "spawner", "usage", "static");
+const out = resolve(here, "..", "spawner", "webapp", "static");
 mkdirSync(out, { recursive: true });
 
 const noShiki = {

@@ -16,19 +16,19 @@ from pathlib import Path
 import jupyterhub
 from sqlalchemy.engine import make_url
 
-from spawner.admin.classes import CLASS_OAUTH_SCOPES, class_service_scopes
-from spawner.culling import culler_service
-from spawner.engine import check_engine, warn_oversized_roles
-from spawner.network import ensure_network, warn_host_network
-from spawner.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD, password_problems
+from spawner.docker.engine import check_engine, warn_oversized_roles
+from spawner.docker.network import ensure_network, warn_host_network
+from spawner.hubconfig.culling import culler_service
+from spawner.hubconfig.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD, password_problems
+from spawner.hubconfig.rbac import instructor_roles
 from spawner.quota.model import QuotaTableError
 from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_duration
-from spawner.rbac import instructor_roles
 from spawner.usage.ledger import Ledger, default_url
-from spawner.usage.requests_api import USER_SCOPES
-from spawner.usage.service import CUSTOM_SCOPES, DEFAULT_URL, usage_service
 from spawner.watchdog.service import watchdog_service
+from spawner.webapp.app import CUSTOM_SCOPES, DEFAULT_URL, usage_service
+from spawner.webapp.class_logic import CLASS_OAUTH_SCOPES, class_service_scopes
+from spawner.webapp.requests import USER_SCOPES
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
 
@@ -126,13 +126,13 @@ c.JupyterHub.load_groups = {
     "cs101": {"users": ["student1", "student2", "student3"]},
     "cs101-staff": {"users": ["prof-ada"]},
 }
-# Instructors can list, start, stop and open their class's servers (spawner/rbac.py).
+# Instructors can list, start, stop and open their class's servers (spawner/hubconfig/rbac.py).
 CLASSES = {"cs101": ["prof-ada"]}  # group -> its instructors
 c.JupyterHub.load_roles = instructor_roles(CLASSES)
 
 # --- culling -----------------------------------------------------------------
 # jupyterhub-idle-culler stops servers idle for IDLE_TIMEOUT (a role's own
-# idle_timeout and max_age win; spawner/culling.py). Activity reaches the hub
+# idle_timeout and max_age win; spawner/hubconfig/culling.py). Activity reaches the hub
 # every ACTIVITY_INTERVAL from the servers and from the proxy, so an idle
 # server is culled between IDLE_TIMEOUT and IDLE_TIMEOUT + CULL_EVERY after
 # its last activity, and an active one never (docs/culling.md). "0" turns it off.

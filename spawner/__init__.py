@@ -12,7 +12,7 @@ def __getattr__(name: str) -> Any:
     # Lazy, so that the notebook side of the package (inside the images)
     # does not import DockerSpawner and the hub.
     if name == "QuotaSpawner":
-        from .spawner import QuotaSpawner
+        from spawner.docker.spawner import QuotaSpawner
 
         return QuotaSpawner
     raise AttributeError(name)

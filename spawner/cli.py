@@ -7,11 +7,11 @@ import json
 import sys
 from typing import Any
 
-from .quota.form import describe_limits
-from .quota.loader import load_quota_table, table_duration
-from .quota.model import Budget, GpuCapacity, QuotaTable, QuotaTableError, Role
-from .quota.units import format_size, parse_size
-from .refusals import hours_text
+from spawner.quota.form import describe_limits
+from spawner.quota.loader import load_quota_table, table_duration
+from spawner.quota.model import Budget, GpuCapacity, QuotaTable, QuotaTableError, Role
+from spawner.quota.units import format_size, parse_size
+from spawner.refusals import hours_text
 
 
 def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
@@ -180,7 +180,7 @@ def _ledger_problem(url: str) -> str | None:
 
 def _open_ledger(url: str) -> Any:
     """The ledger, ready to read; LedgerNotReady or a database error otherwise."""
-    from .usage.ledger import Ledger, LedgerNotReady
+    from spawner.usage.ledger import Ledger, LedgerNotReady
 
     problem = _ledger_problem(url)
     if problem:
@@ -193,8 +193,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    from .usage.ledger import LedgerNotReady, default_url
-    from .usage.report import build_report, format_report, month_start, parse_time
+    from spawner.usage.ledger import LedgerNotReady, default_url
+    from spawner.usage.report import build_report, format_report, month_start, parse_time
 
     now = time.time()
     try:
@@ -241,7 +241,7 @@ def _one_line(error: Exception) -> str:
 def cmd_ledger_upgrade(args: argparse.Namespace) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from .usage.ledger import Ledger, current_revision, default_url
+    from spawner.usage.ledger import Ledger, current_revision, default_url
 
     try:
         ledger = Ledger(args.db or default_url())
@@ -261,8 +261,8 @@ def cmd_ledger_status(args: argparse.Namespace) -> int:
     from sqlalchemy import func, inspect, select
     from sqlalchemy.exc import SQLAlchemyError
 
-    from .usage.ledger import current_revision, default_url, head_revision, make_engine
-    from .usage.schema import sessions
+    from spawner.usage.ledger import current_revision, default_url, head_revision, make_engine
+    from spawner.usage.schema import sessions
 
     url = args.db or default_url()
     problem = _ledger_problem(url)
@@ -300,7 +300,7 @@ def cmd_ledger_status(args: argparse.Namespace) -> int:
 
 
 def cmd_k8s_priority_classes(args: argparse.Namespace) -> int:
-    from .kube.priority import manifests_yaml, preemption_notes
+    from spawner.kube.priority import manifests_yaml, preemption_notes
 
     table = _table_or_problems(args.file)
     if table is None:
@@ -313,7 +313,7 @@ def cmd_k8s_priority_classes(args: argparse.Namespace) -> int:
 
 
 def class_prefix_argument(text: str) -> str:
-    from .kube.priority import check_prefix
+    from spawner.kube.priority import check_prefix
 
     try:
         return check_prefix(text)
@@ -343,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the GPU and memory watchdog beside the hub (docs/watchdog.md); "
              "'quota-spawner watchdog --help-all' lists its settings")
     watchdog.set_defaults(func=None)  # main() hands its arguments to the watchdog app
-    from .usage.report import BY, FORMATS
+    from spawner.usage.report import BY, FORMATS
 
     report = sub.add_parser(
         "report", help="GPU, CPU and memory hours reserved and used, how sessions ended, "
@@ -394,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_watchdog(argv: list[str]) -> int:
-    from .watchdog.app import QuotaWatchdog  # the other commands never load it
+    from spawner.watchdog.app import QuotaWatchdog  # the other commands never load it
 
     QuotaWatchdog.launch_instance(argv)
     return 0

@@ -44,7 +44,7 @@ NO_GPU_VALUES = ("", NO_GPU, "none")  # what the NVIDIA hook reads as no GPU
 GPU_MEMORY_LIMIT = "GPU_MEMORY_LIMIT"  # the soft cap in bytes, shared mode only
 TORCH_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 TORCH_FRACTION_KEY = "per_process_memory_fraction"  # torch 2.10+ reads it in TORCH_ALLOC_CONF
-# The soft cap for each framework, set with GPU_MEMORY_LIMIT (spawner/gpu/env.py).
+# The soft cap for each framework, set with GPU_MEMORY_LIMIT (spawner/policy/gpu.py).
 PADDLE_MEMORY_LIMIT_MB = "FLAGS_gpu_memory_limit_mb"
 PADDLE_ALLOCATOR = "FLAGS_allocator_strategy"
 JAX_MEMORY_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"

@@ -8,12 +8,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone, tzinfo
 from typing import TYPE_CHECKING
 
-from .gpu.allocator import NoGpuFree, Usage
-from .quota.model import Budget, Choice, Role
-from .quota.units import human_duration
+from spawner.gpu.allocator import NoGpuFree, Usage
+from spawner.quota.model import Budget, Choice, Role
+from spawner.quota.units import human_duration
 
 if TYPE_CHECKING:  # the ledger's package needs SQLAlchemy; the sentences do not
-    from .usage.budgets import BudgetState
+    from spawner.usage.budgets import BudgetState
 
 SETTING_REFUSED = (
     "Your server cannot start because the hub's configuration asks for a container "

@@ -9,7 +9,7 @@ from typing import Any
 from playwright.sync_api import Browser, expect, sync_playwright
 
 from harness import ARTIFACTS
-from spawner.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD
+from spawner.hubconfig.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -50,10 +50,10 @@ def usage_config(port: int, classes: dict[str, list[str]] | None = None) -> str:
     classes = {"cs101": ["prof-ada"]} if classes is None else classes
     return f"""
 import jupyterhub
-from spawner.admin.classes import CLASS_OAUTH_SCOPES, class_service_scopes
-from spawner.rbac import instructor_roles
-from spawner.usage.requests_api import USER_SCOPES
-from spawner.usage.service import CUSTOM_SCOPES, usage_service
+from spawner.webapp.class_logic import CLASS_OAUTH_SCOPES, class_service_scopes
+from spawner.hubconfig.rbac import instructor_roles
+from spawner.webapp.requests import USER_SCOPES
+from spawner.webapp.app import CUSTOM_SCOPES, usage_service
 CLASSES = {classes!r}
 c.JupyterHub.custom_scopes = CUSTOM_SCOPES
 usage, usage_role, usage_own_role = usage_service(

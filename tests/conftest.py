@@ -70,7 +70,7 @@ def hub(docker_client, tmp_path_factory):
         quota_text=TEST_QUOTAS,
         prefix=prefix,
         extra_config=(
-            "from spawner.rbac import instructor_roles\n"
+            "from spawner.hubconfig.rbac import instructor_roles\n"
             "c.JupyterHub.load_roles += instructor_roles({'lab1': ['prof-x']})\n"
         ),
     )

@@ -30,7 +30,7 @@ TOKEN = "abc"
 GiB = 2**30
 # Starts jupyter_server as ``python -m jupyter_server`` does, with the notice path
 # (the first argument) set first: the machine's /tmp/quota-spawner is not the test's.
-BOOT = ("import sys, spawner.checkpoint as c; c.NOTICE = sys.argv.pop(1); "
+BOOT = ("import sys, spawner.notebook.checkpoint as c; c.NOTICE = sys.argv.pop(1); "
         "from jupyter_server.serverapp import main; sys.exit(main())")
 
 

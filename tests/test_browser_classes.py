@@ -23,8 +23,8 @@ from browser import Visit, expect, launch, usage_config, visits
 
 from harness import Hub, container_for, free_port, teardown
 from spawner.contract import IMAGE_LABEL, ROLE_LABEL
-from spawner.rbac import USAGE_SCOPE
-from spawner.usage.class_api import NOT_AN_INSTRUCTOR
+from spawner.hubconfig.rbac import USAGE_SCOPE
+from spawner.webapp.classes import NOT_AN_INSTRUCTOR
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

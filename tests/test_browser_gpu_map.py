@@ -32,7 +32,7 @@ from harness import (
     teardown,
     write_fake_gpus,
 )
-from spawner.usage.gpu_page import ADMINS_ONLY
+from spawner.webapp.gpus import ADMINS_ONLY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

@@ -26,14 +26,14 @@ from harness import (
     shipped_table_without_requests,
     teardown,
 )
-from spawner.config import hub_id_from_secret_file
 from spawner.contract import ROLE_LABEL
 from spawner.events import read_events
+from spawner.policy.config import hub_id_from_secret_file
 from spawner.quota.loader import parse_quota_table
-from spawner.usage.requests_api import NOT_DECIDER
 from spawner.watchdog.hub_events import for_hub, role_request_events
 from spawner.watchdog.model import Snapshot
 from spawner.watchdog.rules import WatchdogRules
+from spawner.webapp.requests import NOT_DECIDER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

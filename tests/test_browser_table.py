@@ -15,7 +15,7 @@ from browser import launch, usage_config, visits
 from playwright.sync_api import expect
 
 from harness import Hub, free_port, teardown
-from spawner.usage.table_api import ADMINS_ONLY
+from spawner.webapp.table import ADMINS_ONLY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 

@@ -17,7 +17,7 @@ from playwright.sync_api import expect
 from test_usage_service import ALL_USERS, CS101, HOSTILE_USER, seed_ledger
 
 from harness import Hub, free_port, teardown
-from spawner.rbac import USAGE_SCOPE
+from spawner.hubconfig.rbac import USAGE_SCOPE
 from spawner.usage.ledger import default_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]

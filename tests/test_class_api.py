@@ -16,11 +16,12 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from spawner.admin import classes
-from spawner.rbac import USAGE_SCOPE
-from spawner.usage import class_api, service
+from spawner.hubconfig.rbac import USAGE_SCOPE
 from spawner.usage.ledger import Ledger
 from spawner.usage.schema import sessions
+from spawner.webapp import app as service
+from spawner.webapp import class_logic as classes
+from spawner.webapp import classes as class_api
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE_TOKEN = "service-token"

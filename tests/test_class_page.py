@@ -20,16 +20,17 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from spawner.admin import classes
-from spawner.rbac import USAGE_SCOPE
-from spawner.usage import class_page, service
-from spawner.usage.class_api import NOT_AN_INSTRUCTOR
+from spawner.hubconfig.rbac import USAGE_SCOPE
 from spawner.usage.ledger import Ledger
 from spawner.usage.schema import sessions
+from spawner.webapp import app as service
+from spawner.webapp import class_logic as classes
+from spawner.webapp import class_page
+from spawner.webapp.classes import NOT_AN_INSTRUCTOR
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "/services/usage/"
-SCRIPT = ROOT / "spawner" / "usage" / "static" / "classes.js"
+SCRIPT = ROOT / "spawner" / "webapp" / "static" / "classes.js"
 HOSTILE_USER = "<script>alert('u')</script>&"
 HOSTILE_GROUP = "\"><img src=x onerror=alert('g')>/x"
 

@@ -11,7 +11,8 @@ import copy
 import docker
 import pytest
 
-from spawner.container import (
+from spawner.contract import CONTRACT_ENV
+from spawner.docker.container import (
     ContainerPolicyError,
     ContainerSpec,
     admin_problems,
@@ -27,8 +28,7 @@ from spawner.container import (
     refuse_any,
     violations,
 )
-from spawner.contract import CONTRACT_ENV
-from spawner.mounts import BindSource, bind_sources, normalise, refused
+from spawner.docker.mounts import BindSource, bind_sources, normalise, refused
 from spawner.quota.model import Role
 
 GiB = 2**30
@@ -462,7 +462,7 @@ def test_torch_gets_the_cap_as_an_allocator_fraction_and_admin_options_stay():
     ("PyTorch 2.7.1 · CUDA 12.6", False), ("PaddlePaddle 3.0.0 · CPU build", False),
     ("", False), ("PyTorch 3.0.0 + PaddlePaddle 3.0.0 · CPU build", True)])
 def test_the_fraction_only_for_an_image_whose_torch_reads_it(label, reads):
-    from spawner.gpu.env import torch_reads_fraction
+    from spawner.policy.gpu import torch_reads_fraction
 
     assert torch_reads_fraction(label) is reads
     s = spec(GPU_ROLE, gpu_uuids=("GPU-a",), gpu_mode="shared:4", gpu_device_memory=80 * GiB,

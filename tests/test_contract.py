@@ -62,15 +62,18 @@ def test_the_image_side_imports_stay_cheap():
     server (the monitor) pulls in nothing of the hub side."""
     code = (
         "import sys, json\n"
-        "import spawner.gpu.torch_cap\n"
+        "import spawner.notebook.torch_cap\n"
         "first = sorted(m for m in sys.modules if m.startswith('spawner'))\n"
-        "import spawner.monitor, spawner.monitor.report, spawner.quota.units, spawner.checkpoint\n"
+        "import spawner.monitor, spawner.notebook.monitor.report, spawner.quota.units\n"
+        "import spawner.checkpoint\n"
         "print(json.dumps([first, sorted(sys.modules)]))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, cwd=PACKAGE.parent)
     at_start, everything = json.loads(result.stdout)
-    assert at_start == ["spawner", "spawner.contract", "spawner.gpu", "spawner.gpu.torch_cap"]
-    hub_side = {"docker", "dockerspawner", "jupyterhub", "yaml", "sqlalchemy", "spawner.spawner",
-                "spawner.container", "spawner.quota.loader", "spawner.gpu.pool"}
+    assert at_start == ["spawner", "spawner.contract", "spawner.notebook",
+                        "spawner.notebook.torch_cap"]
+    hub_side = {"docker", "dockerspawner", "jupyterhub", "yaml", "sqlalchemy", "spawner.docker",
+                "spawner.docker.spawner", "spawner.docker.container", "spawner.quota.loader",
+                "spawner.gpu.pool", "spawner.policy", "spawner.usage", "spawner.webapp"}
     assert not hub_side & set(everything)

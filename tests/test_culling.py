@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spawner.culling import CULLER_SCOPES, culler_service, make_arbiter, owner
+from spawner.hubconfig.culling import CULLER_SCOPES, culler_service, make_arbiter, owner
 from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import QuotaTableError
 

@@ -51,7 +51,7 @@ def cull_hub(docker_client, tmp_path_factory):
     monitor = ("--GpuMonitor.interval=0.5", "--GpuMonitor.busy_window=4")
     hub = Hub(tmp_path_factory.mktemp("cullhub"), quota_text=QUOTAS, prefix=PREFIX,
               extra_config=fake_nvml_config(fake, PREFIX, ACTIVITY, monitor) + f"""
-from spawner.culling import culler_service
+from spawner.hubconfig.culling import culler_service
 culler, culler_role = culler_service(c.QuotaSpawner.quota_file, timeout=600,
                                      cull_every={CULL_EVERY})
 c.JupyterHub.services.append(culler)

@@ -23,7 +23,7 @@ from traitlets.config import Config
 import harness
 from harness import ROOT, cleanup, container_for
 from spawner import QuotaSpawner
-from spawner.network import HOST_NETWORK_WARNING, ICC_OPTION
+from spawner.docker.network import HOST_NETWORK_WARNING, ICC_OPTION
 from spawner.refusals import SETTING_REFUSED as USER_MESSAGE
 
 pytestmark = pytest.mark.e2e

@@ -3,7 +3,7 @@
 A real hub, proxy and dockerd with the fake NVIDIA hook and a declared
 inventory of fake GPUs (the only fakes, at the GPU boundary). The victim's
 kernel is a real ipykernel started through the notebook server's API; it
-installs spawner.checkpoint.on_preempt and writes its checkpoint into the
+installs spawner.notebook.checkpoint.on_preempt and writes its checkpoint into the
 home volume when the hub's SIGTERM arrives.
 """
 
@@ -101,7 +101,7 @@ assignments:
 
 CHECKPOINT_CODE = """
 import json, os, time
-from spawner.checkpoint import on_preempt
+from spawner.notebook.checkpoint import on_preempt
 state = {"step": 41}
 def save(notice):
     with open("/home/jovyan/ckpt.json.tmp", "w") as f:

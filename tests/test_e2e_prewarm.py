@@ -44,7 +44,7 @@ assignments:
     cs101-staff: [student]
 """
 EXTRA = f"""
-from spawner.culling import culler_service
+from spawner.hubconfig.culling import culler_service
 culler, culler_role = culler_service(c.QuotaSpawner.quota_file, timeout=600,
                                      cull_every={CULL_EVERY})
 c.JupyterHub.services.append(culler)

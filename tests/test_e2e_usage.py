@@ -63,7 +63,7 @@ def setup(docker_client, tmp_path_factory):
     hub = Hub(work / "hub", quota_text=QUOTAS, prefix=PREFIX,
               extra_config=fake_nvml_config(container_fake, PREFIX, gpus=(GPU,)) + f"""
 c.QuotaSpawner.hub_id = {HUB_ID!r}
-from spawner.culling import culler_service
+from spawner.hubconfig.culling import culler_service
 culler, culler_role = culler_service(c.QuotaSpawner.quota_file, timeout=600, cull_every=2,
                                      usage_db=c.QuotaSpawner.usage_db)
 c.JupyterHub.services.append(culler)

@@ -7,10 +7,10 @@ tool is missing: torch, nvidia-smi, a GPU build of PaddlePaddle.
 1. NVML discovery on the real card (spawner.gpu.inventory.discover_nvml):
    UUID, name, memory, and the same GPUs as nvidia-smi.
 2. torch sees the GPU; and a torch process under a shared-mode soft cap,
-   started with the environment the spawner gives it (spawner.gpu.env:
+   started with the environment the spawner gives it (spawner.policy.gpu:
    GPU_MEMORY_LIMIT and PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:F,
    which torch 2.10+ reads itself; an older torch gets the cap from the
-   image's hook, spawner.gpu.torch_cap), allocates under the cap and is
+   image's hook, spawner.notebook.torch_cap), allocates under the cap and is
    refused past it.
 3. The monitor's collector on the real card while torch holds 6 GiB and
    multiplies matrices: its readings against nvidia-smi's, and the busy rule.
@@ -53,9 +53,9 @@ from typing import Any
 import pytest
 
 from spawner.contract import TORCH_ALLOC_CONF
-from spawner.gpu.env import gpu_environment, memory_fraction, torch_alloc_conf
 from spawner.gpu.inventory import GpuDevice, Inventory, discover_nvml
-from spawner.monitor.collector import GpuMonitor
+from spawner.notebook.monitor.collector import GpuMonitor
+from spawner.policy.gpu import gpu_environment, memory_fraction, torch_alloc_conf
 
 pytestmark = pytest.mark.gpu
 
@@ -82,7 +82,7 @@ TORCH_SEES = textwrap.dedent("""
 """)
 TORCH_CAP = textwrap.dedent(f"""
     import json, os, sys
-    import spawner.gpu.torch_cap as hook
+    import spawner.notebook.torch_cap as hook
     hook.install()  # what the images' .pth line does at every Python start
     armed = any(type(f).__name__ == "_TorchImportHook" for f in sys.meta_path)
     import torch
@@ -131,7 +131,7 @@ def smi(query: str) -> list[list[str]]:
 
 def child_env(gpu: GpuDevice, cap: int | None = None) -> dict[str, str]:
     """This process's environment on ``gpu`` alone; with ``cap``, plus what the
-    spawner sets for a shared-mode role with that soft cap (spawner/container.py)."""
+    spawner sets for a shared-mode role with that soft cap (spawner/docker/container.py)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.uuid,
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                         os.environ.get("PYTHONPATH")])))

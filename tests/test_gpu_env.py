@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from spawner.contract import CAP_VARIABLES
-from spawner.gpu.env import gpu_environment, memory_fraction
+from spawner.policy.gpu import gpu_environment, memory_fraction
 
 G = 2**30
 

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 
-from spawner.admin.gpu_map import gpu_map, read_json_file, usage_state
 from spawner.events import EventLog
 from spawner.gpu.allocator import GpuRequest
 from spawner.gpu.inventory import declared_inventory
@@ -19,6 +18,7 @@ from spawner.watchdog.app import QuotaWatchdog, gpu_usage_snapshot
 from spawner.watchdog.model import GpuSample, ServerSample, Snapshot
 from spawner.watchdog.model import Server as WatchedServer
 from spawner.watchdog.rules import GPU_IDLE, Incident, IncidentBook
+from spawner.webapp.gpu_map import gpu_map, read_json_file, usage_state
 
 G = 2**30
 T = 1_700_000_000.0

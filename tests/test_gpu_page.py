@@ -21,9 +21,12 @@ from tornado.testing import bind_unused_port
 
 from spawner.gpu.pool import Server
 from spawner.gpu.snapshot import GPUS_FILE, pool_snapshot
-from spawner.usage import gpu_page, service
-from spawner.usage.class_api import GPU_USAGE_FILE_NAME
-from spawner.usage.gpu_page import (
+from spawner.usage.ledger import Ledger
+from spawner.watchdog.app import gpu_usage_snapshot
+from spawner.webapp import app as service
+from spawner.webapp import gpus as gpu_page
+from spawner.webapp.classes import GPU_USAGE_FILE_NAME
+from spawner.webapp.gpus import (
     ADMINS_ONLY,
     NO_STATE,
     duration,
@@ -32,8 +35,6 @@ from spawner.usage.gpu_page import (
     size,
     user_link,
 )
-from spawner.usage.ledger import Ledger
-from spawner.watchdog.app import gpu_usage_snapshot
 
 PREFIX = "/services/usage/"
 HOSTILE = '<script>alert(1)</script>"&'

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from traitlets.config import Config
 
-from spawner.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD, password_problems
+from spawner.hubconfig.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD, password_problems
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_CONFIG = ROOT / "hub_config"
@@ -141,7 +141,7 @@ def test_compose_runs_the_watchdog_with_the_hosts_pids_and_cgroups():
 
 
 def test_the_watchdog_derives_the_hubs_own_id(tmp_path, monkeypatch):
-    from spawner.config import hub_id_from_secret, hub_id_from_secret_file
+    from spawner.policy.config import hub_id_from_secret, hub_id_from_secret_file
 
     c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
     env = next(s for s in c.JupyterHub.services if s["name"] == "gpu-watchdog")["environment"]
@@ -155,7 +155,7 @@ def test_the_watchdog_derives_the_hubs_own_id(tmp_path, monkeypatch):
 
 
 def test_a_secret_from_the_environment_becomes_the_watchdogs_hub_id(tmp_path, monkeypatch):
-    from spawner.config import hub_id_from_secret
+    from spawner.policy.config import hub_id_from_secret
 
     secret = "ab" * 32
     c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1",

@@ -269,7 +269,7 @@ def test_extra_config_gives_the_charts_culler_the_arbiter(
     config = [a for a in culler["command"] if a.startswith("--config=")]
     assert len(config) == 1
     arbiter = Path(config[0].removeprefix("--config="))
-    assert arbiter == ROOT / "spawner" / "culler_config.py"
+    assert arbiter == ROOT / "spawner" / "hubconfig" / "culler_config.py"
     assert "cull_arbiter_hook" in arbiter.read_text()
     assert culler["environment"] == {
         "QUOTA_SPAWNER_QUOTA_FILE": c.QuotaKubeSpawner.quota_file,

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spawner.container import ContainerSpec, role_environment
-from spawner.container import environment as docker_environment
 from spawner.contract import CONTRACT_ENV, LABEL_PREFIX
+from spawner.docker.container import ContainerSpec, role_environment
+from spawner.docker.container import environment as docker_environment
 from spawner.kube import pod as kp
 from spawner.kube.names import (
     PROTECTED_LABEL,

@@ -27,11 +27,11 @@ from tornado import web  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
 from spawner import QuotaSpawner  # noqa: E402
-from spawner.admin import requests as rr  # noqa: E402
 from spawner.kube.pod import config_problems  # noqa: E402
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
 from spawner.quota.loader import load_quota_table  # noqa: E402
 from spawner.refusals import CLUSTER_REFUSED, SETTING_REFUSED  # noqa: E402
+from spawner.usage import grants as rr
 from spawner.usage.ledger import Ledger  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,8 +6,8 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from spawner.engine import check_engine_info
-from spawner.rbac import instructor_roles
+from spawner.docker.engine import check_engine_info
+from spawner.hubconfig.rbac import instructor_roles
 
 
 def test_instructor_role_scopes_are_filtered_to_the_group():

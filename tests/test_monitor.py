@@ -1,4 +1,4 @@
-"""The GPU monitor extension (spawner/monitor/): units with FakeNvml, then its
+"""The GPU monitor extension (spawner/notebook/monitor/): units with FakeNvml, then its
 endpoints on a real ``jupyter server`` that reads fake GPUs from a state file."""
 
 from __future__ import annotations
@@ -27,12 +27,12 @@ from fake_pynvml import (
     NVMLError_NotSupported,
 )
 from monitor_server import TOKEN, GiB, MonitorServer, gpu_state, start_servers
-from spawner import checkpoint
 from spawner.contract import visible_devices
-from spawner.monitor import metrics
-from spawner.monitor.collector import GpuMonitor
-from spawner.monitor.handlers import js_string
-from spawner.monitor.report import metrics_report
+from spawner.notebook import checkpoint
+from spawner.notebook.monitor import metrics
+from spawner.notebook.monitor.collector import GpuMonitor
+from spawner.notebook.monitor.handlers import js_string
+from spawner.notebook.monitor.report import metrics_report
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_SCHEMA = ROOT / "docs" / "gpu-metrics.schema.json"

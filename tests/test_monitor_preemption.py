@@ -14,9 +14,9 @@ import pytest
 from test_monitor import DOC_SCHEMA, validate
 
 from fake_pynvml import FakeGpu, FakeNvml
-from spawner import checkpoint
-from spawner.monitor.collector import GpuMonitor
-from spawner.monitor.report import metrics_report, preemption_report
+from spawner.notebook import checkpoint
+from spawner.notebook.monitor.collector import GpuMonitor
+from spawner.notebook.monitor.report import metrics_report, preemption_report
 
 NOTICE = {
     "version": 1, "by": "bob", "by_role": "urgent-debug", "role": "gpu-training",

@@ -35,9 +35,8 @@ from traitlets.config import Config
 
 from fake_pynvml import FakeGpu, FakeNvml, NVMLError_LibraryNotFound
 from spawner import QuotaSpawner, refusals
-from spawner.choices import ChoicesMixin
 from spawner.contract import USER_LABEL
-from spawner.engine import (
+from spawner.docker.engine import (
     NO_NVIDIA_DRIVER,
     PROBE_LABEL,
     FrameworkLabels,
@@ -48,6 +47,7 @@ from spawner.engine import (
 )
 from spawner.gpu.allocator import GpuRequest, NoGpuFree, Usage
 from spawner.gpu.inventory import Inventory, discover_nvml
+from spawner.policy.choices import ChoicesMixin
 from spawner.quota.model import Choice, ImageSpec, Role
 from spawner.registry import Registry
 
@@ -166,7 +166,7 @@ async def test_the_runtime_warns_once_and_probes_an_old_finding_again(caplog):
 
     log = logging.getLogger("test.nvidia.runtime")
     runtime = NvidiaRuntime(None, log, GPU, images, recheck=60)
-    import spawner.engine as engine
+    import spawner.docker.engine as engine
 
     with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.INFO, logger=log.name):
         mp.setattr(engine, "probe_nvidia_runtime", probe)

@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 
 from spawner.contract import PREEMPT_NOTICE
+from spawner.docker.evictor import Evictor
 from spawner.events import EventLog, read_events
 from spawner.gpu.allocator import GpuAllocator, GpuRequest
 from spawner.gpu.inventory import GpuDevice
 from spawner.gpu.pool import GpuPool, Server
 from spawner.gpu.preemption import Plan
 from spawner.gpu.queue import Ticket
-from spawner.preempt import Evictor
 from spawner.quota.model import Role
 
 LOG = logging.getLogger("test-preempt")

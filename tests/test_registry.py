@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from spawner.config import QuotaSpawnerConfig
+from spawner.policy.config import QuotaSpawnerConfig
 from spawner.quota.store import QuotaStore
 from spawner.registry import Registry
 

@@ -18,8 +18,9 @@ from tornado.testing import bind_unused_port
 
 from harness import shipped_table_without_requests
 from spawner.events import read_events
-from spawner.usage import requests_api, service
 from spawner.usage.ledger import Ledger
+from spawner.webapp import app as service
+from spawner.webapp import requests as requests_api
 
 HUB_TOKEN = "service-token"
 HUB_ID = "quota-0123456789ab"
@@ -360,7 +361,7 @@ def test_every_user_may_reach_the_service_and_it_writes_to_the_hubs_log(tmp_path
 
 
 def test_the_hub_id_is_the_spawners(tmp_path, monkeypatch):
-    from spawner.config import hub_id_from_secret
+    from spawner.policy.config import hub_id_from_secret
 
     secret = tmp_path / "cookie_secret"
     secret.write_text("ab" * 32)

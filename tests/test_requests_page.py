@@ -30,13 +30,15 @@ from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
 from harness import shipped_table_without_requests
-from spawner.usage import requests_api, requests_page, service
 from spawner.usage.ledger import Ledger
 from spawner.usage.schema import role_requests
+from spawner.webapp import app as service
+from spawner.webapp import requests as requests_api
+from spawner.webapp import requests_page
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "/services/usage/"
-SCRIPT = ROOT / "spawner" / "usage" / "static" / "requests.js"
+SCRIPT = ROOT / "spawner" / "webapp" / "static" / "requests.js"
 HOSTILE = "<script>alert(1)</script>"
 HOSTILE_REASON = '<img src=x onerror="alert(2)"> & "quotes"'
 HOSTILE_COMMENT = "</q><b onclick=alert(3)>no</b>"

@@ -16,12 +16,12 @@ import yaml
 from alembic import command
 from sqlalchemy import select
 
-from spawner.admin import requests as rr
-from spawner.choices import ChoicesMixin
 from spawner.events import EventLog, read_events
+from spawner.policy.choices import ChoicesMixin
 from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import QuotaTableError, RequestRules
 from spawner.quota.options import OptionsError, resolve_choice
+from spawner.usage import grants as rr
 from spawner.usage.ledger import (
     Ledger,
     LedgerWriter,

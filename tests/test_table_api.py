@@ -16,9 +16,10 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from spawner.usage import service, table_api
 from spawner.usage.ledger import Ledger
-from spawner.usage.table_api import table_schema
+from spawner.webapp import app as service
+from spawner.webapp import table as table_api
+from spawner.webapp.table import table_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 HUB_TOKEN = "service-token"

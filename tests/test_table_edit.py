@@ -14,7 +14,8 @@ import pytest
 from alembic import command
 from sqlalchemy import select
 
-from spawner.admin.table_edit import (
+from spawner.cli import main as cli_main
+from spawner.quota.editing import (
     BEFORE_EDITOR,
     CONFLICT,
     INVALID,
@@ -31,7 +32,6 @@ from spawner.admin.table_edit import (
     preview,
     version_of,
 )
-from spawner.cli import main as cli_main
 from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import GpuCapacity, Problem
 from spawner.quota.store import QuotaStore

@@ -16,9 +16,10 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from spawner.usage import service, table_page
 from spawner.usage.ledger import Ledger
-from spawner.usage.table_api import ADMINS_ONLY, table_schema
+from spawner.webapp import app as service
+from spawner.webapp import table_page
+from spawner.webapp.table import ADMINS_ONLY, table_schema
 
 try:
     import tomllib
@@ -27,7 +28,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "/services/usage/"
-BUNDLE = ROOT / "spawner" / "usage" / "static" / "editor.js"
+BUNDLE = ROOT / "spawner" / "webapp" / "static" / "editor.js"
 
 
 class PageHubAuth(FakeHubAuth):
@@ -170,7 +171,7 @@ def test_the_package_ships_the_bundle():
     globs = data["tool"]["setuptools"]["package-data"]["spawner"]
     shipped = BUNDLE.relative_to(ROOT / "spawner").as_posix()
     assert any(fnmatch.fnmatch(shipped, g) for g in globs)
-    assert any(fnmatch.fnmatch("usage/static/editor.js.LICENSE.txt", g) for g in globs)
+    assert any(fnmatch.fnmatch("webapp/static/editor.js.LICENSE.txt", g) for g in globs)
 
 
 def test_make_editor_builds_from_pinned_inputs():

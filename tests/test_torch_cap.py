@@ -56,7 +56,7 @@ def cap_child(torch_first: bool = False, installs: int = 1) -> str:
     return (
         "import json, sys\n"
         + ("import torch\n" if torch_first else "")
-        + "import spawner.gpu.torch_cap as m\n"
+        + "import spawner.notebook.torch_cap as m\n"
         + "m.install()\n" * installs
         + f"hooked = {HOOKS}\n"
         + REPORT
@@ -120,7 +120,7 @@ def test_pth_line_from_notebook_setup(fake_torch, tmp_path, limit, hooked, fract
     code = (
         "import json, site, sys\n"
         "site.addsitedir(sys.argv[1])\n"
-        "hooked = 'spawner.gpu.torch_cap' in sys.modules\n"
+        "hooked = 'spawner.notebook.torch_cap' in sys.modules\n"
         + REPORT
     )
     out = run_child(code, fake_torch, limit, str(site_dir))
@@ -129,7 +129,7 @@ def test_pth_line_from_notebook_setup(fake_torch, tmp_path, limit, hooked, fract
 
 
 def test_torch_hook_stands_aside_for_a_torch_that_reads_the_allocator_setting(monkeypatch):
-    from spawner.gpu import torch_cap as cap
+    from spawner.notebook import torch_cap as cap
 
     assert cap.reads_alloc_conf(cap.release("2.14.1+cu130")) and cap.reads_alloc_conf((3, 0))
     assert not cap.reads_alloc_conf(cap.release("2.7.1")) and not cap.reads_alloc_conf(None)

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from spawner.usage import charts
+from spawner.webapp import charts
 
 SVG = "{http://www.w3.org/2000/svg}"
 HOSTILE = ["<script>alert(1)</script>", 'a"b&c', "</svg><img src=x onerror=alert(1)>"]

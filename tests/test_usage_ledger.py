@@ -19,8 +19,8 @@ from sqlalchemy import create_engine, select, text
 from tornado.web import HTTPError
 
 from spawner.contract import HUB_LABEL
-from spawner.culling import CullReasons, make_arbiter
-from spawner.engine import container_end, docker_time
+from spawner.docker.engine import container_end, docker_time
+from spawner.hubconfig.culling import CullReasons, make_arbiter
 from spawner.usage import duties as duties_module
 from spawner.usage.duties import PRUNE_EVERY, UsageDuties, record_end
 from spawner.usage.ledger import (

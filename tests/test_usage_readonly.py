@@ -13,9 +13,9 @@ import pytest
 
 from spawner.cli import main as cli_main
 from spawner.usage.ledger import Ledger, LedgerNotReady, head_revision
-from spawner.usage.service import LedgerReader
 from spawner.watchdog.app import QuotaWatchdog
 from spawner.watchdog.model import Server, ServerSample, Snapshot
+from spawner.webapp.app import LedgerReader
 
 LOG = logging.getLogger("test-usage-readonly")
 HUB = "hub-a"

@@ -302,7 +302,7 @@ def test_table_keeps_the_size_of_short_sessions(tmp_path):
 
 
 def test_the_usage_page_keeps_the_size_of_short_sessions():
-    from spawner.usage.service import _templates
+    from spawner.webapp.app import _templates
 
     page = _templates().from_string("{% for h in hours %}[{{ h|hours }}]{% endfor %}")
     assert page.render(hours=[0.0, 0.00278, 0.0004, 4.5, 200.04, 1234.56]) == (

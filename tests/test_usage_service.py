@@ -25,10 +25,10 @@ from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from spawner.rbac import USAGE_SCOPE, instructor_roles
-from spawner.usage import service
+from spawner.hubconfig.rbac import USAGE_SCOPE, instructor_roles
 from spawner.usage.ledger import Ledger, Sample
-from spawner.usage.service import (
+from spawner.webapp import app as service
+from spawner.webapp.app import (
     Access,
     Refused,
     access_for,
@@ -183,7 +183,7 @@ def test_the_service_for_the_hub_config():
     svc, role, own = usage_service("http://127.0.0.1:8000", "sqlite:////x/usage.sqlite",
                                    "/x/quotas.yaml", url="http://127.0.0.1:9999")
     assert svc["name"] == "usage" and svc["url"] == "http://127.0.0.1:9999"
-    assert svc["command"][1:] == ["-m", "spawner.usage.service"]
+    assert svc["command"][1:] == ["-m", "spawner.webapp.app"]
     assert svc["environment"]["QUOTA_SPAWNER_USAGE_DB"] == "sqlite:////x/usage.sqlite"
     assert svc["environment"]["QUOTA_SPAWNER_QUOTA_FILE"] == "/x/quotas.yaml"
     assert svc["oauth_client_allowed_scopes"] == [USAGE_SCOPE]

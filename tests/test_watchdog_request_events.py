@@ -3,7 +3,7 @@ the user's groups' channels (their instructors), ``role-request-approved``, ``-r
 and ``-withdrawn`` to the user, in the style of the budget notices
 (test_watchdog_budget_events.py).
 
-Pure: the real backend (spawner.admin.requests) on a temporary SQLite ledger, the hub's
+Pure: the real backend (spawner.usage.grants) on a temporary SQLite ledger, the hub's
 own EventLog, and the real local HTTP receivers. No engine, no NVML, no hub.
 """
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from receivers import HttpReceiver
 
-from spawner.admin import requests as rr
 from spawner.events import EventLog
 from spawner.quota.loader import parse_quota_table
+from spawner.usage import grants as rr
 from spawner.usage.ledger import Ledger
 from spawner.watchdog.hub_events import (
     for_hub,
@@ -40,7 +40,7 @@ ASK_SHOWN = ("student1 asks for the role 'gpu-training' from 2026-11-18 11:06 UT
 
 
 def asked(**kw) -> dict:
-    """The hub's "role-request" event, as spawner.admin.requests words it."""
+    """The hub's "role-request" event, as spawner.usage.grants words it."""
     return dict(event="role-request", hub=HUB_ID, time=T, id=7, user="student1",
                 role="gpu-training", starts=T, ends=T + 7 * DAY,
                 reason="My thesis trains a model for a week.", who="student1", comment="",

@@ -38,7 +38,7 @@ def snapshot(*servers: Server) -> Snapshot:
 
 
 def asked(reason: str = "My thesis trains a model for a week.", **kw) -> dict:
-    """A role request as spawner.admin.requests writes it: its text ends with the reason."""
+    """A role request as spawner.usage.grants writes it: its text ends with the reason."""
     user, role = kw.get("user", "student1"), kw.get("role", "gpu-training")
     text = (f"{user} asks for the role '{role}' from 2026-11-18 11:06 UTC to "
             f"2026-11-25 11:06 UTC: {reason}")

@@ -1,4 +1,4 @@
-// The quota table editor page (spawner/usage/templates/table.html): CodeMirror 6 with the
+// The quota table editor page (spawner/webapp/templates/table.html): CodeMirror 6 with the
 // table's JSON Schema completion, the server's FILE:LINE problems as diagnostics, the
 // preview, the save with its conflict answer, and the audit trail. Everything a user or
 // an admin named is put on the page with textContent, never as markup.

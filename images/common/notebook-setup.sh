@@ -123,7 +123,7 @@ for f in dist.files or []:
 print(f"[notebook-setup] staged {n} files of quota-spawner {dist.version} in {delta}")
 PY
 
-    # PyTorch's soft GPU memory cap (spawner/gpu/torch_cap.py): the .pth
+    # PyTorch's soft GPU memory cap (spawner/notebook/torch_cap.py): the .pth
     # line runs at every Python start, and imports the hook only when the
     # spawner set GPU_MEMORY_LIMIT.
     site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .inventory import GpuDevice
+from spawner.gpu.inventory import GpuDevice
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from ..quota.units import parse_size
-from .nvml import NOT_INSTALLED, Nvml, NvmlError, NvmlNotInstalled
+from spawner.gpu.nvml import NOT_INSTALLED, Nvml, NvmlError, NvmlNotInstalled
+from spawner.quota.units import parse_size
 
 # the reasons an inventory is empty that the hub itself gives (the rest are NVML's)
 INVALID = "QuotaSpawner.gpu_inventory is invalid"

@@ -9,7 +9,7 @@ failure into an ``NvmlError`` whose text is the reason, in NVML's own words
 
 What "start once" means for each user:
 
-- The GPU monitor (spawner.monitor.collector) keeps one ``Nvml`` started for
+- The GPU monitor (spawner.notebook.monitor.collector) keeps one ``Nvml`` started for
   its whole life and reads every visible device once per tick. When NVML
   cannot be started, or stops answering (the driver unloaded or reloaded:
   the device count fails), ``start()`` fails with the same error, without

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..contract import (
+from spawner.contract import (
     GPU_MODE_LABEL,
     GPUS_LABEL,
     HUB_LABEL,
@@ -33,11 +33,9 @@ from ..contract import (
     USER_LABEL,
     labelled_gpus,
 )
-from ..events import EventLog
-from ..quota.model import GpuCapacity, Role
-from ..usage.ledger import ZOMBIE
-from .allocator import GpuAllocator, GpuRequest
-from .inventory import (
+from spawner.events import EventLog
+from spawner.gpu.allocator import GpuAllocator, GpuRequest
+from spawner.gpu.inventory import (
     DISCOVERY_OFF,
     INVALID,
     Inventory,
@@ -45,13 +43,15 @@ from .inventory import (
     discover_nvml,
     free_memory,
 )
-from .preemption import Running
-from .queue import Dispatched, GpuQueue, Ticket
-from .snapshot import SnapshotWriter
+from spawner.gpu.preemption import Running
+from spawner.gpu.queue import Dispatched, GpuQueue, Ticket
+from spawner.gpu.snapshot import SnapshotWriter
+from spawner.quota.model import GpuCapacity, Role
+from spawner.usage.ledger import ZOMBIE
 
 if TYPE_CHECKING:
-    from ..engine import NvidiaRuntime
-    from ..usage.ledger import LedgerWriter
+    from spawner.docker.engine import NvidiaRuntime
+    from spawner.usage.ledger import LedgerWriter
 
 # How long a stop may take before the server is taken down by removing its container.
 STOP_TIMEOUT = 60.0
@@ -109,7 +109,7 @@ class Server:
 
 
 class Evictions(Protocol):
-    """What carries out the queue's preemption decisions (spawner/preempt.py)."""
+    """What carries out the queue's preemption decisions (spawner/docker/evictor.py)."""
 
     def start(self, ticket: Ticket) -> None: ...
     def call_off(self, ticket: Ticket, victims: tuple[str, ...], why: str) -> None: ...

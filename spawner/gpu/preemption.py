@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
-from .allocator import GpuRequest, Slot
+from spawner.gpu.allocator import GpuRequest, Slot
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .allocator import GpuAllocator, GpuRequest
-from .preemption import Plan, Running, choose_victims
+from spawner.gpu.allocator import GpuAllocator, GpuRequest
+from spawner.gpu.preemption import Plan, Running, choose_victims
 
 # The longest a ticket that found no victims goes without looking again, in case
 # a server started since (and so unknown to its last look) is already preemptible.

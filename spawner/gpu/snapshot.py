@@ -33,9 +33,9 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from .allocator import GpuAllocator, GpuRequest, Slot
-from .inventory import Inventory
-from .queue import GpuQueue
+from spawner.gpu.allocator import GpuAllocator, GpuRequest, Slot
+from spawner.gpu.inventory import Inventory
+from spawner.gpu.queue import GpuQueue
 
 SNAPSHOT_VERSION = 1
 GPUS_FILE = "quota-spawner-gpus.json"

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..engine import docker_time
-from ..usage.ledger import LOST, PREEMPTED, ended
+from spawner.docker.engine import docker_time
+from spawner.usage.ledger import LOST, PREEMPTED, ended
 
 End = tuple[str, str | None, float | None]  # (reason, detail, when; None for now)
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from ..contract import LABEL_PREFIX
+from spawner.contract import LABEL_PREFIX
 
 MAX_NAME = 63  # label values and DNS-1123 labels alike
 SEPARATOR = "---"

@@ -55,8 +55,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from ..container import role_environment
-from ..contract import (
+from spawner.contract import (
     CONTRACT_ENV,
     CPU_LIMIT,
     GPU_MODE_LABEL,
@@ -71,17 +70,18 @@ from ..contract import (
     TORCH_ALLOC_CONF,
     USER_LABEL,
 )
-from ..gpu.env import memory_cap_environment, memory_fraction, torch_alloc_conf
-from ..quota.model import QuotaTable, Role
-from .names import PROTECTED_LABEL, dns_label, is_qualified_name, label_value
-from .priority import DEFAULT_PREFIX, check_prefix, class_name
+from spawner.docker.container import role_environment
+from spawner.kube.names import PROTECTED_LABEL, dns_label, is_qualified_name, label_value
+from spawner.kube.priority import DEFAULT_PREFIX, check_prefix, class_name
+from spawner.policy.gpu import memory_cap_environment, memory_fraction, torch_alloc_conf
+from spawner.quota.model import QuotaTable, Role
 
 NOTEBOOK_CONTAINER = "notebook"  # KubeSpawner's name for the server's container
 HOME_VOLUME = "quota-home"
 SHM_VOLUME = "quota-shm"
 SHM_PATH = "/dev/shm"
 GIB = 2**30
-# The contract labels, in the order of spawner.container.labels.
+# The contract labels, in the order of spawner.docker.container.labels.
 CONTRACT_LABELS = (USER_LABEL, ROLE_LABEL, IMAGE_LABEL, GPUS_LABEL, GPU_MODE_LABEL, HUB_LABEL)
 
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import yaml
 
-from ..contract import ROLE_LABEL
-from ..quota.model import QuotaTable, Role
-from .names import MAX_NAME, PROTECTED_LABEL, dns_label, label_value
+from spawner.contract import ROLE_LABEL
+from spawner.kube.names import MAX_NAME, PROTECTED_LABEL, dns_label, label_value
+from spawner.quota.model import QuotaTable, Role
 
 DEFAULT_PREFIX = "quota-spawner-"
 PROTECTION_BUDGET = "quota-spawner-protected"

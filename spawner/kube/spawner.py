@@ -2,7 +2,7 @@
 
 The same roles, images, spawn form, ``user_options`` checks and plain-sentence
 refusals as QuotaSpawner on Docker: both use ``RoleChoicesMixin``
-(spawner/choices.py) and ``QuotaConfig`` (spawner/config.py). What differs is
+(spawner/policy/choices.py) and ``QuotaConfig`` (spawner/policy/config.py). What differs is
 the last step: KubeSpawner builds the pod from its settings (``make_pod``),
 ``modify_pod_hook`` may change it, and then, just before the API call
 (``_make_create_pod_request``), the pod is turned into the API's dict and
@@ -47,24 +47,10 @@ from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Dict, Integer, default
 
-from .. import refusals
-from ..choices import RoleChoicesMixin
-from ..config import QuotaConfig
-from ..gpu.pool import mode_label, request_for
-from ..quota.form import options_from_form
-from ..quota.model import Choice
-from ..registry import Registry
-from ..usage.ledger import (
-    FAILED,
-    NO_LEDGER,
-    STOPPED,
-    Ledger,
-    LedgerWriter,
-    default_url,
-    failure,
-)
-from .ends import End, disruption, pod_end
-from .pod import (
+from spawner import refusals
+from spawner.gpu.pool import mode_label, request_for
+from spawner.kube.ends import End, disruption, pod_end
+from spawner.kube.pod import (
     KubeOptions,
     NotebookPod,
     PodPolicyError,
@@ -75,6 +61,20 @@ from .pod import (
     home_claim_name,
     refuse_any,
     violations,
+)
+from spawner.policy.choices import RoleChoicesMixin
+from spawner.policy.config import QuotaConfig
+from spawner.quota.form import options_from_form
+from spawner.quota.model import Choice
+from spawner.registry import Registry
+from spawner.usage.ledger import (
+    FAILED,
+    NO_LEDGER,
+    STOPPED,
+    Ledger,
+    LedgerWriter,
+    default_url,
+    failure,
 )
 
 PRIORITY_HINT = (" (apply the roles' PriorityClasses: quota-spawner k8s priority-classes "

@@ -13,8 +13,8 @@ from typing import Any
 
 import jinja2
 
-from .model import Choice, Role
-from .units import format_human
+from spawner.quota.model import Choice, Role
+from spawner.quota.units import format_human
 
 FIELD = "choice"
 TEMPLATE = "form.html"  # in spawner/quota/templates

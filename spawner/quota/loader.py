@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from .model import (
+from spawner.quota.model import (
     BUDGET_PERIODS,
     DEFAULT_BUDGET_TIMEZONE,
     DOCKER_MIN_MEMORY,
@@ -42,7 +42,7 @@ from .model import (
     Role,
     time_zone,
 )
-from .units import format_human, format_size, parse_duration, parse_size
+from spawner.quota.units import format_human, format_size, parse_duration, parse_size
 
 _STR_TAG = "tag:yaml.org,2002:str"
 

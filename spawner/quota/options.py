@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .model import Choice
+from spawner.quota.model import Choice
 
 ALLOWED_KEYS = ("profile", "image")
 

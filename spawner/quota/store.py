@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-from ..registry import Registry
-from .loader import load_quota_table
-from .model import GpuCapacity, Problem, QuotaTable, QuotaTableError
+from spawner.quota.loader import load_quota_table
+from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError
+from spawner.registry import Registry
 
 
 class QuotaStore:

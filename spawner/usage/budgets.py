@@ -29,11 +29,11 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, select
 
-from .. import refusals
-from ..events import write_atomically
-from ..quota.model import Budget, QuotaTable, Role, time_zone
-from .queries import in_window, seconds_in_window
-from .schema import session_groups, sessions
+from spawner import refusals
+from spawner.events import write_atomically
+from spawner.quota.model import Budget, QuotaTable, Role, time_zone
+from spawner.usage.queries import in_window, seconds_in_window
+from spawner.usage.schema import session_groups, sessions
 
 WARNING, SPENT = "budget-warning", "budget-spent"  # the hub's events
 # Sums of float seconds are not exact: 90% of a budget must read as 90%.

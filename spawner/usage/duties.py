@@ -18,11 +18,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ..contract import HUB_LABEL
-from ..engine import container_end
-from ..quota.model import QuotaTable
-from .budgets import BudgetWatch, running_gpu_sessions
-from .ledger import BUDGET, Ledger, ended
+from spawner.contract import HUB_LABEL
+from spawner.docker.engine import container_end
+from spawner.quota.model import QuotaTable
+from spawner.usage.budgets import BudgetWatch, running_gpu_sessions
+from spawner.usage.ledger import BUDGET, Ledger, ended
 
 INTERVAL = 60.0
 PRUNE_EVERY = 24 * 3600.0

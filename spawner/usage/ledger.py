@@ -47,8 +47,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.sql.expression import bindparam
 
-from ..engine import docker_time
-from .schema import VERSION_TABLE, metadata, session_groups, sessions
+from spawner.docker.engine import docker_time
+from spawner.usage.schema import VERSION_TABLE, metadata, session_groups, sessions
 
 LEDGER_FILE = "quota-spawner-usage.sqlite"
 MIGRATIONS = Path(__file__).with_name("migrations")

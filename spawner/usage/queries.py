@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy import and_, case, func, literal
 
-from .schema import sessions
+from spawner.usage.schema import sessions
 
 
 def _least(a: Any, b: Any) -> Any:

@@ -1,5 +1,5 @@
 """``python -m spawner.watchdog``: the same as ``quota-spawner watchdog``."""
 
-from .app import main
+from spawner.watchdog.app import main
 
 main()

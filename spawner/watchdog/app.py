@@ -40,23 +40,23 @@ from typing import Any
 from traitlets import CaselessStrEnum, Float, Integer, TraitError, Unicode, default
 from traitlets.config import Application
 
-from ..config import hub_id_from_secret_file
-from ..gpu.nvml import Nvml, XidWatcher
-from ..usage.ledger import Ledger, Sample, default_url
-from .containers import Containers, EngineClient, EngineUnreachable, OomEvents
-from .host import CgroupReader, CpuMeter, gpu_memory_by_container
-from .hub_api import HubDirectory
-from .hub_events import NOTICE, for_hub, hub_event_messages, read_new
-from .metrics import WatchdogMetrics, serve_metrics, write_dcgm_mapping
-from .model import GpuProcess, GpuSample, Server, ServerSample, Snapshot
-from .notify import Notifier
-from .pods import Pods, kube_api
-from .rules import GPU_IDLE, RULES, Event, IncidentBook, WatchdogRules
-from .text import name, number, one_line
+from spawner.gpu.nvml import Nvml, XidWatcher
+from spawner.policy.config import hub_id_from_secret_file
+from spawner.usage.ledger import Ledger, Sample, default_url
+from spawner.watchdog.containers import Containers, EngineClient, EngineUnreachable, OomEvents
+from spawner.watchdog.host import CgroupReader, CpuMeter, gpu_memory_by_container
+from spawner.watchdog.hub_api import HubDirectory
+from spawner.watchdog.hub_events import NOTICE, for_hub, hub_event_messages, read_new
+from spawner.watchdog.metrics import WatchdogMetrics, serve_metrics, write_dcgm_mapping
+from spawner.watchdog.model import GpuProcess, GpuSample, Server, ServerSample, Snapshot
+from spawner.watchdog.notify import Notifier
+from spawner.watchdog.pods import Pods, kube_api
+from spawner.watchdog.rules import GPU_IDLE, RULES, Event, IncidentBook, WatchdogRules
+from spawner.watchdog.text import name, number, one_line
 
 # The hub's event log, in its state folder unless the hub's config says otherwise.
 EVENTS_FILE_NAME = "quota-spawner-events.jsonl"
-# Each cycle's GPU numbers, for the admins' GPU map (spawner/admin/gpu_map.py).
+# Each cycle's GPU numbers, for the admins' GPU map (spawner/webapp/gpu_map.py).
 GPU_USAGE_FILE_NAME = "quota-spawner-gpu-usage.json"
 GPU_USAGE_VERSION = 1
 # A container is a zombie only if the hub's answer that lacks its server was asked for

@@ -22,13 +22,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ..contract import (
+from spawner.contract import (
     HUB_LABEL,
     USER_LABEL,
     gpu_memory_limit,
 )
-from ..engine import docker_time
-from .model import Server
+from spawner.docker.engine import docker_time
+from spawner.watchdog.model import Server
 
 
 def server_from_inspect(info: Mapping[str, Any]) -> Server | None:

@@ -39,8 +39,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..contract import NVIDIA_VISIBLE_DEVICES, visible_devices
-from .model import GpuSample, Server
+from spawner.contract import NVIDIA_VISIBLE_DEVICES, visible_devices
+from spawner.watchdog.model import GpuSample, Server
 
 PROC = Path("/proc")
 CGROUP_ROOT = Path("/sys/fs/cgroup")

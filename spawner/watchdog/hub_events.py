@@ -23,7 +23,7 @@ channels (its instructors), never to the user's other groups. The hub tells
 each once per user, budget and period (``spawner.usage.budgets.BudgetWatch``).
 
 ``role_request_events`` turns the hub's requests for a bigger role
-(``spawner.admin.requests``; rule ``role_request``) into messages about the user
+(``spawner.usage.grants``; rule ``role_request``) into messages about the user
 and the role asked for: ``role-request`` to admins and the user's groups'
 channels (their instructors, who may decide when the table allows it);
 ``role-request-approved``, ``-refused`` and ``-withdrawn`` to the user.
@@ -44,9 +44,9 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
-from ..events import read_events
-from .model import Server, Snapshot
-from .rules import (
+from spawner.events import read_events
+from spawner.watchdog.model import Server, Snapshot
+from spawner.watchdog.rules import (
     BUDGET,
     PREEMPTION,
     ROLE_REQUEST,
@@ -56,8 +56,8 @@ from .rules import (
     WatchdogRules,
     _instant,
 )
-from .text import duration, is_plain, quoted
-from .text import name as shown
+from spawner.watchdog.text import duration, is_plain, quoted
+from spawner.watchdog.text import name as shown
 
 NOTICE, STOPPED, WITHDRAWN = "preemption", "preempted", "preemption-withdrawn"
 PREEMPTION_EVENTS = (NOTICE, STOPPED, WITHDRAWN)

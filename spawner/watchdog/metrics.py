@@ -33,8 +33,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .model import Server, Snapshot
-from .rules import gpu_memory_limit
+from spawner.watchdog.model import Server, Snapshot
+from spawner.watchdog.rules import gpu_memory_limit
 
 PREFIX = "quota_spawner_"
 SERVER_LABELS = ("user", "role", "image", "server")

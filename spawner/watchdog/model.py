@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..contract import (
+from spawner.contract import (
     GPU_MODE_LABEL,
     HUB_LABEL,
     IMAGE_LABEL,

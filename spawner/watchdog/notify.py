@@ -57,8 +57,8 @@ import requests
 from traitlets import Dict, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
-from ..quota.units import format_human
-from .rules import (
+from spawner.quota.units import format_human
+from spawner.watchdog.rules import (
     BUDGET,
     GPU_IDLE,
     GPU_MEMORY,
@@ -70,7 +70,7 @@ from .rules import (
     Event,
     Incident,
 )
-from .text import duration, name, one_line, utc
+from spawner.watchdog.text import duration, name, one_line, utc
 
 GroupsOf = Callable[[str], list[str]] | Mapping[str, list[str]]
 

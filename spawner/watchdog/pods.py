@@ -26,15 +26,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..contract import (
+from spawner.contract import (
     HUB_LABEL,
     USER_LABEL,
     gpu_memory_limit,
 )
-from ..engine import docker_time
-from ..kube.pod import contract_labels, parse_quantity
-from .host import PROC, MainPids, visible_gpus
-from .model import Server
+from spawner.docker.engine import docker_time
+from spawner.kube.pod import contract_labels, parse_quantity
+from spawner.watchdog.host import PROC, MainPids, visible_gpus
+from spawner.watchdog.model import Server
 
 CONTAINER = "notebook"  # KubeSpawner's name for the notebook's container
 API_TIMEOUT = 10.0  # seconds one list may take: a hung API server must not stop the cycles

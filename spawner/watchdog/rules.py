@@ -32,8 +32,8 @@ from typing import Any, Literal
 from traitlets import Float, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
-from ..quota.units import format_human
-from .model import GpuSample, Server, ServerSample, Snapshot
+from spawner.quota.units import format_human
+from spawner.watchdog.model import GpuSample, Server, ServerSample, Snapshot
 
 # --- the rules -------------------------------------------------------------------
 

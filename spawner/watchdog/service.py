@@ -6,7 +6,7 @@ import os
 import sys
 from typing import Any
 
-from ..config import hub_id_from_secret
+from spawner.policy.config import hub_id_from_secret
 
 # What the watchdog reads from the hub, and nothing more (docs/watchdog.md).
 WATCHDOG_SCOPES = ["list:users", "read:users:groups", "read:servers"]

@@ -22,7 +22,7 @@ import unicodedata
 from datetime import timezone
 from typing import Any
 
-from ..quota.units import format_moment, human_duration
+from spawner.quota.units import format_moment, human_duration
 
 QUOTE_LIMIT = 300  # characters of a reason or comment in a message; the rest is "…"
 NAME_LIMIT = 64  # characters of an odd name

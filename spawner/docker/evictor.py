@@ -1,0 +1,250 @@
+"""Carrying out a preemption: tell the victim, let it save, stop it, hand over.
+
+The queue (gpu/queue.py) decides; this module acts, on the hub's event loop
+with Docker calls in threads:
+
+1. The victim is told: a notice file is written into its container and its
+   kernels (and every process that called ``spawner.checkpoint.on_preempt``)
+   get SIGTERM, as the notebook user, so a checkpoint handler runs. The GPU
+   page and JupyterLab show a banner from the notice; the event log gets a
+   ``preemption`` event, which the watchdog sends to the victim's channels.
+2. After the victim role's ``grace_period`` the server is stopped the way the
+   hub stops any server (proxy route, then the spawner), so the hub's record
+   and the user's page agree; its home volume is kept. Its GPUs, reserved for
+   the preempting request since step 1, go to that request.
+3. If the request is served otherwise or leaves, the victim is called off:
+   the notice is removed and the server keeps running.
+
+The preemptions in their grace are kept in a small JSON file, so a hub
+restart (which ends the waiting start they were for) calls them off instead
+of leaving a notice that nothing will carry out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from spawner.contract import PREEMPT_DIR, PREEMPT_NOTICE, PREEMPT_PIDS_DIR
+from spawner.gpu.pool import GpuPool
+from spawner.gpu.queue import Ticket
+from spawner.quota.model import DEFAULT_GRACE_PERIOD
+from spawner.quota.units import human_duration
+from spawner.usage.ledger import PREEMPTED
+
+# Runs in the victim's container as its (non-root) user: $1 the notice's JSON,
+# $2 the directory, $3 the notice path, $4 the PIDs directory. The kernel
+# pattern is put together at run time, so this shell's own command line (which
+# holds the script) never matches it.
+NOTIFY_SCRIPT = r"""
+umask 077
+mkdir -p "$2" "$4" 2>/dev/null
+printf '%s' "$1" > "$3.tmp" && mv -f "$3.tmp" "$3" || echo "notice:failed"
+k=ipy; k="${k}kernel"
+sent=""
+for p in /proc/[0-9]*; do
+  pid=${p#/proc/}
+  [ "$pid" = "$$" ] && continue
+  cmd=$(cat "$p/cmdline" 2>/dev/null) || continue
+  case "$cmd" in *"$k"*) kill -TERM "$pid" 2>/dev/null && sent="$sent $pid";; esac
+done
+for f in "$4"/*; do
+  [ -e "$f" ] || continue
+  pid=${f##*/}
+  case " $sent " in *" $pid "*) continue;; esac
+  if kill -TERM "$pid" 2>/dev/null; then sent="$sent $pid"; else rm -f "$f"; fi
+done
+echo "signalled:$sent"
+"""
+WITHDRAW_SCRIPT = 'rm -f "$1"'
+
+
+def reason(by_user: str, by_role: str, by_priority: int, role: str, priority: int,
+           gpus: int) -> str:
+    """The one sentence a victim (and its channels) is told."""
+    return (f"{by_user} needs {gpus} GPU{'s' if gpus != 1 else ''} for the role '{by_role}' "
+            f"(priority {by_priority}), which outranks this server's role '{role}' "
+            f"(priority {priority}).")
+
+
+class Evictor:
+    """One per GPU pool: carries out the preemptions its queue plans."""
+
+    def __init__(self, pool: GpuPool, state_file: str,
+                 log: logging.Logger | logging.LoggerAdapter):
+        self.pool = pool
+        self.events = pool.events
+        self.state_file = state_file
+        self.log = log
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._why: dict[str, str] = {}  # victim -> why it is called off
+        self._pending: dict[str, dict[str, Any]] = {}  # victim -> its preemption event
+
+    # --- the queue's side ----------------------------------------------------------
+
+    def start(self, ticket: Ticket) -> None:
+        assert ticket.plan is not None
+        for victim in ticket.plan.victims:
+            record = self._announce(victim, ticket)
+            self._tasks[victim] = asyncio.ensure_future(self._evict(victim, record))
+
+    def call_off(self, ticket: Ticket, victims: tuple[str, ...], why: str) -> None:
+        for victim in victims:
+            task = self._tasks.get(victim)
+            if task is not None and not task.done():
+                self._why[victim] = why
+                task.cancel()
+
+    def waiting_on(self, owner: str) -> list[dict[str, Any]]:
+        """The preemptions in their grace for ``owner``'s request."""
+        return [r for r in self._pending.values() if r.get("for_container") == owner]
+
+    # --- one victim ------------------------------------------------------------------
+
+    def _announce(self, victim: str, ticket: Ticket) -> dict[str, Any]:
+        """Record and log the preemption of ``victim`` (its grace starts now)."""
+        server = self.pool.servers.get(victim)
+        role = self.pool.roles.get(server.role) if server else None
+        grace = role.grace_period if role else DEFAULT_GRACE_PERIOD
+        holding = self.pool.allocator.holding(victim)
+        now = time.time()
+        record = dict(
+            hub=self.pool.hub_id, by=ticket.user, by_role=ticket.role,
+            by_priority=ticket.priority, user=server.user if server else "",
+            role=server.role if server else "", priority=role.priority if role else 0,
+            container=victim, for_container=ticket.owner,
+            gpus=list(holding.uuids) if holding else [],
+            for_gpus=list(ticket.plan.uuids) if ticket.plan else [],
+            grace_period=grace, deadline=round(now + grace, 3),
+            ran_for=round(now - server.started, 1) if server else None,
+            reason=reason(ticket.user, ticket.role, ticket.priority,
+                          server.role if server else "?", role.priority if role else 0,
+                          ticket.request.count),
+            server_url=self._server_url(victim),
+        )
+        written = self.events.append("preemption", **record)
+        self._pending[victim] = written
+        self._save()
+        self.log.warning(
+            "Preempting %s (user %s, role %s, priority %s, running for %s, GPUs %s) for %s "
+            "(role %s, priority %s): it is stopped in %s unless called off",
+            victim, record["user"], record["role"], record["priority"],
+            human_duration(record["ran_for"] or 0), ",".join(record["gpus"]) or "none",
+            ticket.user, ticket.role, ticket.priority, human_duration(grace))
+        return written
+
+    async def _evict(self, victim: str, record: dict[str, Any]) -> None:
+        """Tell the victim, wait out its grace, stop it; or withdraw if called off."""
+        try:
+            await self._notify(victim, record)
+            await asyncio.sleep(max(0.0, record["deadline"] - time.time()))
+        except asyncio.CancelledError:
+            # without a reason from call_off, the hub itself is shutting down
+            why = self._why.pop(victim, "the hub is shutting down, which ends the start it "
+                                        "was for; the server keeps running")
+            self._forget(victim)
+            await asyncio.shield(self._withdraw(victim, record, why))
+            return
+        self._forget(victim)
+        await self._stop(victim, record)
+
+    def _forget(self, victim: str) -> None:
+        self._tasks.pop(victim, None)
+        if self._pending.pop(victim, None) is not None:
+            self._save()
+
+    async def _exec(self, container: str, script: str, *args: str) -> str:
+        """Run ``script`` with sh in ``container`` as its own user; its output."""
+        def run() -> str:
+            client = self.pool.docker_client
+            created = client.exec_create(container, ["/bin/sh", "-c", script, "sh", *args])
+            output = client.exec_start(created["Id"])
+            code = client.exec_inspect(created["Id"]).get("ExitCode")
+            text = output.decode(errors="replace").strip() if output else ""
+            if code:
+                raise RuntimeError(f"exit status {code}: {text[-300:]}")
+            return text
+        return await asyncio.to_thread(run)
+
+    async def _notify(self, victim: str, record: dict[str, Any]) -> None:
+        notice = {"version": 1, "by": record["by"], "by_role": record["by_role"],
+                  "role": record["role"], "gpus": record["gpus"], "reason": record["reason"],
+                  "signalled_at": record["time"], "deadline": record["deadline"],
+                  "grace_period": record["grace_period"]}
+        try:
+            out = await self._exec(victim, NOTIFY_SCRIPT, json.dumps(notice), PREEMPT_DIR,
+                                   PREEMPT_NOTICE, PREEMPT_PIDS_DIR)
+        except Exception as e:  # the stop still comes at the deadline
+            self.log.error("Could not tell %s of its preemption (no notice, no SIGTERM): %s",
+                           victim, e)
+            return
+        pids = out.rpartition("signalled:")[2].split()
+        if "notice:failed" in out:
+            self.log.error("Could not write the preemption notice in %s", victim)
+        self.log.info("%s: preemption notice written; SIGTERM sent to %s", victim,
+                      f"processes {', '.join(pids)}" if pids else "no process (no kernel runs)")
+
+    async def _withdraw(self, victim: str, record: dict[str, Any], why: str) -> None:
+        self.log.info("Preemption of %s for %s called off: %s", victim, record["by"], why)
+        self.events.append("preemption-withdrawn", hub=self.pool.hub_id, user=record["user"],
+                           role=record["role"], container=victim, by=record["by"], why=why)
+        try:
+            await self._exec(victim, WITHDRAW_SCRIPT, PREEMPT_NOTICE)
+        except Exception as e:
+            self.log.warning("Could not remove the preemption notice in %s: %s", victim, e)
+
+    async def _stop(self, victim: str, record: dict[str, Any]) -> None:
+        self.log.warning("Stopping %s (user %s): preempted for %s after a grace of %s",
+                         victim, record["user"], record["by"],
+                         human_duration(record["grace_period"]))
+        if self.pool.usage is not None:
+            await self.pool.usage.hint(self.pool.hub_id, victim, PREEMPTED)
+        if not await self.pool.stop_server(victim, "preempted"):
+            return
+        if self.pool.usage is not None:  # removed without its spawner: nothing else records it
+            await self.pool.usage.close(self.pool.hub_id, victim, PREEMPTED)
+        self.pool.release(victim, f"preempted for {record['by']}")
+        self.events.append(
+            "preempted", hub=self.pool.hub_id, user=record["user"], role=record["role"],
+            container=victim, gpus=record["gpus"], by=record["by"],
+            by_role=record["by_role"],
+            ran_for=round(record["ran_for"] + record["grace_period"], 1)
+            if record["ran_for"] is not None else None)
+
+    def _server_url(self, victim: str) -> str:
+        spawner = self.pool.spawners.get(victim)
+        try:
+            return spawner.user.url + (f"{spawner.name}/" if spawner.name else "")
+        except Exception:
+            return ""
+
+    # --- restarts ----------------------------------------------------------------------
+
+    def _save(self) -> None:
+        if self.state_file:  # on the event log's thread, after the events before it
+            self.events.replace(self.state_file, json.dumps(list(self._pending.values())))
+
+    async def recover(self) -> None:
+        """After a hub restart: call off the preemptions that were in their grace.
+
+        The starts they were for ended with the old hub, so nobody waits for
+        these GPUs; the victims keep running and their notices are removed."""
+        if not self.state_file:
+            return
+        try:
+            left = json.loads(await asyncio.to_thread(Path(self.state_file).read_text))
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            self.log.error("Could not read %s: %s", self.state_file, e)
+            left = []
+        why = ("the hub restarted during the grace period, which ended the start it was for; "
+               "the server keeps running")
+        for record in left if isinstance(left, list) else []:
+            if isinstance(record, dict) and record.get("container"):
+                await self._withdraw(record["container"], record, why)
+        self._save()

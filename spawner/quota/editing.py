@@ -1,0 +1,496 @@
+"""Editing the quota table safely: checks, a preview of who gains and loses what, saves
+that never write a bad table nor overwrite another admin's edit, and the audit trail.
+
+``check`` and ``preview`` are pure. ``TableFile`` and ``Audit`` block (files, the
+ledger's database): call them from a thread.
+
+A save is refused, with nothing written, when its comment is empty, when the text has
+problems (the same ``FILE:LINE`` messages as ``quota-spawner validate``), or when the
+file changed since the admin read it (the refusal carries the diff). Otherwise the file
+is replaced atomically, keeping its mode, so the hub's ``QuotaStore`` sees either the
+old table or the new one, and the change is recorded in the ledger's ``table_versions``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fcntl
+import hashlib
+import os
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, insert, select
+
+from spawner.quota.loader import ROLE_FIELDS, parse_quota_table, table_duration
+from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError, Role
+from spawner.quota.units import format_size
+from spawner.usage.schema import table_versions
+
+# Who the audit trail names for versions the editor did not write.
+BEFORE_EDITOR = "(before the editor)"
+OUTSIDE_EDITOR = "(outside the editor)"
+
+# Why a save ended as it did (SaveResult.outcome).
+SAVED = "saved"
+NO_COMMENT = "no-comment"
+INVALID = "invalid"
+CONFLICT = "conflict"
+UNCHANGED = "unchanged"
+NOT_FOUND = "not-found"
+
+
+def version_of(data: bytes) -> str:
+    """A file's version: the sha256 of its bytes, in hex."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def check(text: str, path: str, gpus: GpuCapacity | None = None) -> list[Problem]:
+    """The problems of an edited table, as ``quota-spawner validate`` prints them; empty
+    when it is valid. ``gpus`` checks roles against the hub's GPUs, like ``--gpus``."""
+    try:
+        parse_quota_table(text, path, gpus)
+    except QuotaTableError as e:
+        return list(e.problems)
+    return []
+
+
+def unified_diff(old: str, new: str, old_label: str, new_label: str) -> str:
+    """A unified diff of two texts, marking a last line without a newline as git does."""
+    out = []
+    for line in difflib.unified_diff(old.splitlines(keepends=True),
+                                     new.splitlines(keepends=True), old_label, new_label):
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+# --- the preview ------------------------------------------------------------------------
+
+_SIZES = {"memory", "shm", "gpu_memory"}
+_DURATIONS = {"idle_timeout", "max_age", "grace_period", "min_runtime", "reclaim_after",
+              "queue_timeout"}
+# Role fields in the order the table documents them; anything newer follows.
+_ROLE_FIELDS = tuple(f for f in ROLE_FIELDS if f in {g.name for g in fields(Role)}) + tuple(
+    g.name for g in fields(Role) if g.name != "name" and g.name not in ROLE_FIELDS)
+
+
+def _show(name: str, value: Any) -> str:
+    """A field's value as the table would spell it."""
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if name in _SIZES:
+        return format_size(int(value))
+    if name in _DURATIONS:
+        return table_duration(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(value) + "]"
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, str):
+        return repr(value) if name in ("description", "display_name") else value
+    return str(value)
+
+
+@dataclass(frozen=True)
+class FieldChange:
+    field: str
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.field} {_show(self.field, self.old)} → {_show(self.field, self.new)}"
+
+
+@dataclass(frozen=True)
+class RoleChange:
+    role: str
+    changes: tuple[FieldChange, ...]
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """A running server the edit concerns: it keeps its limits until it stops."""
+
+    user: str
+    role: str
+    lost: bool  # the user no longer holds the role, or the role is gone
+    changes: tuple[FieldChange, ...] = ()  # the role's fields that change, when it is kept
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
+
+
+@dataclass(frozen=True)
+class Preview:
+    """What an edit changes for whom. Every list and mapping is in name order."""
+
+    losses: dict[str, tuple[str, ...]] = field(default_factory=dict)  # role -> users
+    gains: dict[str, tuple[str, ...]] = field(default_factory=dict)  # role -> users
+    running: tuple[RunningServer, ...] = ()
+    roles_added: tuple[str, ...] = ()
+    roles_removed: tuple[str, ...] = ()
+    roles_changed: tuple[RoleChange, ...] = ()
+    images_added: tuple[str, ...] = ()
+    images_removed: tuple[str, ...] = ()
+    images_changed: tuple[str, ...] = ()
+    budgets_added: tuple[str, ...] = ()  # owners: "the group cs101"
+    budgets_removed: tuple[str, ...] = ()
+    budgets_changed: tuple[str, ...] = ()
+    budget_timezone: tuple[str, str] | None = None  # (old, new) when it changes
+
+    def sentences(self) -> list[str]:
+        """Plain sentences, people first: who loses and gains what, the running servers,
+        then the roles, images and budgets themselves."""
+        out = [f"{_count(len(users), 'user loses', 'users lose')} {role}."
+               for role, users in self.losses.items()]
+        out += [f"{_count(len(users), 'user gains', 'users gain')} {role}."
+                for role, users in self.gains.items()]
+        if self.running:
+            n = len(self.running)
+            out.append(f"{_count(n, 'running server keeps its', 'running servers keep their')}"
+                       f" limits until {'it stops' if n == 1 else 'they stop'}.")
+        if self.roles_removed:
+            out.append(f"Removed {_count(len(self.roles_removed), 'role', 'roles')}: "
+                       f"{', '.join(self.roles_removed)}.")
+        if self.roles_added:
+            out.append(f"Added {_count(len(self.roles_added), 'role', 'roles')}: "
+                       f"{', '.join(self.roles_added)}.")
+        out += [f"{c.role} changes: {', '.join(str(f) for f in c.changes)}."
+                for c in self.roles_changed]
+        for verb, names in (("Removed", self.images_removed), ("Added", self.images_added),
+                            ("Changed", self.images_changed)):
+            if names:
+                out.append(f"{verb} {_count(len(names), 'image', 'images')}: "
+                           f"{', '.join(names)}.")
+        for verb, owners in (("Removed", self.budgets_removed), ("Added", self.budgets_added),
+                             ("Changed", self.budgets_changed)):
+            if owners:
+                out.append(f"{verb} the GPU-hour budget of {', '.join(owners)}.")
+        if self.budget_timezone:
+            old, new = self.budget_timezone
+            out.append(f"Budget periods start at midnight in {new}, not {old}.")
+        return out or ["Nothing changes for anyone."]
+
+    def summary(self) -> str:
+        return " ".join(self.sentences())
+
+
+def _role_changes(old: Role, new: Role) -> tuple[FieldChange, ...]:
+    return tuple(FieldChange(name, getattr(old, name), getattr(new, name))
+                 for name in _ROLE_FIELDS if getattr(old, name) != getattr(new, name))
+
+
+def preview(old: QuotaTable, new: QuotaTable, users: Mapping[str, Sequence[str]],
+            running: Mapping[str, str] | None = None) -> Preview:
+    """What replacing ``old`` by ``new`` changes for ``users`` (user -> their groups) and
+    for the ``running`` servers (user -> the role their server runs with).
+
+    A user of ``running`` missing from ``users`` is taken to be in no group.
+    """
+    running = running or {}
+    everyone = {name: tuple(groups) for name, groups in users.items()}
+    for name in running:
+        everyone.setdefault(name, ())
+    losses: dict[str, list[str]] = {}
+    gains: dict[str, list[str]] = {}
+    held_after: dict[str, set[str]] = {}
+    for name in sorted(everyone):
+        before = set(old.role_names_for(name, everyone[name]))
+        after = held_after[name] = set(new.role_names_for(name, everyone[name]))
+        for role in before - after:
+            losses.setdefault(role, []).append(name)
+        for role in after - before:
+            gains.setdefault(role, []).append(name)
+    changed = {name: _role_changes(old.roles[name], new.roles[name])
+               for name in sorted(old.roles.keys() & new.roles.keys())}
+    changed = {name: c for name, c in changed.items() if c}
+    servers = []
+    for name in sorted(running):
+        role = running[name]
+        if role not in held_after[name]:
+            servers.append(RunningServer(name, role, lost=True))
+        elif role in changed:
+            servers.append(RunningServer(name, role, lost=False, changes=changed[role]))
+    old_budgets = {b.key: b for b in old.budgets}
+    new_budgets = {b.key: b for b in new.budgets}
+
+    def owners(keys: Any) -> tuple[str, ...]:
+        found = {**old_budgets, **new_budgets}
+        return tuple(found[k].owner for k in sorted(keys))
+
+    return Preview(
+        losses={role: tuple(losses[role]) for role in sorted(losses)},
+        gains={role: tuple(gains[role]) for role in sorted(gains)},
+        running=tuple(servers),
+        roles_added=tuple(sorted(new.roles.keys() - old.roles.keys())),
+        roles_removed=tuple(sorted(old.roles.keys() - new.roles.keys())),
+        roles_changed=tuple(RoleChange(name, c) for name, c in changed.items()),
+        images_added=tuple(sorted(new.images.keys() - old.images.keys())),
+        images_removed=tuple(sorted(old.images.keys() - new.images.keys())),
+        images_changed=tuple(sorted(k for k in old.images.keys() & new.images.keys()
+                                    if old.images[k] != new.images[k])),
+        budgets_added=owners(new_budgets.keys() - old_budgets.keys()),
+        budgets_removed=owners(old_budgets.keys() - new_budgets.keys()),
+        budgets_changed=owners(k for k in old_budgets.keys() & new_budgets.keys()
+                               if old_budgets[k] != new_budgets[k]),
+        budget_timezone=((old.budget_timezone, new.budget_timezone)
+                         if old.budget_timezone != new.budget_timezone else None),
+    )
+
+
+# --- the audit trail --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Version:
+    """One row of the audit trail: a version of the table and why it was made."""
+
+    id: int
+    path: str
+    at: float  # epoch seconds
+    who: str
+    comment: str
+    sha256: str
+    text: str
+    diff: str  # unified, from the version before; empty for the first
+    restored_from: int | None
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    """How a save ended. Refused saves wrote nothing."""
+
+    outcome: str  # SAVED, NO_COMMENT, INVALID, CONFLICT, UNCHANGED or NOT_FOUND
+    message: str  # one sentence for the admin
+    version: str  # the file's version now
+    problems: tuple[Problem, ...] = ()  # INVALID: every problem, FILE:LINE
+    # SAVED: the change made. CONFLICT: what changed between the version this admin
+    # started from and the current file (empty when that version is unknown).
+    diff: str = ""
+    yours: str = ""  # CONFLICT: what this admin's text would change in the current file
+    current_text: str | None = None  # CONFLICT: the file as it is now
+    base_text: str | None = None  # CONFLICT: the version this admin started from, if known
+    audit_id: int | None = None  # SAVED: the new audit row
+
+    @property
+    def saved(self) -> bool:
+        return self.outcome == SAVED
+
+
+class Audit:
+    """The table's versions in the ledger's database (blocking)."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+
+    def record(self, *, path: str, who: str, comment: str, text: str,
+               previous: str | None, at: float | None = None, sha256: str | None = None,
+               restored_from: int | None = None,
+               connection: Connection | None = None) -> int:
+        """Add a version; its diff is from ``previous`` (None: the first version).
+        ``sha256`` defaults to that of the text in UTF-8; pass ``connection`` to write
+        in a transaction of the caller's."""
+        name = os.path.basename(path)
+        diff = "" if previous is None else unified_diff(previous, text, f"a/{name}",
+                                                        f"b/{name}")
+        values = dict(path=os.path.abspath(path), at=time.time() if at is None else at,
+                      who=who, comment=comment, text=text, diff=diff,
+                      sha256=sha256 or version_of(text.encode("utf-8")),
+                      restored_from=restored_from)
+        if connection is not None:
+            return int(connection.execute(insert(table_versions).values(
+                **values)).inserted_primary_key[0])
+        with self.engine.begin() as own:
+            return int(own.execute(insert(table_versions).values(
+                **values)).inserted_primary_key[0])
+
+    def versions(self, path: str, limit: int = 50) -> list[Version]:
+        """The table's versions, newest first."""
+        query = (select(table_versions).where(table_versions.c.path == os.path.abspath(path))
+                 .order_by(table_versions.c.id.desc()).limit(limit))
+        with self.engine.connect() as connection:
+            return [Version(**row._mapping) for row in connection.execute(query)]
+
+    def version(self, version_id: int) -> Version | None:
+        with self.engine.connect() as connection:
+            row = connection.execute(
+                select(table_versions).where(table_versions.c.id == version_id)).first()
+        return Version(**row._mapping) if row is not None else None
+
+    def latest(self, path: str, connection: Connection | None = None) -> Version | None:
+        query = (select(table_versions).where(table_versions.c.path == os.path.abspath(path))
+                 .order_by(table_versions.c.id.desc()).limit(1))
+        if connection is not None:
+            row = connection.execute(query).first()
+        else:
+            with self.engine.connect() as own:
+                row = own.execute(query).first()
+        return Version(**row._mapping) if row is not None else None
+
+    def by_sha(self, path: str, sha256: str) -> Version | None:
+        """The newest version of the table with these bytes."""
+        query = (select(table_versions).where(
+            table_versions.c.path == os.path.abspath(path), table_versions.c.sha256 == sha256)
+            .order_by(table_versions.c.id.desc()).limit(1))
+        with self.engine.connect() as connection:
+            row = connection.execute(query).first()
+        return Version(**row._mapping) if row is not None else None
+
+    def restore(self, version_id: int, who: str, comment: str, file: TableFile,
+                base_version: str | None = None) -> SaveResult:
+        """Save an earlier version again, through ``file.save``: the same validation and
+        the same refusal when the file changed since ``base_version`` (None: the file
+        as it is when this is called)."""
+        found = self.version(version_id)
+        if found is None or found.path != os.path.abspath(file.path):
+            current = file.read()[1]
+            return SaveResult(NOT_FOUND, f"There is no version {version_id} of this table.",
+                              current)
+        if base_version is None:
+            base_version = file.read()[1]
+        return file.save(found.text, base_version, who, comment, self,
+                         restored_from=found.id)
+
+
+# --- the file ---------------------------------------------------------------------------
+
+_thread_locks: dict[str, threading.Lock] = {}
+_thread_locks_lock = threading.Lock()
+
+
+class TableFile:
+    """The quota table file the hub reloads (blocking: it reads and writes files)."""
+
+    def __init__(self, path: str | Path, gpus: GpuCapacity | None = None):
+        self.path = str(path)
+        self.gpus = gpus
+
+    @property
+    def _real(self) -> str:
+        # A symlinked table (a ConfigMap, /etc) is replaced where it lives, link kept.
+        return os.path.realpath(self.path)
+
+    def read(self) -> tuple[str, str]:
+        """The text and its version (sha256 of the bytes); OSError when unreadable."""
+        data = Path(self.path).read_bytes()
+        return data.decode("utf-8", errors="replace"), version_of(data)
+
+    def check(self, text: str) -> list[Problem]:
+        return check(text, self.path, self.gpus)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """One save at a time: a thread lock within this process, and a lock file beside
+        the table (flock) across processes."""
+        real = self._real
+        with _thread_locks_lock:
+            lock = _thread_locks.setdefault(real, threading.Lock())
+        folder, name = os.path.split(real)
+        with lock, open(os.path.join(folder, f".{name}.lock"), "a+b") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def save(self, text: str, base_version: str, who: str, comment: str, audit: Audit, *,
+             base_text: str | None = None, restored_from: int | None = None) -> SaveResult:
+        """Write ``text`` if it is valid, ``comment`` says why, and the file is still at
+        ``base_version``; record it in ``audit``. ``base_text``, the text this admin
+        started from, makes the diff of a refusal when the audit trail lacks it."""
+        if not who:
+            raise ValueError("a save needs the name of who makes it")
+        comment = comment.strip()
+        if not comment:
+            return SaveResult(NO_COMMENT, "Say why you change the table: the comment is "
+                              "required; nothing was written.", self.read()[1])
+        problems = self.check(text)
+        if problems:
+            return SaveResult(
+                INVALID, f"The table has {_count(len(problems), 'problem', 'problems')}; "
+                "nothing was written.", self.read()[1], problems=tuple(problems))
+        data = text.encode("utf-8")
+        with self._locked():
+            raw = Path(self._real).read_bytes()
+            current = version_of(raw)
+            current_text = raw.decode("utf-8", errors="replace")
+            if current != base_version:
+                return self._conflict(text, base_version, base_text, current, current_text,
+                                      audit)
+            if data == raw:
+                return SaveResult(UNCHANGED, "The text is the table as it is; nothing was "
+                                  "written.", current)
+            with audit.engine.begin() as connection:
+                previous = audit.latest(self.path, connection)
+                if previous is None or previous.sha256 != current:
+                    # The trail must hold the version being replaced, so it can be restored.
+                    first = previous is None
+                    audit.record(
+                        path=self.path, who=BEFORE_EDITOR if first else OUTSIDE_EDITOR,
+                        comment=("the table as it was before the editor's first save" if first
+                                 else "the table as changed outside the editor"),
+                        text=current_text, previous=None if first else previous.text,
+                        at=os.stat(self._real).st_mtime, sha256=current,
+                        connection=connection)
+                audit_id = audit.record(
+                    path=self.path, who=who, comment=comment, text=text,
+                    previous=current_text, restored_from=restored_from,
+                    connection=connection)
+                # Written inside the transaction: a failed write records nothing.
+                self._write(data)
+            name = os.path.basename(self.path)
+            return SaveResult(SAVED, "Saved; the hub uses it from the next spawn.",
+                              version_of(data), audit_id=audit_id,
+                              diff=unified_diff(current_text, text, f"a/{name}", f"b/{name}"))
+
+    def _conflict(self, text: str, base_version: str, base_text: str | None, current: str,
+                  current_text: str, audit: Audit) -> SaveResult:
+        if base_text is None or version_of(base_text.encode("utf-8")) != base_version:
+            found = audit.by_sha(self.path, base_version)
+            base_text = found.text if found else None
+        name = os.path.basename(self.path)
+        latest = audit.latest(self.path)
+        by = (f" by {latest.who} at {time.strftime('%Y-%m-%d %H:%M', time.localtime(latest.at))}"
+              if latest is not None and latest.sha256 == current else "")
+        since = ("" if base_text is None else
+                 unified_diff(base_text, current_text, f"a/{name} (yours)",
+                              f"b/{name} (current)"))
+        return SaveResult(
+            CONFLICT, f"The table was changed{by} since you opened it; nothing was written. "
+            "Apply your edit to the current version.", current, diff=since,
+            yours=unified_diff(current_text, text, f"a/{name} (current)", f"b/{name} (yours)"),
+            current_text=current_text, base_text=base_text)
+
+    def _write(self, data: bytes) -> None:
+        """Replace the file atomically (temp file, fsync, rename), keeping its mode."""
+        real = self._real
+        before = os.stat(real)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(real), prefix=".quota-spawner.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, stat.S_IMODE(before.st_mode))
+            if (before.st_uid, before.st_gid) != (os.getuid(), os.getgid()):
+                try:
+                    os.chown(tmp, before.st_uid, before.st_gid)
+                except OSError:
+                    pass  # only root may give a file away; the mode is kept regardless
+            os.replace(tmp, real)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
