@@ -105,8 +105,11 @@ def fresh_user(hub, request):
 
 
 def pytest_collection_modifyitems(items):
+    """The layer is the folder: tests/e2e and tests/browser need the engine, the images
+    and the proxy (marked e2e), tests/browser Chromium too (marked browser)."""
     for item in items:
-        if "e2e" in item.keywords or "browser" in item.keywords:
-            continue
-        if Path(item.fspath).name.startswith(("test_e2e", "test_browser")):
+        layer = Path(item.fspath).parent.name
+        if layer in ("e2e", "browser") and "e2e" not in item.keywords:
             item.add_marker(pytest.mark.e2e)
+        if layer == "browser" and "browser" not in item.keywords:
+            item.add_marker(pytest.mark.browser)

@@ -1,0 +1,421 @@
+"""The usage page without a hub: who sees what, the period, the pages and downloads.
+
+The hub's OAuth is replaced by the user models a real JupyterHub 6 hands over
+(see test_browser_usage.py for the real thing): an admin's carries
+``admin: true``; an instructor's the usage scope filtered to the class.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import io
+import json
+import re
+import time
+import xml.etree.ElementTree as ET
+from datetime import datetime, timezone
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from jupyterhub.services.auth import check_scopes
+from tornado.httpclient import AsyncHTTPClient
+from tornado.httpserver import HTTPServer
+from tornado.testing import bind_unused_port
+
+from spawner.hubconfig.rbac import USAGE_SCOPE, instructor_roles
+from spawner.usage.ledger import Ledger, Sample
+from spawner.webapp import app as service
+from spawner.webapp.app import (
+    Access,
+    Refused,
+    access_for,
+    group_filter,
+    usage_service,
+    user_group,
+    window,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+HOSTILE_USER = "<script>alert(1)</script>"
+HOSTILE_GROUP = 'a"b&c'
+GiB = 2**30
+HOUR = 3600.0
+
+
+# --- a seeded ledger (also used by test_browser_usage.py) -----------------------------------
+
+# user, groups, role, image, GPUs reserved (count, mode), sessions:
+# (hours before now it started, hours it ran, reason, CPU used, memory peak GiB, GPU busy)
+SEEDED = [
+    ("alice", ["cs101"], "gpu-lab", "pytorch", (1, "shared:4"),
+     [(30, 2, "culled", 0.4, 1.2, 0.30), (26, 3, "stopped", 0.5, 1.5, 0.45),
+      (5, 1, "oom", 1.8, 3.9, 0.90)]),
+    ("student1", ["cs101"], "student", "pytorch", (0, ""),
+     [(28, 1.5, "culled", 0.2, 0.5, None), (4, 1, "stopped", 0.3, 0.6, None)]),
+    (HOSTILE_USER, ["cs101"], "student", "pytorch", (0, ""),
+     [(20, 2, "max-age", 0.6, 1.0, None)]),
+    ("bob", ["ml-platform"], "senior-engineer", "paddle", (0, ""),
+     [(50 - 8 * i, 2, "stopped", 0.5, 1.2, None) for i in range(6)]),
+    ("bob", ["ml-platform"], "gpu-training", "pytorch", (1, "exclusive"),
+     [(12, 6, "preempted", 3.0, 10.0, 0.65), (3, None, None, 4.0, 12.0, 0.80)]),
+    ("mallory", [HOSTILE_GROUP], "junior-researcher", "pytorch", (0, ""),
+     [(10, 1, "stopped", 0.1, 0.3, None)]),
+    ("dave", [], "pipeline", "pytorch", (0, ""), [(8, 0.5, "failed", None, None, None)]),
+]
+ROLE_LIMITS = {"gpu-lab": (2, 4), "student": (1, 2), "senior-engineer": (8, 32),
+               "gpu-training": (8, 32), "junior-researcher": (2, 4), "pipeline": (1, 2)}
+SEEDED_HUB = "seeded"  # not the test hub's id: its duties leave these sessions alone
+
+
+def seed_ledger(url: str, now: float | None = None) -> None:
+    """Sessions of several users, roles and groups, hostile names included, with samples."""
+    now = time.time() if now is None else now
+    ledger = Ledger(url)
+    n = 0
+    for user, groups, role, image, (gpus, mode), runs in SEEDED:
+        cpus, memory = ROLE_LIMITS[role]
+        for ago, ran, reason, cpu, mem, gpu in runs:
+            n += 1
+            container = f"seed-{n}"
+            start = now - ago * HOUR
+            ledger.open(hub=SEEDED_HUB, user=user, container=container, role=role,
+                        image=image, cpu_limit=cpus, mem_limit=memory * GiB, groups=groups,
+                        requested=start - 5)
+            if gpus:
+                ledger.set_gpus(SEEDED_HUB, container, [f"GPU-{n}"] * gpus, mode, None)
+            if reason == "failed":
+                ledger.close(SEEDED_HUB, container, "failed", "image missing", when=start + 60)
+                continue
+            ledger.started(SEEDED_HUB, container, f"id{n}", when=start)
+            ledger.ready(SEEDED_HUB, container, when=start + 10)
+            end = now if ran is None else start + ran * HOUR
+            for k in range(1, 4):
+                ledger.fold([Sample(
+                    SEEDED_HUB, container, start + (end - start) * k / 4, cpu=cpu * k / 3,
+                    memory=int(mem * GiB * k / 3),
+                    gpu_util=None if gpu is None else gpu * k / 3,
+                    gpu_memory=None if gpu is None else int(gpu * 8 * GiB))])
+            if ran is not None:
+                ledger.close(SEEDED_HUB, container, reason, when=end)
+    ledger.dispose()
+
+
+# --- access decisions ---------------------------------------------------------------------
+
+
+ADMIN = {"kind": "user", "name": "admin", "admin": True,
+         "scopes": ["access:services!service=usage", "read:users:name!user=admin"]}
+INSTRUCTOR = {"kind": "user", "name": "prof-ada", "admin": False,
+              "scopes": ["access:services!service=usage", f"{USAGE_SCOPE}!group=cs101",
+                         "read:users:name!user=prof-ada"]}
+PLAIN = {"kind": "user", "name": "carol", "admin": False,
+         "scopes": ["access:services!service=usage", "read:users:name!user=carol"]}
+VIEWER = {"kind": "user", "name": "finance", "admin": False,
+          "scopes": ["access:services!service=usage", USAGE_SCOPE]}
+TWO_CLASSES = {"kind": "user", "name": "prof-bo", "admin": False,
+               "scopes": [f"{USAGE_SCOPE}!group=cs102", f"{USAGE_SCOPE}!group=cs101",
+                          f"{USAGE_SCOPE}!user=alice"]}
+
+
+def test_who_sees_what():
+    assert access_for(ADMIN) == Access("admin", everything=True)
+    assert access_for(VIEWER) == Access("finance", everything=True)
+    assert access_for(INSTRUCTOR) == Access("prof-ada", everything=False, groups=("cs101",))
+    # two classes: both, sorted; a user filter is no way in
+    assert access_for(TWO_CLASSES).groups == ("cs101", "cs102")
+    assert access_for(PLAIN) is None
+    assert access_for(None) is None
+    assert access_for({"name": "x", "admin": "yes", "scopes": []}) is None  # only True counts
+
+
+def test_an_instructor_is_held_to_the_class():
+    ada = access_for(INSTRUCTOR)
+    assert group_filter(ada, "") == "cs101"
+    assert group_filter(ada, "cs101") == "cs101"
+    with pytest.raises(Refused) as refused:
+        group_filter(ada, "ml-platform")
+    assert refused.value.status_code == 403
+    assert str(refused.value) == "You can see the usage of cs101 only."
+    admin = access_for(ADMIN)
+    assert group_filter(admin, "") is None and group_filter(admin, "ml-platform") == "ml-platform"
+
+
+def test_a_users_page_needs_sessions_in_the_class():
+    ada = access_for(INSTRUCTOR)
+    assert user_group(ada, "", ["cs101"]) == "cs101"
+    with pytest.raises(Refused, match="has no sessions there"):
+        user_group(ada, "", [])
+    with pytest.raises(Refused, match="cs101 only"):
+        user_group(ada, "ml-platform", ["cs101"])
+    bo = access_for(TWO_CLASSES)
+    assert user_group(bo, "", ["cs102"]) == "cs102"
+    assert user_group(bo, "cs102", ["cs101", "cs102"]) == "cs102"
+    assert user_group(access_for(ADMIN), "", []) is None
+
+
+def test_periods():
+    now = datetime(2025, 3, 14, 15, 30, tzinfo=timezone.utc).timestamp()
+    utc = timezone.utc
+
+    def days(w):
+        return (w.since_day, w.until_day, w.until - w.since)
+
+    this = window("", "", "", now, utc)
+    assert this.period == "this-month" and this.since_day == "2025-03-01"
+    assert this.until == now and this.label == "March 2025 so far"
+    last = window("last-month", "", "", now, utc)
+    assert days(last) == ("2025-02-01", "2025-02-28", 28 * 86400)
+    assert last.label == "February 2025"
+    assert window("30d", "", "", now, utc).since == now - 30 * 86400
+    custom = window("custom", "2025-01-10", "2025-01-12", now, utc)
+    assert days(custom) == ("2025-01-10", "2025-01-12", 3 * 86400)  # both days included
+    with pytest.raises(Refused) as bad:
+        window("custom", "10/01/2025", "", now, utc)
+    assert bad.value.status_code == 400 and "not a date like 2025-01-31" in str(bad.value)
+    with pytest.raises(Refused, match="before the start"):
+        window("custom", "2025-01-12", "2025-01-10", now, utc)
+
+
+def test_the_service_for_the_hub_config():
+    svc, role, own = usage_service("http://127.0.0.1:8000", "sqlite:////x/usage.sqlite",
+                                   "/x/quotas.yaml", url="http://127.0.0.1:9999")
+    assert svc["name"] == "usage" and svc["url"] == "http://127.0.0.1:9999"
+    assert svc["command"][1:] == ["-m", "spawner.webapp.app"]
+    assert svc["environment"]["QUOTA_SPAWNER_USAGE_DB"] == "sqlite:////x/usage.sqlite"
+    assert svc["environment"]["QUOTA_SPAWNER_QUOTA_FILE"] == "/x/quotas.yaml"
+    assert svc["oauth_client_allowed_scopes"] == [USAGE_SCOPE]
+    assert svc["oauth_no_confirm"] is True
+    assert role["scopes"] == [USAGE_SCOPE, "access:services!service=usage"]
+    assert role["users"] == []
+    # the table editor's preview reads users, groups and servers with the service's token
+    assert own == {"name": "usage-service", "description": own["description"],
+                   "scopes": ["list:users", "read:users:groups", "read:servers"],
+                   "services": ["usage"]}
+    (instructor,) = instructor_roles({"cs101": ["prof-ada"]})
+    assert f"{USAGE_SCOPE}!group=cs101" in instructor["scopes"]
+    assert "access:services!service=usage" in instructor["scopes"]
+    (without,) = instructor_roles({"cs101": ["prof-ada"]}, usage_page="")
+    assert not any("usage" in s for s in without["scopes"])
+
+
+def test_the_shipped_hub_config_runs_the_page(tmp_path, monkeypatch):
+    from test_hub_config import load_hub_config
+
+    c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
+    (usage,) = [s for s in c.JupyterHub.services if s["name"] == "usage"]
+    assert usage["environment"]["QUOTA_SPAWNER_USAGE_DB"] == c.QuotaSpawner.usage_db
+    assert usage["environment"]["QUOTA_SPAWNER_QUOTA_FILE"] == c.QuotaSpawner.quota_file
+    assert USAGE_SCOPE in c.JupyterHub.custom_scopes
+    (ada,) = [r for r in c.JupyterHub.load_roles if "prof-ada" in r.get("users", [])]
+    assert f"{USAGE_SCOPE}!group=cs101" in ada["scopes"]
+    off = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1",
+                          QUOTA_SPAWNER_USAGE_URL="0")
+    assert "usage" not in [s["name"] for s in off.JupyterHub.services]
+    assert USAGE_SCOPE in off.JupyterHub.custom_scopes  # instructors' roles still name it
+
+
+# --- the pages, served by tornado -------------------------------------------------------------
+
+
+class FakeHubAuth:
+    """Stands in for HubOAuth: the user model named by the X-Test-User header."""
+
+    login_url = "/hub/login"
+    access_scopes = {"access:services", "access:services!service=usage"}
+
+    def __init__(self, models: dict[str, dict]):
+        self.models = models
+
+    def get_user(self, handler, *, sync=True):
+        model = self.models.get(handler.request.headers.get("X-Test-User", ""))
+        model = json.loads(json.dumps(model)) if model else None
+
+        async def later():
+            return model
+
+        return model if sync else later()
+
+    def check_scopes(self, required, model):
+        return check_scopes(required, set(model["scopes"]))
+
+    def _persist_url_token_if_set(self, handler):
+        pass
+
+
+class Site:
+    def __init__(self, port: int):
+        self.base = f"http://127.0.0.1:{port}/services/usage/"
+        self.client = AsyncHTTPClient()
+
+    async def get(self, path: str, who: str = "", **kwargs):
+        headers = {"X-Test-User": who} if who else {}
+        return await self.client.fetch(self.base + path, headers=headers, raise_error=False,
+                                       follow_redirects=False, **kwargs)
+
+
+@pytest.fixture
+async def site(tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'usage.sqlite'}"
+    seed_ledger(url)
+    auth = FakeHubAuth({"admin": ADMIN, "prof-ada": INSTRUCTOR, "carol": PLAIN,
+                        "nobody": {**PLAIN, "scopes": []}})
+    monkeypatch.setattr(service.UsageHandler, "hub_auth", property(lambda self: auth))
+    app = service.make_app(usage_db=url, quota_file=str(ROOT / "hub_config" / "quotas.yaml"))
+    sock, port = bind_unused_port()
+    server = HTTPServer(app)
+    server.add_sockets([sock])
+    yield Site(port)
+    server.stop()
+    app.settings["usage_reader"]._pool.shutdown(wait=False)
+
+
+class Text(HTMLParser):
+    """The page's text, and the tags it holds, as a browser would parse them."""
+
+    def __init__(self, page: str):
+        super().__init__()
+        self.text: list[str] = []
+        self.tags: list[str] = []
+        self.feed(page)
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    @property
+    def words(self) -> str:
+        return " ".join(" ".join(self.text).split())
+
+
+def rows_of(page: str) -> set[str]:
+    return {html.unescape(k) for k in re.findall(r'<tr class="row" data-key="([^"]*)"', page)}
+
+
+ALL_USERS = {"alice", "student1", HOSTILE_USER, "bob", "mallory", "dave"}
+CS101 = {"alice", "student1", HOSTILE_USER}
+
+
+async def test_the_admin_sees_every_session(site):
+    r = await site.get("?period=30d", "admin")
+    assert r.code == 200
+    page = r.body.decode()
+    assert rows_of(page) == ALL_USERS
+    parsed = Text(page)
+    assert "script" not in parsed.tags  # the hostile names are text, never markup
+    assert HOSTILE_USER in parsed.words and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert r.headers["Content-Security-Policy"].startswith("default-src 'none'")
+    # the charts are inline SVG, well-formed, with bars
+    svgs = [page[m.start():page.index("</svg>", m.start()) + 6]
+            for m in re.finditer(r"<svg ", page)]
+    assert len(svgs) == 4  # per day, top users, CPU and memory (GPU is the top users)
+    for svg in svgs:
+        ET.fromstring(svg)
+    assert 'class="chart gpu-days"' in page and 'class="chart top-users"' in page
+    assert page.count('class="bar') > 10
+    # every group, the hostile one too, in the picker
+    assert '<option value="a&#34;b&amp;c">' in page or '<option value="a&quot;b&amp;c">' in page
+    # the advice, from the quota table: bob's senior-engineer sessions fit pipeline
+    assert "pipeline with 2 GiB and 1 CPU would have served 6 of them" in parsed.words
+    # by group: the hostile group is a row, escaped
+    r = await site.get(f"?period=30d&by=group&group={quote(HOSTILE_GROUP)}", "admin")
+    assert rows_of(r.body.decode()) == {HOSTILE_GROUP}
+
+
+async def test_the_instructor_sees_the_class_only(site):
+    r = await site.get("?period=30d", "prof-ada")
+    assert r.code == 200
+    page = r.body.decode()
+    assert rows_of(page) == CS101
+    assert "bob" not in Text(page).words and "ml-platform" not in page
+    # another group, asked for in the URL: refused, not widened
+    r = await site.get("?period=30d&group=ml-platform", "prof-ada")
+    assert r.code == 403 and "You can see the usage of cs101 only." in r.body.decode()
+    # the downloads hold the class only, too
+    r = await site.get("report.csv?period=30d", "prof-ada")
+    assert r.code == 200 and r.headers["Content-Type"].startswith("text/csv")
+    assert "attachment" in r.headers["Content-Disposition"]
+    keys = {row[0] for row in csv.reader(io.StringIO(r.body.decode()))}
+    assert keys == CS101 | {"user", "(total)"}
+    r = await site.get("report.json?period=30d&by=role", "prof-ada")
+    report = json.loads(r.body)
+    assert {row["key"] for row in report["rows"]} == {"gpu-lab", "student"}
+    assert report["group"] == "cs101"
+
+
+async def test_a_users_page_for_whom_may_see_it(site):
+    hostile = quote(HOSTILE_USER, safe="")
+    r = await site.get(f"user?name={hostile}&period=30d", "prof-ada")
+    assert r.code == 200
+    page = r.body.decode()
+    assert "script" not in Text(page).tags
+    assert 'class="chart timeline"' in page and 'data-reason="max-age"' in page
+    r = await site.get("user?name=alice&period=30d", "admin")
+    page = r.body.decode()
+    assert r.code == 200 and page.count('class="session"') == 3
+    assert {"culled", "stopped", "oom"} <= set(re.findall(
+        r'rect class="bar session" data-reason="([^"]+)"', page))
+    # a user outside the class: refused, whatever the URL says
+    for path in ("user?name=bob&period=30d", "user?name=bob&group=ml-platform",
+                 "user?name=nobody-at-all", f"user?name=mallory&group={quote(HOSTILE_GROUP)}"):
+        r = await site.get(path, "prof-ada")
+        assert r.code == 403, path
+        assert "You can see the usage of" in r.body.decode()
+    assert (await site.get("user?name=bob&period=30d", "admin")).code == 200
+
+
+async def test_anyone_else_is_refused_with_a_sentence(site):
+    # the front door sends a user to what they may do here: ask for a bigger role
+    r = await site.get("", "carol")
+    assert r.code == 302 and r.headers["Location"] == "/services/usage/requests"
+    for who in ("carol", "nobody"):
+        for path in ("" if who == "nobody" else "?period=30d", "user?name=alice",
+                     "report.csv", "report.json"):
+            r = await site.get(path, who)
+            assert r.code == 403, (who, path)
+            assert "The usage page is for admins and for the instructors of a class" in \
+                r.body.decode()
+    # not logged in: sent to the hub's login
+    r = await site.get("")
+    assert r.code == 302 and r.headers["Location"].startswith("/hub/login")
+
+
+async def test_bad_dates_are_a_sentence(site):
+    r = await site.get("?period=custom&since=yesterday", "admin")
+    assert r.code == 400 and "is not a date like 2025-01-31" in r.body.decode()
+    # the last day of the calendar has no day after it: out of range, not a 500
+    for query in ("until=9999-12-31", "since=0001-01-01", "since=2026-01-01junk"):
+        r = await site.get(f"?period=custom&{query}", "admin")
+        assert r.code == 400, (query, r.code)
+        assert ("out of range: reports cover 1970-01-01 to 9998-12-31" in r.body.decode()
+                or "is not a date like" in r.body.decode())
+    r = await site.get("user?name=alice&period=custom&until=9999-12-31", "admin")
+    assert r.code == 400 and "<title>Usage</title>" in r.body.decode()
+
+
+async def test_a_ledger_not_there_yet_is_a_sentence(tmp_path, monkeypatch):
+    auth = FakeHubAuth({"admin": ADMIN})
+    monkeypatch.setattr(service.UsageHandler, "hub_auth", property(lambda self: auth))
+    missing = tmp_path / "state" / "usage.sqlite"
+    app = service.make_app(usage_db=f"sqlite:///{missing}")
+    sock, port = bind_unused_port()
+    server = HTTPServer(app)
+    server.add_sockets([sock])
+    try:
+        r = await Site(port).get("", "admin")
+        assert r.code == 503
+        assert "Nothing has been recorded yet: the usage ledger does not exist" in r.body.decode()
+        assert not missing.exists()  # the page never creates the hub's ledger
+        missing.parent.mkdir()
+        missing.write_bytes(b"")  # there, but without the ledger's tables and version
+        r = await Site(port).get("", "admin")
+        assert r.code == 503 and "The usage ledger is older than this page" in r.body.decode()
+        seed_ledger(f"sqlite:///{missing}")  # the hub created it: the page shows it
+        r = await Site(port).get("?period=30d", "admin")
+        assert r.code == 200 and rows_of(r.body.decode()) == ALL_USERS
+    finally:
+        server.stop()

@@ -1,0 +1,183 @@
+"""The quota-spawner command."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import gpu_table, line_of
+from spawner.cli import main as cli_main
+
+G = 2**30
+EXAMPLE = str(Path(__file__).resolve().parents[2] / "hub_config" / "quotas.yaml")
+
+
+def run(*args):
+    return subprocess.run([sys.executable, "-m", "spawner.cli", *args],
+                          capture_output=True, text=True)
+
+
+def test_validate_ok():
+    result = run("validate", EXAMPLE)
+    assert result.returncode == 0
+    assert "OK" in result.stdout
+
+
+def test_validate_reports_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(EXAMPLE).read_text().replace("cpus: 8", "cpus: -8", 1))
+    result = run("validate", str(bad))
+    assert result.returncode == 1
+    line = next(i for i, t in enumerate(bad.read_text().splitlines(), 1) if "cpus: -8" in t)
+    assert result.stdout.strip() == (
+        f"{bad}:{line}: role 'senior-engineer': cpus must be greater than 0, not -8"
+    )
+
+
+def test_console_script_installed():
+    bindir = Path(sys.executable).parent
+    result = subprocess.run([str(bindir / "quota-spawner"), "validate", EXAMPLE],
+                            capture_output=True, text=True)
+    assert result.returncode == 0
+
+
+def test_show_text_and_json():
+    text = run("show", EXAMPLE, "--user", "bob", "--group", "ml-platform")
+    assert "senior-engineer: 8 CPUs · 32 GiB memory" in text.stdout
+    data = json.loads(run("show", EXAMPLE, "--user", "research-lead", "--json").stdout)
+    assert [r["name"] for r in data["roles"]] == ["senior-engineer", "gpu-training"]
+    assert data["roles"][0]["memory"] == 32 * 2**30
+    assert data["roles"][0]["cpus"] == 8
+    assert data["roles"][0]["gpus"] == 0
+    gpu = data["roles"][1]
+    assert (gpu["gpus"], gpu["gpu_mode"], gpu["gpu_share"]) == (1, "exclusive", None)
+    lab = json.loads(run("show", EXAMPLE, "--user", "s", "--group", "cs101", "--json").stdout)
+    shared = lab["roles"][1]
+    assert (shared["name"], shared["gpu_mode"], shared["gpu_share"]) == ("gpu-lab", "shared", 4)
+    assert shared["gpu_memory"] == 16 * 2**30
+
+
+def test_validate_against_a_gpu_inventory():
+    ok = run("validate", EXAMPLE, "--gpus", "1", "--gpu-memory", "80G")
+    assert ok.returncode == 0, ok.stdout
+    small = run("validate", EXAMPLE, "--gpus", "1", "--gpu-memory", "8G")
+    assert small.returncode == 1
+    assert "role 'gpu-lab': gpu_memory 16 GiB is more than the smallest GPU's memory (8 GiB)" in small.stdout
+    bad_size = run("validate", EXAMPLE, "--gpus", "1", "--gpu-memory", "80GB")
+    assert bad_size.returncode == 2 and "sizes look like 80G" in bad_size.stderr
+    assert "Traceback" not in bad_size.stderr
+    alone = run("validate", EXAMPLE, "--gpu-memory", "80G")
+    assert alone.returncode == 2 and "--gpu-memory needs --gpus" in alone.stderr
+    default = json.loads(run("show", EXAMPLE, "--user", "someone", "--json").stdout)
+    assert [r["name"] for r in default["roles"]] == ["junior-researcher"]
+
+
+def _edited(tmp_path, old, new):
+    bad = tmp_path / "bad.yaml"
+    text = Path(EXAMPLE).read_text()
+    assert old in text
+    bad.write_text(text.replace(old, new, 1))
+    last = new.strip().splitlines()[-1].strip()
+    line = next(i for i, t in enumerate(bad.read_text().splitlines(), 1) if last in t)
+    return bad, line
+
+
+def test_validate_refuses_non_finite_numbers_without_a_traceback(tmp_path):
+    for old, new, message in [
+        ("memory: 32G", "memory: .inf", "role 'senior-engineer': memory must be a finite size, "
+                                        "not .inf"),
+        ("cpus: 8", "cpus: .nan", "role 'senior-engineer': cpus must be a finite number, not .nan"),
+        ("idle_timeout: 20m", "idle_timeout: .inf",
+         "role 'student': idle_timeout must be a finite duration, not .inf"),
+    ]:
+        bad, line = _edited(tmp_path, old, new)
+        result = run("validate", str(bad))
+        assert result.returncode == 1
+        assert result.stdout.strip() == f"{bad}:{line}: {message}"
+        assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_show_refuses_a_user_name_yaml_reads_as_a_number(tmp_path):
+    bad, line = _edited(tmp_path, "  users:\n", "  users:\n    0123: [pipeline]\n")
+    result = run("show", str(bad), "--user", "83")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.strip() == (
+        f"{bad}:{line}: the user name 0123 is read by YAML as the number 83; "
+        "write it in quotes: '0123'"
+    )
+    quoted = tmp_path / "quoted.yaml"
+    quoted.write_text(bad.read_text().replace("0123:", "'0123':"))
+    data = json.loads(run("show", str(quoted), "--user", "0123", "--json").stdout)
+    assert [r["name"] for r in data["roles"]] == ["pipeline"]
+
+
+# --- GPU fields, through main() ---------------------------------------------------
+
+
+def cli(capsys, *args: str) -> tuple[int, str]:
+    code = cli_main(list(args))
+    return code, capsys.readouterr().out
+
+
+def test_cli_validate_against_a_gpu_count(tmp_path, capsys):
+    path = tmp_path / "q.yaml"
+    text = gpu_table("gpus: 2")
+    path.write_text(text)
+    code, out = cli(capsys, "validate", str(path), "--gpus", "1")
+    assert code == 1
+    assert out.strip() == f"{path}:{line_of(text, 'gpus: 2')}: role 'r': gpus is 2, but this hub has only 1 GPU"
+    assert cli(capsys, "validate", str(path))[0] == 0  # no inventory given: not checked
+    assert cli(capsys, "validate", str(path), "--gpus", "2")[0] == 0
+
+
+def test_cli_validate_gpu_memory(tmp_path, capsys):
+    path = tmp_path / "q.yaml"
+    text = gpu_table("gpus: 1\ngpu_mode: shared\ngpu_share: 4\ngpu_memory: 48G")
+    path.write_text(text)
+    code, out = cli(capsys, "validate", str(path), "--gpus", "1", "--gpu-memory", "40G")
+    assert code == 1
+    assert out.strip() == (f"{path}:{line_of(text, 'gpu_memory')}: role 'r': gpu_memory 48 GiB "
+                           "is more than the smallest GPU's memory (40 GiB)")
+    assert cli(capsys, "validate", str(path), "--gpus", "1", "--gpu-memory", "80G")[0] == 0
+    with pytest.raises(SystemExit) as info:
+        cli_main(["validate", str(path), "--gpus", "1", "--gpu-memory", "lots"])
+    assert info.value.code == 2
+    assert "cannot read 'lots' as a size" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        cli_main(["validate", str(path), "--gpu-memory", "40G"])
+    assert info.value.code == 2
+    assert "--gpu-memory needs --gpus" in capsys.readouterr().err
+
+
+def test_cli_validate_subprocess_exit_code(tmp_path):
+    path = tmp_path / "q.yaml"
+    path.write_text(gpu_table("gpus: 2"))
+    result = subprocess.run([sys.executable, "-m", "spawner.cli", "validate", str(path),
+                             "--gpus", "1"], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert "gpus is 2, but this hub has only 1 GPU" in result.stdout
+
+
+def test_cli_show_prints_gpus(tmp_path, capsys):
+    path = tmp_path / "q.yaml"
+    path.write_text(gpu_table("gpus: 1\ngpu_mode: shared\ngpu_share: 3\ngpu_memory: 16G"))
+    code, out = cli(capsys, "show", str(path), "--user", "bob")
+    assert code == 0
+    assert "  cpu: 1 CPU · 1 GiB memory; images: pytorch" in out
+    assert "  r: 1 CPU · 1 GiB memory · 1 GPU, shared by up to 3 · 16 GiB GPU memory cap" in out
+    code, out = cli(capsys, "show", str(path), "--user", "bob", "--json")
+    roles = {r["name"]: r for r in json.loads(out)["roles"]}
+    assert {k: roles["r"][k] for k in ("gpus", "gpu_mode", "gpu_share", "gpu_memory")} == {
+        "gpus": 1, "gpu_mode": "shared", "gpu_share": 3, "gpu_memory": 16 * G}
+    assert {k: roles["cpu"][k] for k in ("gpus", "gpu_mode", "gpu_share", "gpu_memory")} == {
+        "gpus": 0, "gpu_mode": None, "gpu_share": None, "gpu_memory": None}
+
+
+def test_cli_show_example_gpu_role(capsys):
+    code, out = cli(capsys, "show", str(EXAMPLE), "--user", "research-lead")
+    assert code == 0
+    assert re.search(r"gpu-training: .* · \d+ GPUs?, exclusive", out)
