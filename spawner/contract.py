@@ -25,6 +25,9 @@ NETWORK_LABEL = LABEL_PREFIX + "network"  # on the notebook network the hub crea
 # On the notebook images, set by scripts/build-images.sh: what framework the
 # image holds ("PyTorch 2.14.1 · CUDA 13.0"); the spawn form shows it.
 FRAMEWORKS_LABEL = LABEL_PREFIX + "frameworks"
+# What the spawner writes on every server it starts, in this order (Docker's labels,
+# a pod's annotations).
+CONTRACT_LABELS = (USER_LABEL, ROLE_LABEL, IMAGE_LABEL, GPUS_LABEL, GPU_MODE_LABEL, HUB_LABEL)
 
 # --- environment ---------------------------------------------------------------
 
@@ -70,6 +73,14 @@ PREEMPT_PIDS_DIR = PREEMPT_DIR + "/pids"
 
 
 # --- reading them back, inside the container -------------------------------------
+
+
+def gpu_mode_value(gpus: int, mode: str, share: int) -> str:
+    """GPU_MODE_LABEL's value for a holding of ``gpus`` GPUs in ``mode`` ("exclusive" or
+    "shared", at most ``share`` holders a GPU); "" for none."""
+    if not gpus:
+        return ""
+    return f"shared:{share}" if mode == "shared" else "exclusive"
 
 
 def labelled_gpus(labels: Mapping[str, str]) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""The one place where a notebook container is decided.
+"""The notebook container: the notebook policy (spawner/policy/) as an engine create body.
 
 DockerSpawner builds the create request from traits, and traits can be
 replaced by config, by JupyterHub's group overrides and by a pre_spawn_hook.
@@ -13,6 +13,12 @@ So nothing here trusts them:
 3. the invariants are checked on that body just before the engine is called
    (``violations``).
 
+What the quota decides about the server, on any backend (its environment, its
+labels, its GPU caps, the rules of the last check), is the policy's
+(``ContainerSpec.notebook``); this module writes it in Docker's fields and adds
+what only Docker has: the CFS quota and its start boost, the pids limit, the
+device requests, the hardening, the network and the engine's socket.
+
 Every function here is pure: the spawner gathers the inputs and calls the
 engine.
 """
@@ -24,30 +30,28 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from docker.errors import DockerException
 from docker.utils import parse_bytes
 from dockerspawner.dockerspawner import _deep_merge
 
-from spawner.contract import (
-    CONTRACT_ENV,
-    CPU_LIMIT,
-    GPU_MODE_LABEL,
-    GPUS_LABEL,
-    HUB_LABEL,
-    IMAGE_LABEL,
-    LABEL_PREFIX,
-    MEM_LIMIT,
-    QUOTA_ROLE,
-    ROLE_LABEL,
-    THREAD_ENV,
-    TORCH_ALLOC_CONF,
-    TORCH_FRACTION_KEY,
-    USER_LABEL,
-)
+from spawner.contract import LABEL_PREFIX, TORCH_ALLOC_CONF
 from spawner.docker.mounts import BindSource, bind_sources, socket_problems
-from spawner.policy.gpu import gpu_environment, memory_fraction, torch_alloc_conf
+from spawner.policy import environment as policy_environment
+from spawner.policy import labels as policy_labels
+from spawner.policy.notebook import Notebook
+from spawner.policy.rules import (
+    PolicyError,
+    differs,
+    environment_problems,
+    is_root,
+    label_problems,
+    owned_label,
+    owned_variable,
+)
+from spawner.policy.rules import refuse_any as refuse_any  # spawner.py's name for it
 from spawner.quota.model import MAX_PIDS, Role
 
 CPU_PERIOD = 100_000  # microseconds; Docker's default CFS period
@@ -61,23 +65,14 @@ UNSAFE_SECURITY_OPT = re.compile(
 )
 NO_NEW_PRIVILEGES = re.compile(r"^no-new-privileges([=:]true)?$", re.IGNORECASE)
 
-class ContainerPolicyError(Exception):
-    """A container that must not be created; ``problems`` name each setting and why."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("; ".join(problems))
-
-
-def refuse_any(problems: list[str]) -> None:
-    """Raise ContainerPolicyError when there is any problem."""
-    if problems:
-        raise ContainerPolicyError(problems)
+# The policy's one error, under the name spawner/docker/spawner.py catches.
+ContainerPolicyError = PolicyError
 
 
 @dataclass(frozen=True)
 class ContainerSpec:
-    """Everything the quota decides about one notebook container."""
+    """Everything the quota decides about one notebook container: the notebook policy
+    (``notebook``) and what only Docker needs."""
 
     role: Role
     image_key: str
@@ -88,7 +83,9 @@ class ContainerSpec:
     network_mode: str
     pids_default: int = 2048
     gpu_uuids: tuple[str, ...] = ()
-    gpu_mode: str = ""  # the gpu-mode label: "exclusive", "shared:N" or ""
+    # The pool's name for the holding ("exclusive", "shared:N", ""). The label comes
+    # from the policy (Notebook.gpu_mode); another value here is refused.
+    gpu_mode: str = ""
     gpu_device_memory: int | None = None  # the smallest assigned GPU's memory
     extra_labels: Mapping[str, str] = field(default_factory=dict)
     # CPUs while the server starts (QuotaSpawner.cpu_boost); the spawner sets
@@ -96,6 +93,18 @@ class ContainerSpec:
     start_cpus: float | None = None
     # The image's torch reads per_process_memory_fraction (from its label).
     torch_reads_fraction: bool = False
+
+    def __post_init__(self) -> None:
+        if self.gpu_mode not in ("", self.notebook.gpu_mode):
+            raise ValueError(f"gpu_mode {self.gpu_mode!r} is not the role's "
+                             f"{self.notebook.gpu_mode!r}")
+
+    @cached_property
+    def notebook(self) -> Notebook:
+        """What the quota decides about this server, as on any backend."""
+        return Notebook(self.role, self.image_key, self.image, self.user_name, self.hub_id,
+                        gpu_uuids=self.gpu_uuids, gpu_device_memory=self.gpu_device_memory,
+                        torch_reads_fraction=self.torch_reads_fraction)
 
     @property
     def pids_limit(self) -> int:
@@ -111,50 +120,18 @@ class ContainerSpec:
         """The role's CFS quota: what the container runs with once it is handed over."""
         return int(self.role.cpus * CPU_PERIOD)
 
-    @property
-    def torch_fraction(self) -> float | None:
-        """The GPU memory cap as torch's per_process_memory_fraction, when one applies."""
-        cap = self.gpu_memory_cap
-        if not cap or not self.gpu_device_memory or not self.torch_reads_fraction:
-            return None
-        return memory_fraction(cap, self.gpu_device_memory)
-
-    @property
-    def gpu_memory_cap(self) -> int | None:
-        if not self.gpu_uuids or self.role.gpu_mode != "shared":
-            return None
-        return self.role.gpu_memory
-
 
 # --- what the quota sets ---------------------------------------------------------
 
 
 def labels(spec: ContainerSpec) -> dict[str, str]:
     """The quota-spawner.* labels: the record of who runs what with which GPUs."""
-    return {
-        USER_LABEL: spec.user_name,
-        ROLE_LABEL: spec.role.name,
-        IMAGE_LABEL: spec.image_key,
-        GPUS_LABEL: ",".join(spec.gpu_uuids),
-        GPU_MODE_LABEL: spec.gpu_mode if spec.gpu_uuids else "",
-        HUB_LABEL: spec.hub_id,
-    }
-
-
-def role_environment(role: Role) -> dict[str, str]:
-    """The role's contract variables, the same on every engine: the thread counts, and
-    the limits for jupyter-resource-usage. GPU variables are the engine's to add."""
-    threads = str(max(1, int(role.cpus)))  # BLAS and OpenMP pools sized to the quota
-    env = {name: threads for name in THREAD_ENV}
-    env.update({QUOTA_ROLE: role.name, CPU_LIMIT: f"{role.cpus:g}", MEM_LIMIT: str(role.memory)})
-    return env
+    return policy_labels.labels(spec.notebook)
 
 
 def environment(spec: ContainerSpec) -> dict[str, str]:
     """The contract variables: limits for jupyter-resource-usage, threads, GPUs."""
-    env = role_environment(spec.role)
-    env.update(gpu_environment(spec.gpu_uuids, spec.gpu_memory_cap, spec.gpu_device_memory))
-    return env
+    return policy_environment.environment(spec.notebook)
 
 
 def device_requests(spec: ContainerSpec) -> list[dict[str, Any]]:
@@ -205,12 +182,12 @@ def apply_quota(body: dict[str, Any], spec: ContainerSpec) -> dict[str, Any]:
     security = [o for o in host.get("SecurityOpt") or [] if not NO_NEW_PRIVILEGES.match(o)]
     host["SecurityOpt"] = [*security, "no-new-privileges"]
 
-    env = [e for e in body.get("Env") or [] if e.partition("=")[0] not in CONTRACT_ENV]
-    if spec.torch_fraction is not None:
-        admin = [e.partition("=")[2] for e in env if e.partition("=")[0] == TORCH_ALLOC_CONF]
+    env = [e for e in body.get("Env") or [] if not owned_variable(e.partition("=")[0])]
+    admin = [e.partition("=")[2] for e in env if e.partition("=")[0] == TORCH_ALLOC_CONF]
+    torch = policy_environment.torch_allocator(spec.notebook, ",".join(admin))
+    if torch is not None:  # the admin's other allocator options stay, before the cap
         env = [e for e in env if e.partition("=")[0] != TORCH_ALLOC_CONF]
-        env.append(f"{TORCH_ALLOC_CONF}="
-                   f"{torch_alloc_conf(','.join(admin), spec.torch_fraction)}")
+        env.append(f"{TORCH_ALLOC_CONF}={torch}")
     body["Env"] = env + [f"{k}={v}" for k, v in environment(spec).items()]
     body["Labels"] = {**(body.get("Labels") or {}), **spec.extra_labels, **labels(spec)}
     body["User"] = spec.notebook_user
@@ -321,7 +298,7 @@ def create_body(
         body = client.create_container_config(
             host_config=client.create_host_config(**host_kwargs), **kwargs)
     except (DockerException, TypeError, ValueError) as e:
-        raise ContainerPolicyError([f"the container settings cannot be read: {e}"]) from None
+        raise PolicyError([f"the container settings cannot be read: {e}"]) from None
     return apply_quota(dict(body), spec)
 
 
@@ -399,7 +376,7 @@ def check_admin_environment(env: Mapping[str, Any] | Iterable[str], setting: str
     return [
         f"{setting}[{name!r}] is refused: the spawner sets {name} from the quota and the GPU "
         "assignment"
-        for name in _env_names(env) if name in CONTRACT_ENV
+        for name in _env_names(env) if owned_variable(name)
     ]
 
 
@@ -408,7 +385,7 @@ def check_admin_labels(extra: Mapping[str, Any] | Iterable[str], setting: str) -
         f"{setting}[{name!r}] is refused: the {LABEL_PREFIX}* labels record the quota and "
         "the GPUs, and only the spawner writes them"
         for name in (extra if isinstance(extra, Mapping) else list(extra))
-        if str(name).startswith(LABEL_PREFIX)
+        if owned_label(name)
     ]
 
 
@@ -442,7 +419,7 @@ def violations(
 
     def expect(name: str, wanted: Any, why: str) -> None:
         if host.get(name) != wanted:
-            problems.append(f"HostConfig.{name} is {host.get(name)!r}, not {wanted!r}: {why}")
+            problems.append(differs(f"HostConfig.{name}", host.get(name), wanted, why))
 
     role = spec.role
     expect("Memory", role.memory, "the role's memory")
@@ -497,33 +474,21 @@ def violations(
     problems += socket_problems(bind_sources(host) if binds is None else binds)
 
     ids = _uid_gid(str(body.get("User") or ""))
-    if ids is None or ids[0] == 0 or ids[1] == 0:
+    if ids is None or is_root(*ids):
         problems.append(f"the container user is {body.get('User')!r}: notebooks run as a "
                         "numeric, non-root uid (and never the root group)")
     if body.get("Image") != spec.image:
         problems.append(f"the image is {body.get('Image')!r}, not the role's {spec.image!r}")
     if body.get("Runtime"):
         problems.append("a top-level Runtime is not allowed; see HostConfig.Runtime")
-    ours = labels(spec)
-    got = body.get("Labels") or {}
-    problems += [f"label {k} is {got.get(k)!r}, not {v!r}" for k, v in ours.items()
-                 if got.get(k) != v]
-    problems += [f"label {k} is not one the spawner writes" for k in got
-                 if k.startswith(LABEL_PREFIX) and k not in ours]
-    env: dict[str, list[str]] = {}
-    for entry in body.get("Env") or []:
-        name, _, value = str(entry).partition("=")
-        env.setdefault(name, []).append(value)
-    wanted = environment(spec)
-    for name in CONTRACT_ENV:
-        values = env.get(name, [])
-        expected = [wanted[name]] if name in wanted else []
-        if values != expected:
-            problems.append(f"environment {name} is {values!r}, not {expected!r}")
-    if spec.torch_fraction is not None:
-        values = env.get(TORCH_ALLOC_CONF, [])
-        wanted_option = f"{TORCH_FRACTION_KEY}:{spec.torch_fraction:.3f}"
-        if len(values) != 1 or values[0].split(",")[-1] != wanted_option:
+    problems += label_problems("label", body.get("Labels") or {}, labels(spec))
+    env = [(name, value) for name, _, value in
+           (str(entry).partition("=") for entry in body.get("Env") or [])]
+    problems += environment_problems(env, environment(spec))
+    fraction = policy_environment.torch_allocator(spec.notebook)  # the option alone
+    if fraction is not None:  # the last option: the admin's others stay before it
+        values = [value for name, value in env if name == TORCH_ALLOC_CONF]
+        if len(values) != 1 or values[0].split(",")[-1] != fraction:
             problems.append(f"environment {TORCH_ALLOC_CONF} is {values!r}: it must be set "
-                            f"once and end with {wanted_option}")
+                            f"once and end with {fraction}")
     return problems

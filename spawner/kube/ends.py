@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from spawner.docker.engine import docker_time
+from spawner.quota.units import rfc3339_time
 from spawner.usage.ledger import LOST, PREEMPTED, ended
-
-End = tuple[str, str | None, float | None]  # (reason, detail, when; None for now)
+from spawner.usage.sessions import End
 
 PREEMPTION = "PreemptionByScheduler"
 
@@ -34,7 +33,7 @@ def disruption(pod: Mapping[str, Any]) -> End | None:
             continue
         why, message = condition.get("reason") or "", condition.get("message") or ""
         detail = f"{why}: {message}" if message else why
-        when = docker_time(condition.get("lastTransitionTime"))
+        when = rfc3339_time(condition.get("lastTransitionTime"))
         if why == PREEMPTION:
             return PREEMPTED, f"the scheduler preempted the pod ({detail})", when
         return LOST, f"the pod was disrupted ({detail})", when
@@ -57,7 +56,7 @@ def pod_end(pod: Mapping[str, Any] | None, disrupted: End | None = None,
             break
         end = ended(None, {"oom": terminated.get("reason") == "OOMKilled",
                            "exit_code": terminated.get("exitCode"),
-                           "finished": docker_time(terminated.get("finishedAt"))})
+                           "finished": rfc3339_time(terminated.get("finishedAt"))})
         return disrupted if disrupted and end[0] == LOST else end
     if status.get("phase") == "Failed":  # e.g. evicted for the node's memory or disk
         why = ": ".join(x for x in (status.get("reason"), status.get("message")) if x)

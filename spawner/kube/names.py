@@ -16,6 +16,9 @@ encoded one always does, and two encoded names differ unless their hashes
 collide (48 bits). The same scheme as KubeSpawner 7's ``safe_slug``. A value
 cannot be turned back into the name: the exact name is kept in an
 annotation of the same key (``spawner.kube.pod.annotations``).
+
+Object names are ``dns_label``s: the PriorityClasses' (spawner.kube.priority)
+and a user's home claim (``home_claim_name``).
 """
 
 from __future__ import annotations
@@ -67,6 +70,12 @@ def dns_label(text: str, max_length: int = MAX_NAME) -> str:
     if "--" not in text and len(text) <= max_length and DNS_LABEL.fullmatch(text):
         return text
     return _encoded(text, "a-z0-9-", max_length - len(SEPARATOR) - DIGEST_LENGTH, lower=True)
+
+
+def home_claim_name(user_name: str, prefix: str = "quota-home") -> str:
+    """A user's home claim: ``quota-home-alice``; a safe DNS label for any user name, as
+    on Docker's volumes."""
+    return f"{prefix}-{dns_label(user_name, 62 - len(prefix))}"
 
 
 def is_label_value(text: str) -> bool:

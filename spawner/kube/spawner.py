@@ -8,13 +8,13 @@ the last step: KubeSpawner builds the pod from its settings (``make_pod``),
 (``_make_create_pod_request``), the pod is turned into the API's dict and
 
 1. refused if the configuration set anything the quota owns to another value
-   (``pod.config_problems``: privileged, root, a bigger limit, a GPU, ...),
+   (``checks.config_problems``: privileged, root, a bigger limit, a GPU, ...),
    as QuotaSpawner refuses the admin's settings (``container.admin_problems``);
 2. given the quota (``pod.apply_quota``): the role's resources, the security
    contexts, the shm and home volumes, the contract environment, the
    ``quota-spawner.*`` labels and annotations and the role's PriorityClass;
 3. refused if anything still breaks the quota or the "restricted" Pod
-   Security Standard (``pod.violations``: a hostPath, a sidecar, ``envFrom``).
+   Security Standard (``checks.violations``: a hostPath, a sidecar, ``envFrom``).
 
 A refusal is a 500 with ``refusals.SETTING_REFUSED`` for the user and every
 problem, by field, in the hub's log; nothing is created. The home is a
@@ -26,11 +26,12 @@ user's default, and the running role and image are kept in the hub's state
 (``quota_choice``, beside KubeSpawner's pod and claim names), so that a
 restarted hub still knows them.
 
-Each start is a session in the usage ledger, as on Docker, keyed by the pod's
-name: opened when the role is resolved (a spent GPU-hour budget is refused
-then, 403), started when the pod is created, ready when it runs, and closed
-with why it ended (``ends.pod_end``: stopped, culled, OOM, preempted by the
-scheduler, lost). The hub does not know which GPUs the device plugin gave, so
+Each start is a session in the usage ledger, as on Docker and through the
+same ``ServerSession`` (spawner/usage/sessions.py), keyed by the pod's name:
+opened when the role is resolved (a spent GPU-hour budget is refused then,
+403), started when the pod is created, ready when it runs, and closed with why
+it ended (``ends.pod_end``: stopped, culled, OOM, preempted by the scheduler,
+lost). The hub does not know which GPUs the device plugin gave, so
 a session records the role's GPU count and mode, not UUIDs.
 
 There is no GPU pool here: the scheduler and the device plugin place GPU
@@ -48,34 +49,22 @@ from tornado import web
 from traitlets import Dict, Integer, default
 
 from spawner import refusals
-from spawner.gpu.pool import mode_label, request_for
-from spawner.kube.ends import End, disruption, pod_end
-from spawner.kube.pod import (
-    KubeOptions,
-    NotebookPod,
-    PodPolicyError,
-    apply_quota,
-    byte_quantity,
-    config_problems,
-    home_claim,
-    home_claim_name,
-    refuse_any,
-    violations,
-)
+from spawner.kube.checks import config_problems, violations
+from spawner.kube.claims import home_claim
+from spawner.kube.ends import disruption, pod_end
+from spawner.kube.names import home_claim_name
+from spawner.kube.notebook import NotebookPod
+from spawner.kube.options import KubeOptions
+from spawner.kube.pod import apply_quota
+from spawner.kube.quantities import byte_quantity
 from spawner.policy.choices import RoleChoicesMixin
 from spawner.policy.config import QuotaConfig
+from spawner.policy.rules import PolicyError, refuse_any
 from spawner.quota.form import options_from_form
 from spawner.quota.model import Choice
 from spawner.registry import Registry
-from spawner.usage.ledger import (
-    FAILED,
-    NO_LEDGER,
-    STOPPED,
-    Ledger,
-    LedgerWriter,
-    default_url,
-    failure,
-)
+from spawner.usage.ledger import STOPPED, Ledger, LedgerWriter, default_url
+from spawner.usage.sessions import End, ServerSession
 
 PRIORITY_HINT = (" (apply the roles' PriorityClasses: quota-spawner k8s priority-classes "
                  "FILE | kubectl apply -f -)")
@@ -92,7 +81,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
     kube_options = Dict(
         config=True,
         help="""What the quota table does not say about a pod: the fields of
-        spawner.kube.pod.KubeOptions (request ratios, the device plugin's GPU
+        spawner.kube.options.KubeOptions (request ratios, the device plugin's GPU
         resource names, MIG profiles, ephemeral storage, the home claim's size and
         class, the PriorityClass prefix, ...). docs/kubernetes.md lists them.""",
     )
@@ -113,7 +102,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         self._started_options: dict[str, str] = {}  # the last options that started
         self._restored_choice: dict[str, str] = {}  # the running server's, from load_state
         self._starting = False  # a failed start closes its own session, not stop()
-        self._opened = False  # this start opened a session
+        self._session: ServerSession | None = None  # this server's, in the usage ledger
         self._disrupted: End | None = None  # the pod's DisruptionTarget, once seen
         self._ending: End | None = None  # how the pod ended, for a stop() inside poll()
 
@@ -204,19 +193,10 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
             self.log.warning("Refused %s: %s", self._log_name, refusal)
             raise web.HTTPError(403, refusal)
         self._apply_choice(choice)
-        await self._open_session(usage or NO_LEDGER, choice)
-
-    async def _open_session(self, usage: Any, choice: Choice) -> None:
-        role = choice.role
-        self._opened = True
-        await usage.open(hub=self.hub_id, user=self.user.name, server=self.name,
-                         container=self.pod_name, role=role.name, image=choice.image.key,
-                         cpu_limit=role.cpus, mem_limit=role.memory,
-                         groups=[g.name for g in self.user.groups])
-        request = request_for(role)
-        if request is not None:  # the count and mode; the device plugin picks the GPUs
-            await usage.set_gpus(self.hub_id, self.pod_name, [], mode_label(request),
-                                 role.gpu_memory if request.shared else None, count=role.gpus)
+        session = self._session = ServerSession(usage, self.hub_id, self.pod_name)
+        await session.open(choice, self.user.name, self.name,
+                           [g.name for g in self.user.groups])
+        await session.gpus(choice.role)  # the count and mode: the device plugin picks them
 
     def _apply_choice(self, choice: Choice) -> None:
         spec = self._spec = self.pod_spec(choice)
@@ -238,33 +218,39 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
                       choice.role.cpus, choice.role.memory, choice.role.gpus)
 
     async def _start(self) -> Any:
-        self._starting, self._opened, self._disrupted = True, False, None
+        self._starting, self._session, self._disrupted = True, None, None
         try:
             started = await super()._start()
         except BaseException as e:
             # as on Docker: a table that cannot be read leaves the saved options alone
             if self._choices is not None:
                 self._forget_refused_options(self._choices)
-            if self._opened:  # a refusal before it leaves an earlier session alone
-                await self._close_session((FAILED, failure(e), None))
+            if self._session is not None:  # a refusal before it leaves older sessions alone
+                await self._session.failed(e)
             raise
         finally:
             self._starting = False
         if self.choice is not None:
             self._started_options = {"profile": self.choice.role.name,
                                      "image": self.choice.image.key}
-            await (await self.usage_ledger() or NO_LEDGER).ready(self.hub_id, self.pod_name)
+            await (await self.session()).ready()
         return started
 
     # --- the session's end ----------------------------------------------------------
+
+    async def session(self) -> ServerSession:
+        """This server's session in the usage ledger: the one this start opened, else
+        (a restarted hub, a stop before any start) whatever the ledger holds open."""
+        if self._session is None or self._session.container != self.pod_name:
+            self._session = ServerSession(await self.usage_ledger(), self.hub_id,
+                                          self.pod_name)
+        return self._session
 
     async def _close_session(self, end: End) -> None:
         """Close this server's open session, if it has one, with why it ended (a hint
         told earlier, e.g. by the culler, wins over a plain stop)."""
         self._disrupted = None
-        usage = await self.usage_ledger()
-        if usage is not None:
-            await usage.close(self.hub_id, self.pod_name, *end)
+        await (await self.session()).close(end)
 
     async def poll(self) -> int | None:
         """KubeSpawner's, and the session closed with how the pod ended. Read before
@@ -358,17 +344,17 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         spec = self._spec
         try:
             if spec is None:  # load_user_options did not run: nothing to size it by
-                raise PodPolicyError(["the start has no resolved role"])
+                raise PolicyError(["the start has no resolved role"])
             # a model, or a dict from modify_pod_hook that may still hold models
             body = self.api.api_client.sanitize_for_serialization(pod)
             if not isinstance(body, dict):
-                raise PodPolicyError([f"the pod is a {type(pod).__name__}, not a pod"])
+                raise PolicyError([f"the pod is a {type(pod).__name__}, not a pod"])
             refuse_any(config_problems(body, spec))
             apply_quota(body, spec)
             refuse_any(violations(body, spec))
-        except (PodPolicyError, ValueError, TypeError, AttributeError, KeyError) as e:
+        except (PolicyError, ValueError, TypeError, AttributeError, KeyError) as e:
             # anything else the configuration made unreadable is refused, never created
-            problems = (e.problems if isinstance(e, PodPolicyError)
+            problems = (e.problems if isinstance(e, PolicyError)
                         else [f"the pod cannot be read: {type(e).__name__}: {e}"])
             self.log.error("Refused to create a pod for %s; each setting below is not "
                            "allowed (docs/kubernetes.md#security-context):\n  %s",
@@ -402,5 +388,5 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
             self.log.info("Killed pod %s, will try starting singleuser pod again", name)
             return False
         uid = getattr(getattr(created, "metadata", None), "uid", None) or name
-        await (await self.usage_ledger() or NO_LEDGER).started(self.hub_id, self.pod_name, uid)
+        await (await self.session()).started(uid)
         return True

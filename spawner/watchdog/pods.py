@@ -31,8 +31,9 @@ from spawner.contract import (
     USER_LABEL,
     gpu_memory_limit,
 )
-from spawner.docker.engine import docker_time
-from spawner.kube.pod import contract_labels, parse_quantity
+from spawner.kube.pod import contract_labels
+from spawner.kube.quantities import parse_quantity
+from spawner.quota.units import rfc3339_time as docker_time
 from spawner.watchdog.host import PROC, MainPids, visible_gpus
 from spawner.watchdog.model import Server
 

@@ -27,7 +27,7 @@ from tornado import web  # noqa: E402
 from traitlets.config import Config  # noqa: E402
 
 from spawner import QuotaSpawner  # noqa: E402
-from spawner.kube.pod import config_problems  # noqa: E402
+from spawner.kube.checks import config_problems  # noqa: E402
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
 from spawner.quota.loader import load_quota_table  # noqa: E402
 from spawner.refusals import CLUSTER_REFUSED, SETTING_REFUSED  # noqa: E402
@@ -45,7 +45,9 @@ users: [{name: none, user: {token: not-a-token}}]
 contexts: [{name: none, context: {cluster: none, user: none}}]
 current-context: none
 """
-NO_POOL = SimpleNamespace(capacity=None, usage=None, roles=None)  # QuotaSpawner's, no GPUs
+# QuotaSpawner's hub runtime, with no GPUs, engine or ledger
+NO_RUNTIME = SimpleNamespace(pool=SimpleNamespace(capacity=None, roles=None), engine_info=None,
+                             usage=None)
 
 
 class MockUser(Mock):
@@ -100,7 +102,7 @@ def make(cls: type, quota_file: Path | str = SHIPPED, user: str = "alice",
 
 
 async def choices_of(spawner: Any) -> list[Any]:
-    return await (spawner.choices(NO_POOL) if isinstance(spawner, QuotaSpawner)
+    return await (spawner.choices(NO_RUNTIME) if isinstance(spawner, QuotaSpawner)
                   else spawner.choices())
 
 
@@ -137,7 +139,7 @@ async def test_injected_options_are_refused_the_same_way(tmp_path, cls, options,
         if cls is QuotaKubeSpawner:
             await spawner.load_user_options()  # the first step of its start
         else:
-            await spawner.resolve(await spawner.choices(NO_POOL))
+            await spawner.resolve(await spawner.choices(NO_RUNTIME))
     assert info.value.status_code == status
     assert words in info.value.log_message and len(info.value.log_message) < 300
     if cls is QuotaKubeSpawner:

@@ -23,8 +23,10 @@ import yaml
 from traitlets.config import Config
 
 from spawner import cli
-from spawner.kube.pod import KubeOptions, home_claim_name, restricted_violations
+from spawner.kube.names import home_claim_name
+from spawner.kube.options import KubeOptions
 from spawner.kube.priority import class_name
+from spawner.kube.security import restricted_violations
 from spawner.quota.loader import load_quota_table
 
 ROOT = Path(__file__).resolve().parents[2]

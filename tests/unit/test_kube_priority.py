@@ -167,7 +167,8 @@ def test_protection_budget_only_when_a_role_is_protected(tiers):
 
 
 def test_the_budget_selects_the_pods_of_protected_roles(tiers):
-    from spawner.kube.pod import NotebookPod, labels
+    from spawner.kube.notebook import NotebookPod
+    from spawner.kube.pod import labels
 
     selector = kpr.protection_budget()["spec"]["selector"]["matchLabels"]
 

@@ -22,7 +22,7 @@ assignments:
 TABLE = parse_quota_table(TABLE_TEXT, "q.yaml")
 
 # Injected options and what a user with only the default role is told: the same table
-# is run against QuotaSpawner and QuotaKubeSpawner in tests/test_kube_spawner.py.
+# is run against QuotaSpawner and QuotaKubeSpawner in tests/service/test_kube_spawner.py.
 INJECTED = [
     ({"profile": "big"}, 400, "You asked for the role 'big', which you do not hold"),
     ({"profile": "admin"}, 400, "which you do not hold"),

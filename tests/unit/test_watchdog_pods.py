@@ -22,7 +22,9 @@ from kubernetes.client import ApiClient  # noqa: E402
 from test_watchdog_host import v2_files, write_files, write_proc  # noqa: E402
 
 from spawner.gpu.nvml import HostProcess, HostScan, _blank  # noqa: E402
-from spawner.kube.pod import KubeOptions, NotebookPod, pod_manifest  # noqa: E402
+from spawner.kube.notebook import NotebookPod  # noqa: E402
+from spawner.kube.options import KubeOptions  # noqa: E402
+from spawner.kube.pod import pod_manifest  # noqa: E402
 from spawner.quota.loader import load_quota_table  # noqa: E402
 from spawner.watchdog.app import QuotaWatchdog, usage_samples  # noqa: E402
 from spawner.watchdog.host import (  # noqa: E402
