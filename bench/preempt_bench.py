@@ -227,7 +227,7 @@ async def queue_bench(world: World, runs: int, waiting: int, rng: random.Random,
         queue.dispatch(running)
         found["tick"].append(clock() - t0)
         # the same admission through the pool, which builds the running view itself
-        pool = GpuPool(inv, "bench", docker=None, log=log)
+        pool = GpuPool(inv, "bench", log=log)
         pool.allocator = world.allocator()
         pool.queue = GpuQueue(pool.allocator)
         pool.roles = roles

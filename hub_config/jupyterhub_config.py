@@ -18,16 +18,16 @@ from sqlalchemy.engine import make_url
 
 from spawner.docker.engine import check_engine, warn_oversized_roles
 from spawner.docker.network import ensure_network, warn_host_network
+from spawner.docker.runtime import build_at_hub_start
 from spawner.hubconfig.culling import culler_service
 from spawner.hubconfig.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD, password_problems
-from spawner.hubconfig.rbac import instructor_roles
+from spawner.hubconfig.rbac import CLASS_OAUTH_SCOPES, class_service_scopes, instructor_roles
 from spawner.quota.model import QuotaTableError
 from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_duration
 from spawner.usage.ledger import Ledger, default_url
 from spawner.watchdog.service import watchdog_service
 from spawner.webapp.app import CUSTOM_SCOPES, DEFAULT_URL, usage_service
-from spawner.webapp.class_logic import CLASS_OAUTH_SCOPES, class_service_scopes
 from spawner.webapp.requests import USER_SCOPES
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
@@ -219,3 +219,10 @@ if USAGE_DB != "none":
     except Exception as e:
         log.error("The usage ledger %s cannot be created or upgraded: %s",
                   make_url(USAGE_DB).render_as_string(hide_password=True), e)
+
+# The hub's runtime (GPU inventory and pool, event log, ledger writer, usage duties,
+# preemption's recovery, the NVIDIA runtime probe) is built as the hub starts, in the
+# background, from the c.QuotaSpawner settings as the spawners read them (the whole
+# config, this file's includers too), so that the log says at once which GPUs the hub
+# has and whether the engine can give them (docs/gpus.md#the-inventory).
+build_at_hub_start(log)

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 SCHEMA_VERSION = 1
+EVENTS_FILE = "quota-spawner-events.jsonl"  # the hub's, in its state folder
 
 
 class EventLog:

@@ -25,9 +25,13 @@ from docker.utils import decode_json_header
 from spawner.contract import FRAMEWORKS_LABEL, HUB_LABEL
 from spawner.docker.mounts import BindSource, is_socket, named_volumes, probe_paths
 from spawner.quota.model import QuotaTable
-from spawner.quota.units import format_human
+from spawner.quota.units import format_human, rfc3339_time
+from spawner.usage.duties import container_end  # noqa: F401 (see below)
 
 Docker = Callable[..., Awaitable[Any]]  # DockerSpawner.docker: (method, *args, **kwargs)
+# container_end (how a gone container ended, from the engine's events) lives beside its one
+# user, usage/duties.py, which may not import Docker; it is still importable from here,
+# where tests/unit/test_usage_ends.py looks for it.
 
 SWAP_WARNING = (
     "The Docker engine cannot limit swap (docker info: SwapLimit false). "
@@ -144,6 +148,16 @@ async def volume_info(docker: Docker, host: Mapping[str, Any]) -> dict[str, dict
     return info
 
 
+async def set_cpu_quota(docker: Docker, container_id: str, quota: int, period: int) -> None:
+    """Set a running container's CPU quota, and read it back: raises when the engine
+    reports anything else (a quota that did not take is never trusted)."""
+    await docker("update_container", container_id, cpu_period=period, cpu_quota=quota)
+    info = await docker("inspect_container", container_id)
+    got = (info.get("HostConfig") or {}).get("CpuQuota")
+    if got != quota:
+        raise RuntimeError(f"the engine reports CpuQuota {got!r} after the update")
+
+
 def stat_in_container(client: Any, container_id: str, path: str) -> dict[str, Any] | None:
     """The engine's stat of a path inside a created container (HEAD .../archive); blocks."""
     response = client.head(client._url("/containers/{0}/archive", container_id),
@@ -171,46 +185,8 @@ async def socket_probe_problems(client: Any, container_id: str,
     return problems
 
 
-def docker_time(stamp: str | None) -> float | None:
-    """The engine's RFC 3339 time ("2026-11-30T18:10:01.123456789Z", nanoseconds, Z or an
-    offset) in epoch seconds; None when unset ("0001-01-01T00:00:00Z") or unreadable."""
-    if not stamp or stamp.startswith("0001-"):
-        return None
-    from datetime import datetime
-
-    main, _, rest = stamp.partition(".")
-    zone = rest.lstrip("0123456789") if rest else stamp[19:]
-    fraction = float("0." + rest[: len(rest) - len(zone)]) if rest else 0.0
-    zone = "+00:00" if zone in ("Z", "") else zone
-    try:
-        return datetime.fromisoformat(main[:19] + zone).timestamp() + fraction
-    except ValueError:
-        return None
-
-
-def container_end(client: Any, container_id: str, since: float) -> dict[str, Any] | None:
-    """How a container that is gone ended, from the engine's event history (blocking):
-    {"oom": killed for memory, "exit_code", "finished": epoch seconds}; None when the
-    engine has no record of its end (it was restarted since, say).
-
-    The engine removes our containers when they exit (AutoRemove), so their state,
-    OOMKilled included, is gone by the time the hub polls; its events stay.
-    """
-    end: dict[str, Any] | None = None
-    oom = False
-    for event in client.events(since=int(since) - 1, until=int(time.time()) + 1, decode=True,
-                               filters={"type": "container", "container": container_id}):
-        action = event.get("Action") or event.get("status")
-        if action == "oom":
-            oom = True
-        elif action == "die":
-            attributes = (event.get("Actor") or {}).get("Attributes") or {}
-            code = attributes.get("exitCode")
-            end = {"exit_code": int(code) if str(code).lstrip("-").isdigit() else None,
-                   "finished": (event.get("timeNano") or 0) / 1e9 or event.get("time")}
-    if end is not None:
-        end["oom"] = oom
-    return end
+# the engine's times are RFC 3339, as the Kubernetes API's: one reader for both
+docker_time = rfc3339_time
 
 
 # --- the NVIDIA runtime (docs/gpus.md#an-engine-without-the-nvidia-runtime) -----------
@@ -306,10 +282,10 @@ def _has_image(client: Any, image: str) -> bool:
 
 class NvidiaRuntime:
     """Whether the engine can give GPUs to containers: what the probe found, kept
-    up to date by the GPU starts. One per GPU pool.
+    up to date by the GPU starts. One per hub runtime (spawner/docker/runtime.py).
 
-    The first probe runs in a thread when the pool comes up (``start``), so the
-    hub's log says at once when GPU starts cannot work. A start that finds the
+    The first probe runs in a thread when the hub's runtime is built (``start``),
+    at hub start, so the hub's log says at once when GPU starts cannot work. A start that finds the
     runtime missing is refused before it joins the GPU queue; that finding is
     probed again once it is ``recheck`` seconds old, so an engine fixed and
     restarted is noticed without a hub restart.
@@ -332,6 +308,10 @@ class NvidiaRuntime:
     def start(self) -> None:
         """Probe in the background (the hub's start is not held up by it)."""
         self._probe_soon()
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
     def _probe_soon(self) -> asyncio.Task[None]:
         if self._task is None or self._task.done():

@@ -1,7 +1,8 @@
 """Carrying out a preemption: tell the victim, let it save, stop it, hand over.
 
-The queue (gpu/queue.py) decides; this module acts, on the hub's event loop
-with Docker calls in threads:
+The queue (gpu/queue.py) decides, with the victims chosen in
+gpu/preemption.py; this module acts, on the hub's event loop with Docker
+calls in threads, and is the only one that does:
 
 1. The victim is told: a notice file is written into its container and its
    kernels (and every process that called ``spawner.checkpoint.on_preempt``)
@@ -9,32 +10,41 @@ with Docker calls in threads:
    page and JupyterLab show a banner from the notice; the event log gets a
    ``preemption`` event, which the watchdog sends to the victim's channels.
 2. After the victim role's ``grace_period`` the server is stopped the way the
-   hub stops any server (proxy route, then the spawner), so the hub's record
-   and the user's page agree; its home volume is kept. Its GPUs, reserved for
-   the preempting request since step 1, go to that request.
+   hub stops any server (``stop_server``: proxy route, then the spawner), so
+   the hub's record and the user's page agree; its home volume is kept. Its
+   GPUs, reserved for the preempting request since step 1, go to that request.
 3. If the request is served otherwise or leaves, the victim is called off:
    the notice is removed and the server keeps running.
 
-The preemptions in their grace are kept in a small JSON file, so a hub
-restart (which ends the waiting start they were for) calls them off instead
-of leaving a notice that nothing will carry out.
+The preemptions in their grace are kept in a small JSON file
+(``PREEMPTIONS_FILE``), so a hub restart (which ends the waiting start they
+were for) calls them off instead of leaving a notice that nothing will carry
+out. The start that waits for a preemption (spawner/docker/gpus.py) only reads
+``waiting_on`` and ``stops_by``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
+import weakref
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from spawner.contract import PREEMPT_DIR, PREEMPT_NOTICE, PREEMPT_PIDS_DIR
 from spawner.gpu.pool import GpuPool
 from spawner.gpu.queue import Ticket
-from spawner.quota.model import DEFAULT_GRACE_PERIOD
+from spawner.quota.model import DEFAULT_GRACE_PERIOD, Role
 from spawner.quota.units import human_duration
-from spawner.usage.ledger import PREEMPTED
+from spawner.usage.ledger import PREEMPTED, LedgerWriter
+
+PREEMPTIONS_FILE = "quota-spawner-preemptions.json"  # in the hub's state folder
+# How long a stop may take before the server is taken down by removing its container.
+STOP_TIMEOUT = 60.0
 
 # Runs in the victim's container as its (non-root) user: $1 the notice's JSON,
 # $2 the directory, $3 the notice path, $4 the PIDs directory. The kernel
@@ -63,6 +73,12 @@ echo "signalled:$sent"
 WITHDRAW_SCRIPT = 'rm -f "$1"'
 
 
+def preemption_time(roles: Mapping[str, Role]) -> float:
+    """The longest a preemption may take, from its plan to its victim gone: the
+    table's longest grace period and the stop."""
+    return max((r.grace_period for r in roles.values()), default=0) + STOP_TIMEOUT
+
+
 def reason(by_user: str, by_role: str, by_priority: int, role: str, priority: int,
            gpus: int) -> str:
     """The one sentence a victim (and its channels) is told."""
@@ -72,17 +88,27 @@ def reason(by_user: str, by_role: str, by_priority: int, role: str, priority: in
 
 
 class Evictor:
-    """One per GPU pool: carries out the preemptions its queue plans."""
+    """One per GPU pool: carries out the preemptions its queue plans, and stops
+    servers the hub's way. ``client``: the docker APIClient (its methods block);
+    ``spawners``: container name -> its spawner, for the servers this hub runs;
+    ``usage``: the usage ledger's writer, told why a preempted server ended."""
 
-    def __init__(self, pool: GpuPool, state_file: str,
-                 log: logging.Logger | logging.LoggerAdapter):
+    def __init__(self, pool: GpuPool, client: Any, state_file: str,
+                 log: logging.Logger | logging.LoggerAdapter, *,
+                 spawners: Mapping[str, Any] | None = None,
+                 usage: LedgerWriter | None = None):
         self.pool = pool
+        self.client = client
         self.events = pool.events
         self.state_file = state_file
         self.log = log
+        self.spawners: Mapping[str, Any] = (spawners if spawners is not None
+                                            else weakref.WeakValueDictionary())
+        self.usage = usage
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._why: dict[str, str] = {}  # victim -> why it is called off
         self._pending: dict[str, dict[str, Any]] = {}  # victim -> its preemption event
+        self._withdrawals: set[asyncio.Task[None]] = set()  # held: the loop's refs are weak
 
     # --- the queue's side ----------------------------------------------------------
 
@@ -90,7 +116,8 @@ class Evictor:
         assert ticket.plan is not None
         for victim in ticket.plan.victims:
             record = self._announce(victim, ticket)
-            self._tasks[victim] = asyncio.ensure_future(self._evict(victim, record))
+            task = self._tasks[victim] = asyncio.ensure_future(self._evict(victim, record))
+            task.add_done_callback(functools.partial(self._cancelled_early, victim, record))
 
     def call_off(self, ticket: Ticket, victims: tuple[str, ...], why: str) -> None:
         for victim in victims:
@@ -102,6 +129,37 @@ class Evictor:
     def waiting_on(self, owner: str) -> list[dict[str, Any]]:
         """The preemptions in their grace for ``owner``'s request."""
         return [r for r in self._pending.values() if r.get("for_container") == owner]
+
+    def stops_by(self, owner: str) -> float | None:
+        """When (epoch) the last victim preempted for ``owner``'s request is gone at the
+        latest: its grace's end and the stop; None when no preemption is under way."""
+        ends = [r["deadline"] for r in self.waiting_on(owner)]
+        return max(ends) + STOP_TIMEOUT if ends else None
+
+    async def stop_server(self, name: str, why: str) -> bool:
+        """Stop ``name`` the way the hub stops any server (its proxy route, then its
+        spawner), so the hub's record and the user's page agree; if that fails or no
+        spawner holds it, remove its container. False when neither worked. For
+        preemption, and for spent GPU-hour budgets (usage/duties.py)."""
+        spawner = self.spawners.get(name)
+        if spawner is not None and not spawner.pending and spawner.server is not None:
+            try:
+                user = spawner.user
+                proxy = user.settings.get("proxy")
+                if proxy is not None:
+                    await proxy.delete_user(user, spawner.name)
+                await asyncio.wait_for(user.stop(spawner.name), STOP_TIMEOUT)
+                return True
+            except Exception as e:
+                self.log.error("Could not stop %s (%s) through the hub (%s); removing its "
+                               "container", name, why, e)
+        try:
+            await asyncio.to_thread(self.client.remove_container, name, force=True)
+        except Exception as e:
+            if getattr(getattr(e, "response", None), "status_code", None) != 404:
+                self.log.error("Could not remove container %s (%s): %s", name, why, e)
+                return False
+        return True
 
     # --- one victim ------------------------------------------------------------------
 
@@ -152,6 +210,18 @@ class Evictor:
         self._forget(victim)
         await self._stop(victim, record)
 
+    def _cancelled_early(self, victim: str, record: dict[str, Any],
+                         task: asyncio.Task[None]) -> None:
+        # Called off in the very dispatch that planned it: cancelled before its first
+        # step, so _evict never ran to withdraw it; its announcement is withdrawn here.
+        if not task.cancelled() or self._pending.get(victim) is not record:
+            return
+        why = self._why.pop(victim, "called off before it began")
+        self._forget(victim)
+        withdrawal = asyncio.ensure_future(self._withdraw(victim, record, why))
+        self._withdrawals.add(withdrawal)
+        withdrawal.add_done_callback(self._withdrawals.discard)
+
     def _forget(self, victim: str) -> None:
         self._tasks.pop(victim, None)
         if self._pending.pop(victim, None) is not None:
@@ -160,7 +230,7 @@ class Evictor:
     async def _exec(self, container: str, script: str, *args: str) -> str:
         """Run ``script`` with sh in ``container`` as its own user; its output."""
         def run() -> str:
-            client = self.pool.docker_client
+            client = self.client
             created = client.exec_create(container, ["/bin/sh", "-c", script, "sh", *args])
             output = client.exec_start(created["Id"])
             code = client.exec_inspect(created["Id"]).get("ExitCode")
@@ -201,12 +271,12 @@ class Evictor:
         self.log.warning("Stopping %s (user %s): preempted for %s after a grace of %s",
                          victim, record["user"], record["by"],
                          human_duration(record["grace_period"]))
-        if self.pool.usage is not None:
-            await self.pool.usage.hint(self.pool.hub_id, victim, PREEMPTED)
-        if not await self.pool.stop_server(victim, "preempted"):
+        if self.usage is not None:
+            await self.usage.hint(self.pool.hub_id, victim, PREEMPTED)
+        if not await self.stop_server(victim, "preempted"):
             return
-        if self.pool.usage is not None:  # removed without its spawner: nothing else records it
-            await self.pool.usage.close(self.pool.hub_id, victim, PREEMPTED)
+        if self.usage is not None:  # removed without its spawner: nothing else records it
+            await self.usage.close(self.pool.hub_id, victim, PREEMPTED)
         self.pool.release(victim, f"preempted for {record['by']}")
         self.events.append(
             "preempted", hub=self.pool.hub_id, user=record["user"], role=record["role"],
@@ -216,7 +286,7 @@ class Evictor:
             if record["ran_for"] is not None else None)
 
     def _server_url(self, victim: str) -> str:
-        spawner = self.pool.spawners.get(victim)
+        spawner = self.spawners.get(victim)
         try:
             return spawner.user.url + (f"{spawner.name}/" if spawner.name else "")
         except Exception:

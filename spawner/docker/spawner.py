@@ -1,10 +1,9 @@
 """QuotaSpawner: DockerSpawner sized from the role-based quota table.
 
-The lifecycle only: what a start, a poll and a stop do, in order. The
-settings are in config.py, what the user may start in choices.py, the
-container in container.py (pure), the GPUs in gpu/, the table in quota/, the
-engine's reads in engine.py, and what users are told in refusals.py.
-docs/architecture.md follows one spawn through them.
+The lifecycle only: what a start, a poll and a stop do, in order. Beside it: the
+settings (config.py), what the user may start (choices.py), the container (container.py,
+pure), this start's GPUs (gpus.py), what the hub process shares (runtime.py), the
+engine's reads (engine.py); docs/architecture.md follows one spawn through them.
 """
 
 from __future__ import annotations
@@ -14,13 +13,14 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from docker.errors import APIError, NotFound
 from dockerspawner import DockerSpawner
 from jupyterhub.utils import maybe_future
 from tornado import web
 
 from spawner import refusals
 from spawner.contract import HUB_LABEL
+from spawner.docker.choices import ChoicesMixin
+from spawner.docker.config import QuotaSpawnerConfig
 from spawner.docker.container import (
     CPU_PERIOD,
     ContainerPolicyError,
@@ -30,19 +30,16 @@ from spawner.docker.container import (
     refuse_any,
     violations,
 )
-from spawner.docker.engine import no_nvidia_runtime, socket_probe_problems, volume_info
+from spawner.docker.engine import set_cpu_quota, socket_probe_problems, volume_info
+from spawner.docker.gpus import GpuStart, start_time_for
 from spawner.docker.mounts import bind_sources
 from spawner.docker.network import HostNetworkMixin, wait_for_port, warn_host_network
-from spawner.gpu.allocator import GpuRequest, NoGpuFree
-from spawner.gpu.pool import STOP_TIMEOUT, GpuPool, Server, mode_label, request_for
-from spawner.gpu.queue import Ticket
-from spawner.policy.choices import ChoicesMixin
-from spawner.policy.config import QuotaSpawnerConfig
+from spawner.docker.runtime import HubRuntime
+from spawner.gpu.pool import mode_label, request_for
 from spawner.policy.gpu import torch_reads_fraction
-from spawner.quota.model import Choice, Role
-from spawner.quota.units import human_duration
+from spawner.quota.model import Choice
 from spawner.usage.duties import record_end
-from spawner.usage.ledger import FAILED, NO_LEDGER, failure
+from spawner.usage.sessions import ServerSession
 
 
 class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpawner):
@@ -75,10 +72,10 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
 
     def container_spec(self, frameworks: str = "") -> ContainerSpec:
         """What the quota decides about this start's container (``frameworks``: the
-        image's label)."""
+        image's label); the engine's CPUs (docker info) cap the start boost's."""
         assert self.choice is not None
         role = self.choice.role
-        engine_cpus = float((ChoicesMixin._engine_info or {}).get("NCPU") or 0)
+        engine_cpus = float((HubRuntime.of(self).engine_info or {}).get("NCPU") or 0)
         return ContainerSpec(
             role=role, image_key=self.choice.image.key, image=self.choice.image.image,
             user_name=self.user.name, hub_id=self.hub_id, notebook_user=self.notebook_user,
@@ -92,7 +89,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
 
     async def create_object(self) -> dict[str, Any]:
         """Create the container: the last step before the engine, whatever config did earlier."""
-        labels = await ChoicesMixin._frameworks.get([self.image], self.docker, self.log)
+        labels = await HubRuntime.of(self).frameworks.get([self.image], self.docker, self.log)
         spec = self._spec = self.container_spec(labels.get(self.image, ""))
         admin_host = await self.admin_value(self.extra_host_config)
         admin_create = await self.admin_value(self.extra_create_kwargs)
@@ -143,149 +140,6 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                 sent += 1
             await asyncio.sleep(0.1)
 
-    async def _assign_gpus(self, pool: GpuPool, owner: str, choices: list[Choice]) -> None:
-        """Hold the role's GPUs: at once, after a wait in the queue, or after a preemption."""
-        assert self.choice is not None
-        role = self.choice.role
-        self.gpu_uuids, self._gpu_memory = (), None
-        request = request_for(role)
-        if request is None:
-            return
-        if request.count > len(pool.inventory.devices):  # no wait can ever serve it
-            self._refuse_no_gpu(pool, request, role, choices)
-        # an engine that cannot give GPUs: refused before it waits in the queue for one
-        said = await pool.nvidia.missing_now() if pool.nvidia else None
-        if said is not None:
-            self._refuse_no_runtime(said, choices)
-        ticket = pool.join(owner, Server(self.user.name, role.name, time.time()), role)
-        try:
-            if not ticket.grant.done():
-                await self._wait_in_queue(pool, ticket, role, choices)
-            self.gpu_uuids = ticket.grant.result()
-            # its age (min_runtime, the estimates) counts from the grant, not the wait
-            pool.servers[owner] = Server(self.user.name, role.name, time.time())
-        except asyncio.CancelledError:  # the start was stopped while it waited
-            pool.events.append("queue-left", hub=self.hub_id, user=self.user.name,
-                               role=role.name, priority=role.priority, container=owner,
-                               waited=round(time.monotonic() - ticket.arrived, 1))
-            self.log.info("%s left the GPU queue: its start was stopped", self._log_name)
-            raise
-        finally:
-            pool.leave(owner, f"the start of {self.user.name}'s server no longer waits "
-                              "(stopped, refused or served)")
-        self._gpu_memory = pool.inventory.smallest_memory(self.gpu_uuids)
-        text = f"GPU {','.join(self.gpu_uuids)} assigned ({mode_label(request)})"
-        self.log.info("%s: %s", self._log_name, text)
-        self._progress(text, 30)
-
-    async def _wait_in_queue(self, pool: GpuPool, ticket: Ticket, role: Role,
-                             choices: list[Choice]) -> None:
-        """Wait for ``ticket``'s grant, saying where it stands; a 503 when the wait ends."""
-        arrived = time.monotonic()
-        if role.queue_timeout <= 0 and ticket.plan is None:
-            self._refuse_no_gpu(pool, ticket.request, role, choices)
-        pool.events.append("queued", hub=self.hub_id, user=self.user.name, role=role.name,
-                           priority=role.priority, container=ticket.owner,
-                           position=pool.queue.position(ticket.owner)[0])
-        said: tuple[Any, ...] = ()
-        said_at, place = 0.0, 0
-        while not ticket.grant.done():
-            now = time.monotonic()
-            deadline = arrived + role.queue_timeout
-            if ticket.plan is not None:  # a preemption under way is waited for to its end
-                ends = [r["deadline"] for r in pool.evictions.waiting_on(ticket.owner)] \
-                    if pool.evictions else []
-                if ends:
-                    deadline = max(deadline, now + max(ends) - time.time() + STOP_TIMEOUT)
-            if now >= deadline:
-                waited = now - arrived
-                pool.events.append("queue-timeout", hub=self.hub_id, user=self.user.name,
-                                   role=role.name, priority=role.priority,
-                                   container=ticket.owner, waited=round(waited, 1))
-                message = refusals.queue_timeout(role, waited, place, pool.allocator.usage(),
-                                                 choices)
-                self.log.warning("Refused %s after %s in the GPU queue: %s", self._log_name,
-                                 human_duration(waited), message)
-                raise web.HTTPError(503, message)
-            place = pool.queue.position(ticket.owner)[0] or place
-            standing, text = self._queue_message(pool, ticket, role)
-            # a message when the standing changes; the countdown only every 15 s
-            if standing != said or now - said_at >= 15:
-                if standing != said:
-                    self.log.info("%s: %s", self._log_name, text)
-                self._progress(text, 20)
-                said, said_at = standing, now
-            try:
-                await asyncio.wait_for(asyncio.shield(ticket.grant), min(1.0, deadline - now))
-            except TimeoutError:
-                pass
-        waited = time.monotonic() - arrived
-        pool.events.append("queue-granted", hub=self.hub_id, user=self.user.name,
-                           role=role.name, priority=role.priority, container=ticket.owner,
-                           waited=round(waited, 1), preempted=bool(ticket.plan))
-        self._progress(f"A GPU is yours after {human_duration(waited)} in the queue", 25)
-
-    def _refuse_no_gpu(self, pool: GpuPool, request: GpuRequest, role: Role,
-                       choices: list[Choice]) -> None:
-        """Today's immediate 503: the role's GPUs are not free and it does not queue,
-        or the hub could never serve them."""
-        error = NoGpuFree(request, pool.allocator.usage(), pool.allocator.available(request))
-        message = refusals.no_gpu(role, error, pool.inventory.plain_reason, choices)
-        if pool.inventory.devices:
-            self.log.warning("Refused %s: %s", self._log_name, message)
-        else:  # the user reads why in plain words; the admin the technical reason
-            self.log.warning("Refused %s: %s (GPU inventory: %s)", self._log_name, message,
-                             pool.inventory.describe())
-        raise web.HTTPError(503, message)
-
-    def _refuse_no_runtime(self, said: str, choices: list[Choice]) -> None:
-        """A GPU start on an engine without the NVIDIA runtime (``said``: its words)."""
-        message = refusals.no_nvidia_runtime(choices)
-        self.log.warning("Refused %s: the Docker engine has no NVIDIA runtime (%s)",
-                         self._log_name, said)
-        raise web.HTTPError(503, message)
-
-    async def _refuse_if_no_runtime(self, pool: GpuPool, error: APIError,
-                                    choices: list[Choice]) -> None:
-        """The engine's refusal of this start's GPUs, turned into the plain refusal:
-        its container removed (the caller releases the GPUs). Returns for any other error."""
-        said = no_nvidia_runtime(error)
-        if said is None or not self.gpu_uuids:
-            return
-        if pool.nvidia is not None:
-            pool.nvidia.saw(said, f"the start of {self.object_name} (GPU "
-                                  f"{','.join(self.gpu_uuids)})")
-        try:
-            await self.docker("remove_container", self.object_id or self.object_name,
-                              force=True)
-        except NotFound:
-            pass
-        except Exception as e:
-            self.log.error("Could not remove %s: %s", self.object_name, e)
-        self.object_id = ""
-        self._refuse_no_runtime(said, choices)
-
-    def _queue_message(self, pool: GpuPool, ticket: Ticket,
-                       role: Role) -> tuple[tuple[Any, ...], str]:
-        """Where this start stands (comparable) and, for the spawn page, whom it waits
-        for and how long."""
-        wanted = f"{role.gpus} {role.gpu_mode} GPU{'s' if role.gpus != 1 else ''}"
-        pending = pool.evictions.waiting_on(ticket.owner) if pool.evictions else []
-        if pending:
-            whom = ", ".join(f"{r['user']}'s server (role '{r['role']}')" for r in pending)
-            left = max(0.0, max(r["deadline"] for r in pending) - time.time())
-            return (("preempting", whom), f"Waiting for {whom} to save its work and stop: it "
-                    f"was preempted for you and stops in {human_duration(left)}. Its GPU is "
-                    "kept for you.")
-        place, total = pool.queue.position(ticket.owner)
-        text = (f"Waiting for {wanted} for the role '{role.name}': number {place} of {total} "
-                f"in the queue (by priority, then arrival).")
-        due = pool.next_release(ticket)
-        if due is not None:
-            left = human_duration(due[0] - time.time())
-            text += f" The next GPU may come free in about {left}, when {due[1]}."
-        return ("queued", place, total, due[1] if due else ""), text
-
     async def _our_container(self) -> dict[str, Any] | None:
         """The container with this server's name, if this hub made it; others are left
         alone. Containers made before hub ids were unique carry the prefix as their hub id."""
@@ -307,40 +161,33 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         await maybe_future(super().run_pre_spawn_hook())  # the config's hook may be sync
         self.start_timeout = self._start_timeout
         try:
-            pool = await self.gpu_pool()
-            choices = await self.choices(pool)
-            role = (await self.resolve(choices)).role
+            runtime = await self.hub_runtime()
+            role = (await self.resolve(await self.choices(runtime))).role
         except Exception:
             return  # start() refuses the same, with its message
-        if request_for(role) is None:
-            return
-        extra = role.queue_timeout
-        if role.may_preempt:
-            extra += max((r.grace_period for r in pool.roles.values()), default=0) + STOP_TIMEOUT
-        self.start_timeout = self._start_timeout + int(extra)
+        self.start_timeout = self._start_timeout + start_time_for(role, runtime)
 
     async def start(self) -> tuple[str, int]:
         self._events, self._spec = [], None
         self.remove = True  # whatever a hook or override said (the validator warns)
-        await self._check_engine_once()
-        pool = await self.gpu_pool()
-        choices = await self.choices(pool)
+        runtime = await self.hub_runtime()
+        choices = await self.choices(runtime)
         try:
             choice = await self.resolve(choices)
             self._apply_choice(choice)
-            refusal = await self.budget_refusal(pool, choice.role)
+            refusal = await self.budget_refusal(runtime, choice.role)
             if refusal:
                 self.log.warning("Refused %s: %s", self._log_name, refusal)
                 raise web.HTTPError(403, refusal)
             await self._our_container()
-            ip, port = await self._start_choice(pool, choice, choices)
+            ip, port = await self._start_choice(runtime, choice, choices)
         except BaseException:
             self._forget_refused_options(choices)
             raise
         self._started_options = {"profile": choice.role.name, "image": choice.image.key}
         return ip, port
 
-    async def _start_choice(self, pool: GpuPool, choice: Choice,
+    async def _start_choice(self, runtime: HubRuntime, choice: Choice,
                             choices: list[Choice]) -> tuple[str, int]:
         role = choice.role
         requested = time.time()
@@ -353,41 +200,33 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                       self._log_name, role.name, choice.image.key, role.cpus, role.memory,
                       role.gpus)
         self._progress(f"Role {role.name} with {choice.image.display_name}", 10)
-        pool.starting.add(owner)
-        usage = pool.usage or NO_LEDGER
-        await usage.open(hub=self.hub_id, user=self.user.name, server=self.name,
-                         container=owner, role=role.name, image=choice.image.key,
-                         cpu_limit=role.cpus, mem_limit=role.memory, requested=requested,
-                         groups=[g.name for g in self.user.groups])
+        runtime.pool.starting.add(owner)
+        session = ServerSession(runtime.usage, self.hub_id, owner)
+        await session.open(choice, self.user.name, self.name,
+                           [g.name for g in self.user.groups], requested=requested)
+        gpus = GpuStart(runtime, self.user.name, self._log_name, self.log, self._progress)
+        self.gpu_uuids, self._gpu_memory = (), None
         try:
-            await self._assign_gpus(pool, owner, choices)
-            if self.gpu_uuids:
-                request = request_for(role)
-                assert request is not None
-                await usage.set_gpus(self.hub_id, owner, self.gpu_uuids, mode_label(request),
-                                     role.gpu_memory if request.shared else self._gpu_memory)
+            # at once, after a wait in the queue or a preemption; else refused (gpus.py)
+            self.gpu_uuids, self._gpu_memory = await gpus.assign(owner, role, choices)
+            await session.gpus(role, self.gpu_uuids, self._gpu_memory)
             self._progress("Starting the container", 40)
-            try:
-                ip, port = await super().start()
-            except APIError as e:
-                await self._refuse_if_no_runtime(pool, e, choices)
-                raise
-            if self.gpu_uuids and pool.nvidia is not None:
-                pool.nvidia.worked()
-            await usage.started(self.hub_id, owner, self.container_id)
-            pool.claim(owner, self)
+            ip, port = await gpus.start_container(super().start, self.gpu_uuids,
+                                                  self.object_name, choices)
+            await session.started(self.container_id)
+            runtime.claim(owner, self)
             self._progress("Container started; waiting for the notebook server", 60)
             # The hub's own readiness check backs off to seconds; polling here is faster.
             await wait_for_port(ip, port, self.poll)
             await self._end_cpu_boost()
-            await usage.ready(self.hub_id, owner)
+            await session.ready()
         except BaseException as e:
             self.release_port()
-            pool.release(owner, "the start failed")
-            await usage.close(self.hub_id, owner, FAILED, detail=failure(e))
+            runtime.pool.release(owner, "the start failed")
+            await session.failed(e)
             raise
         finally:
-            pool.starting.discard(owner)
+            runtime.pool.starting.discard(owner)
         return ip, port
 
     async def _end_cpu_boost(self) -> None:
@@ -397,12 +236,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             return
         cpus = spec.cpu_quota / CPU_PERIOD
         try:
-            await self.docker("update_container", self.container_id,
-                              cpu_period=CPU_PERIOD, cpu_quota=spec.cpu_quota)
-            info = await self.docker("inspect_container", self.container_id)
-            got = (info.get("HostConfig") or {}).get("CpuQuota")
-            if got != spec.cpu_quota:
-                raise RuntimeError(f"the engine reports CpuQuota {got!r} after the update")
+            await set_cpu_quota(self.docker, self.container_id, spec.cpu_quota, CPU_PERIOD)
         except Exception as e:
             self.log.error("Could not set %s to its role's %g CPUs after the start boost (%s); "
                            "stopping it", self._log_name, cpus, e)
@@ -425,26 +259,25 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
     def load_state(self, state: dict[str, Any]) -> None:
         super().load_state(state)
         if self.object_id:
-            # after a hub restart: this container is ours, not a zombie, and it runs
-            # as the role it was started with, whatever was saved
-            ChoicesMixin._claimed.add(self.object_name)
-            ChoicesMixin._spawners[self.object_name] = self
+            # after a hub restart: this container is ours, not a zombie (claimed before
+            # the runtime's first sync), and it runs as the role it was started with
+            HubRuntime.of(self).claim(self.object_name, self)
             self.user_options = {**(self.user_options or {}), **state.get("quota_choice", {})}
             self._started_options = dict(state.get("quota_choice", {}))
 
     async def poll(self) -> int | str | None:
-        # The hub polls every running server at startup: the pool (and its zombie
-        # check) starts then, not only at the first spawn.
-        pool = await self.gpu_pool()
+        # The hub polls every running server at startup: the runtime's first sync (and
+        # its zombie check) then runs, if the hub's start has not run it yet.
+        runtime = await self.hub_runtime()
         status = await super().poll()
-        if status is not None and self.object_name not in pool.starting:
-            pool.forget(self.object_name, f"the container stopped ({status})")
+        if status is not None and self.object_name not in runtime.starting:
+            runtime.forget(self.object_name, f"the container stopped ({status})")
             # the hub does not call stop() for a server that ended by itself
-            await self._record_end(pool, None)
+            await self._record_end(runtime, None)
         return status
 
     async def stop(self, now: bool = False) -> None:
-        pool = await self.gpu_pool()
+        runtime = await self.hub_runtime()
         try:
             # by name, always: DockerSpawner's poll() sets object_id from any container
             # with this name, another hub's too
@@ -456,11 +289,11 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             self.release_port()
         else:
             await super().stop(now=now)
-        pool.forget(self.object_name, "the server stopped")
-        await self._record_end(pool, ours)
+        runtime.forget(self.object_name, "the server stopped")
+        await self._record_end(runtime, ours)
 
-    async def _record_end(self, pool: GpuPool, container: dict[str, Any] | None) -> None:
+    async def _record_end(self, runtime: HubRuntime, container: dict[str, Any] | None) -> None:
         """Close this server's session in the ledger with why it ended."""
-        if pool.usage is not None:
-            await pool.usage.call(record_end, pool.usage.ledger, self.client, self.hub_id,
-                                  self.object_name, container, self.log)
+        if runtime.usage is not None:
+            await runtime.usage.call(record_end, runtime.usage.ledger, runtime.docker_client,
+                                     self.hub_id, self.object_name, container, self.log)

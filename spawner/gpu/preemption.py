@@ -25,6 +25,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from spawner.gpu.allocator import GpuRequest, Slot
+from spawner.quota.model import Role
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,13 @@ class Running:
     min_runtime: float = 0.0
     protected: bool = False  # preemptible: false, and younger than reclaim_after
     protected_for: float = float("inf")  # seconds until reclaim_after, when protected
+
+    @classmethod
+    def of(cls, owner: str, role: Role, started: float, now: float) -> Running:
+        """A server of ``role`` started at ``started`` (epoch), as it stands at ``now``."""
+        age = max(0.0, now - started)
+        return cls(owner, role.priority, age, role.min_runtime, role.protected_at(age),
+                   role.reclaim_after - age if role.reclaim_after else float("inf"))
 
     def eligible(self, priority: int) -> bool:
         """Whether a request of ``priority`` may preempt this server now."""

@@ -13,19 +13,21 @@ grace period. If it is served some other way first, or leaves, the victims
 still in their grace are called off.
 
 Pure bookkeeping on the hub's event loop: no Docker, no sleeping. The pool
-calls ``dispatch`` whenever something changes; the spawner awaits its
-ticket's ``grant`` future.
+calls ``dispatch`` whenever something changes; the start waiting for GPUs
+(spawner/docker/gpus.py) awaits its ticket's ``grant`` future, and shows
+``next_release``, the queue's estimate of when a GPU may come free.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from spawner.gpu.allocator import GpuAllocator, GpuRequest
 from spawner.gpu.preemption import Plan, Running, choose_victims
+from spawner.quota.model import Role
 
 # The longest a ticket that found no victims goes without looking again, in case
 # a server started since (and so unknown to its last look) is already preemptible.
@@ -218,6 +220,29 @@ class GpuQueue:
         self.allocator.reserve(ticket.owner, still.uuids)
         done.called_off.append((ticket, spared))
         return True
+
+
+def next_release(ticket: Ticket, holders: Iterable[tuple[str, str, Role, float]],
+                 now: float) -> tuple[float, str] | None:
+    """When a GPU may next come free for ``ticket`` without anyone stopping: the
+    soonest max_age due, or (for a role that may preempt this holder) the soonest
+    min_runtime or reclaim_after passed. ``holders``: (owner, user, role, started) of
+    each holder. (epoch seconds, why); None if none is due."""
+    due: list[tuple[float, str]] = []
+    for _, user, role, started in holders:
+        whose = f"{user}'s server"
+        if role.max_age:
+            due.append((started + role.max_age, f"{whose} reaches its max_age"))
+        if ticket.may_preempt and role.priority < ticket.priority:
+            if not role.preemptible:
+                if role.reclaim_after:  # else never preemptible
+                    due.append((started + max(role.reclaim_after, role.min_runtime),
+                                f"{whose} passes its reclaim_after and may be preempted"))
+            elif role.min_runtime:
+                due.append((started + role.min_runtime,
+                            f"{whose} passes its min_runtime and may be preempted"))
+    future = [d for d in due if d[0] > now]
+    return min(future) if future else None
 
 
 class _Lazy:

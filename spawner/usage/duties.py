@@ -8,6 +8,10 @@
 - GPU-hour budgets are checked (budgets.py), when the table has any: the
   notices go to the event log (the watchdog tells the people), and a server
   whose budget is spent is stopped when the budget says ``stop: true``.
+
+How a session ended is read from the engine through the client the hub's
+runtime passes in (``record_end``, ``container_end``); nothing here imports the
+Docker SDK.
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from spawner.contract import HUB_LABEL
-from spawner.docker.engine import container_end
 from spawner.quota.model import QuotaTable
 from spawner.usage.budgets import BudgetWatch, running_gpu_sessions
 from spawner.usage.ledger import BUDGET, Ledger, ended
@@ -29,16 +32,17 @@ PRUNE_EVERY = 24 * 3600.0
 
 
 class UsageDuties:
-    """``pool``: the hub's GPU pool (its engine client, event log, starting servers and
-    stop_server); ``table``: the quota table as it is now (awaited; raises when broken)."""
+    """``hub``: the hub's runtime (spawner/docker/runtime.py: its ``hub_id``, engine
+    client ``docker_client``, ``events``, ``starting`` servers and ``stop_server``);
+    ``table``: the quota table as it is now (awaited; raises when broken)."""
 
-    def __init__(self, ledger: Ledger, pool: Any, retention_days: float,
+    def __init__(self, ledger: Ledger, hub: Any, retention_days: float,
                  log: logging.Logger | logging.LoggerAdapter,
                  table: Callable[[], Awaitable[QuotaTable]] | None = None,
                  budget_memory: str | None = None, interval: float = INTERVAL):
         self.ledger = ledger
-        self.pool = pool
-        self.hub_id = pool.hub_id
+        self.hub = hub
+        self.hub_id = hub.hub_id
         self.retention_days = retention_days
         self.log = log
         self.table = table
@@ -53,6 +57,10 @@ class UsageDuties:
     def start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.ensure_future(self._loop())
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
 
     async def _loop(self) -> None:
         while True:
@@ -91,7 +99,7 @@ class UsageDuties:
 
         found = await asyncio.to_thread(check)
         for notice in found.notices:
-            self.pool.events.append(notice.event, **notice.fields())
+            self.hub.events.append(notice.event, **notice.fields())
             self.log.info("GPU-hour budget: %s", notice.text)
         for stop in found.stops:
             name = stop.session.container
@@ -106,8 +114,8 @@ class UsageDuties:
 
     async def _stop(self, name: str) -> None:
         try:
-            await self.pool.stop_server(name, "its GPU-hour budget is spent")
-            await asyncio.to_thread(record_end, self.ledger, self.pool.docker_client,
+            await self.hub.stop_server(name, "its GPU-hour budget is spent")
+            await asyncio.to_thread(record_end, self.ledger, self.hub.docker_client,
                                     self.hub_id, name, None, self.log)
         except Exception:
             self.log.exception("Could not stop %s for its spent GPU-hour budget", name)
@@ -121,15 +129,15 @@ class UsageDuties:
         if not open_:
             self._missing = set()
             return []
-        present = {name.lstrip("/") for c in self.pool.docker_client.containers(
+        present = {name.lstrip("/") for c in self.hub.docker_client.containers(
             all=True, filters={"label": f"{HUB_LABEL}={self.hub_id}"})
             for name in c.get("Names") or []}
         missing = {name for name in open_
-                   if name not in present and name not in self.pool.starting}
+                   if name not in present and name not in self.hub.starting}
         lost = sorted(missing & self._missing)
         self._missing = missing - set(lost)
         for name in lost:
-            reason = record_end(self.ledger, self.pool.docker_client, self.hub_id, name,
+            reason = record_end(self.ledger, self.hub.docker_client, self.hub_id, name,
                                 log=self.log)
             self.log.warning("Usage ledger: the session of %s closed (%s): its container is "
                              "gone and no hub server stopped it", name, reason)
@@ -159,3 +167,28 @@ def record_end(ledger: Ledger, docker: Any, hub: str, container: str,
         reason, detail, when = ended(inspected)
     ledger.close(hub, container, reason, detail, when)
     return reason
+
+
+def container_end(client: Any, container_id: str, since: float) -> dict[str, Any] | None:
+    """How a container that is gone ended, from the engine's event history (blocking):
+    {"oom": killed for memory, "exit_code", "finished": epoch seconds}; None when the
+    engine has no record of its end (it was restarted since, say).
+
+    The engine removes our containers when they exit (AutoRemove), so their state,
+    OOMKilled included, is gone by the time the hub polls; its events stay.
+    """
+    end: dict[str, Any] | None = None
+    oom = False
+    for event in client.events(since=int(since) - 1, until=int(time.time()) + 1, decode=True,
+                               filters={"type": "container", "container": container_id}):
+        action = event.get("Action") or event.get("status")
+        if action == "oom":
+            oom = True
+        elif action == "die":
+            attributes = (event.get("Actor") or {}).get("Attributes") or {}
+            code = attributes.get("exitCode")
+            end = {"exit_code": int(code) if str(code).lstrip("-").isdigit() else None,
+                   "finished": (event.get("timeNano") or 0) / 1e9 or event.get("time")}
+    if end is not None:
+        end["oom"] = oom
+    return end

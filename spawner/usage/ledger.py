@@ -47,7 +47,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.sql.expression import bindparam
 
-from spawner.docker.engine import docker_time
+from spawner.quota.units import rfc3339_time as docker_time
 from spawner.usage.schema import VERSION_TABLE, metadata, session_groups, sessions
 
 LEDGER_FILE = "quota-spawner-usage.sqlite"

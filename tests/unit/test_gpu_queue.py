@@ -543,7 +543,7 @@ async def pools() -> AsyncIterator[list[GpuPool]]:
 
 def make_pool(made: list[GpuPool], n: int = 2, *roles: Role) -> GpuPool:
     inv = declared_inventory([{"uuid": f"GPU-{i}"} for i in range(n)])
-    pool = GpuPool(inv, HUB, docker=None, log=logging.getLogger("test.gpu_queue"))
+    pool = GpuPool(inv, HUB, log=logging.getLogger("test.gpu_queue"))
     pool.roles = {r.name: r for r in roles}
     made.append(pool)
     return pool

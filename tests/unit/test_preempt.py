@@ -1,4 +1,5 @@
-"""The Evictor's steps without an engine: what it records, runs, stops and recovers.
+"""The Evictor's steps without an engine: what it records, runs, stops and recovers, and
+how a server is stopped the hub's way.
 
 The Docker client is a small fake that records exec and remove calls; the
 e2e tests (tests/test_e2e_preemption.py) run the same steps on a real engine.
@@ -9,17 +10,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from spawner.contract import PREEMPT_NOTICE
-from spawner.docker.evictor import Evictor
+from spawner.docker.evictor import STOP_TIMEOUT, Evictor, preemption_time
 from spawner.events import EventLog, read_events
 from spawner.gpu.allocator import GpuAllocator, GpuRequest
 from spawner.gpu.inventory import GpuDevice
-from spawner.gpu.pool import GpuPool, Server
+from spawner.gpu.pool import Server
 from spawner.gpu.preemption import Plan
 from spawner.gpu.queue import Ticket
 from spawner.quota.model import Role
@@ -49,7 +52,7 @@ class FakeDocker:
 
 
 class FakePool:
-    """The parts of GpuPool the Evictor uses."""
+    """The parts of GpuPool the Evictor uses (and, as ``docker_client``, its engine)."""
 
     def __init__(self, tmp: Path):
         self.allocator = GpuAllocator([GpuDevice("0", "GPU-0", "Fake", 16 * 2**30)])
@@ -59,17 +62,17 @@ class FakePool:
                                     grace_period=0.2)}
         self.hub_id = "hub-1"
         self.events = EventLog(str(tmp / "events.jsonl"))
-        self.spawners: dict[str, Any] = {}
-        self.docker_client = self._docker = FakeDocker()
+        self.docker_client = FakeDocker()
         self.released: list[str] = []
-        self.usage = None
-        self.log = logging.getLogger("test")
-
-    stop_server = GpuPool.stop_server
 
     def release(self, owner: str, why: str) -> tuple[str, ...]:
         self.released.append(owner)
         return self.allocator.release(owner)
+
+
+def evictor_of(pool: FakePool, state: Path, spawners: dict[str, Any] | None = None) -> Evictor:
+    return Evictor(pool, pool.docker_client, str(state), LOG,  # type: ignore[arg-type]
+                   spawners=spawners)
 
 
 def ticket(loop: asyncio.AbstractEventLoop) -> Ticket:
@@ -86,7 +89,7 @@ def kinds(tmp: Path) -> list[str]:
 def test_a_victim_is_told_then_stopped_after_its_grace(tmp_path):
     async def run() -> None:
         pool = FakePool(tmp_path)
-        evictor = Evictor(pool, str(tmp_path / "pending.json"), LOG)  # type: ignore[arg-type]
+        evictor = evictor_of(pool, tmp_path / "pending.json")
         evictor.start(ticket(asyncio.get_running_loop()))
         pool.events.flush()
         pending = json.loads((tmp_path / "pending.json").read_text())
@@ -111,7 +114,7 @@ def test_a_call_off_removes_the_notice_and_stops_nothing(tmp_path):
         pool = FakePool(tmp_path)
         pool.roles["train"] = Role("train", 1, 2**30, ("x",), gpus=1, priority=10,
                                    grace_period=30)
-        evictor = Evictor(pool, str(tmp_path / "pending.json"), LOG)  # type: ignore[arg-type]
+        evictor = evictor_of(pool, tmp_path / "pending.json")
         t = ticket(asyncio.get_running_loop())
         evictor.start(t)
         await asyncio.sleep(0.1)
@@ -134,7 +137,7 @@ def test_after_a_crash_the_restarted_hub_calls_off_what_was_in_its_grace(tmp_pat
 
     async def run() -> None:
         pool = FakePool(tmp_path)
-        await Evictor(pool, str(state), LOG).recover()  # type: ignore[arg-type]
+        await evictor_of(pool, state).recover()
         assert [c for c, _ in pool.docker_client.execs] == ["victim"]
         assert pool.docker_client.removed == []
         pool.events.flush()
@@ -143,3 +146,70 @@ def test_after_a_crash_the_restarted_hub_calls_off_what_was_in_its_grace(tmp_pat
     assert [e["event"] for e in withdrawn] == ["preemption-withdrawn"]
     assert "the hub restarted during the grace period" in withdrawn[0]["why"]
     assert json.loads(state.read_text()) == []
+
+
+class FakeUser:
+    """A hub user whose server the Evictor stops the hub's way: proxy route, then stop."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.routes_deleted: list[str] = []
+        self.stopped: list[str] = []
+        self.settings = {"proxy": self}
+
+    async def delete_user(self, user: Any, name: str) -> None:
+        self.routes_deleted.append(name)
+
+    async def stop(self, name: str) -> None:
+        if self.fail:
+            raise RuntimeError("the hub could not stop it")
+        self.stopped.append(name)
+
+
+def test_a_server_is_stopped_through_its_spawner_else_its_container_is_removed(tmp_path):
+    async def run() -> None:
+        pool = FakePool(tmp_path)
+        user = FakeUser()
+        spawner = SimpleNamespace(pending=None, server=object(), name="", user=user)
+        evictor = evictor_of(pool, tmp_path / "pending.json", {"victim": spawner})
+        assert await evictor.stop_server("victim", "preempted")
+        assert (user.routes_deleted, user.stopped) == ([""], [""])
+        assert pool.docker_client.removed == []  # the hub's way: its spawner removes it
+        user.fail = True
+        assert await evictor.stop_server("victim", "its GPU-hour budget is spent")
+        assert pool.docker_client.removed == ["victim"]
+        assert await evictor.stop_server("unknown", "preempted")  # no spawner: removed
+        assert pool.docker_client.removed == ["victim", "unknown"]
+    asyncio.run(run())
+
+
+def test_how_long_a_start_waits_for_the_preemption_made_for_it(tmp_path):
+    roles = {"a": Role("a", 1, 2**30, ("x",), grace_period=30),
+             "b": Role("b", 1, 2**30, ("x",), grace_period=120)}
+    assert preemption_time(roles) == 120 + STOP_TIMEOUT
+    assert preemption_time({}) == STOP_TIMEOUT
+
+    async def run() -> None:
+        pool = FakePool(tmp_path)
+        pool.roles["train"] = Role("train", 1, 2**30, ("x",), gpus=1, priority=10,
+                                   grace_period=30)
+        evictor = evictor_of(pool, tmp_path / "pending.json")
+        assert evictor.stops_by("jupyter-bob") is None
+        t = ticket(asyncio.get_running_loop())
+        evictor.start(t)
+        assert evictor.stops_by("jupyter-bob") == pytest.approx(
+            time.time() + 30 + STOP_TIMEOUT, abs=1)
+        assert evictor.stops_by("someone-else") is None
+        # called off before its task ever ran (in the dispatch that planned it, say):
+        # withdrawn all the same, and nothing left pending
+        evictor.call_off(t, ("victim",), "bob got a GPU in the same dispatch")
+        await asyncio.sleep(0.1)
+        assert evictor.stops_by("jupyter-bob") is None and evictor.waiting_on("jupyter-bob") == []
+        assert pool.docker_client.execs[-1][1][2] == 'rm -f "$1"'  # the notice, if any
+        assert pool.docker_client.removed == [] and pool.released == []
+        pool.events.flush()
+        assert json.loads((tmp_path / "pending.json").read_text()) == []
+    asyncio.run(run())
+    assert kinds(tmp_path) == ["preemption", "preemption-withdrawn"]
+    assert read_events(str(tmp_path / "events.jsonl"))[0][-1]["why"] == (
+        "bob got a GPU in the same dispatch")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from spawner.policy.config import QuotaSpawnerConfig
+from spawner.docker.config import QuotaSpawnerConfig
 from spawner.quota.store import QuotaStore
 from spawner.registry import Registry
 

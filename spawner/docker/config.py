@@ -1,0 +1,123 @@
+"""QuotaSpawner's own settings: its traits, and the DockerSpawner defaults it changes.
+
+A mixin on ``QuotaConfig`` (spawner/policy/config.py, the settings every quota
+spawner has), so that spawner.py holds the lifecycle only; the traits are still
+set as ``c.QuotaSpawner.<name>`` (docs/deployment.md lists them). Nothing here
+is a guarantee: a trait can be replaced by config, so every limit is enforced
+again when the container is created (spawner/docker/container.py).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
+
+from spawner.policy.config import QuotaConfig
+
+
+class QuotaSpawnerConfig(QuotaConfig):
+    """The settings of QuotaSpawner (``c.QuotaSpawner.*``) beyond QuotaConfig's."""
+
+    pids_limit = Integer(
+        2048,
+        config=True,
+        help="Most processes and threads in one container, for roles that set no 'pids'.",
+    )
+    notebook_user = Unicode(
+        "1000",
+        config=True,
+        help="The user (uid or uid:gid) the notebook runs as; never root.",
+    )
+    home_dir = Unicode("/home/jovyan", config=True, help="Where the home volume is mounted.")
+    extra_labels = Dict(
+        config=True, help="More container labels. The quota-spawner.* labels are refused."
+    )
+    gpu_inventory = List(
+        Dict(),
+        config=True,
+        help="""The GPUs this hub hands out, declared: for a hub that cannot see them
+        (a hub in a container, say). A list of {"uuid": "GPU-…", "name": "…",
+        "memory": "80G"}; name and memory are optional. When empty, the GPUs are
+        discovered with NVML on the hub host.""",
+    )
+    gpu_discovery = Bool(
+        True, config=True, help="Discover GPUs with NVML when no gpu_inventory is declared."
+    )
+    gpu_sync_interval = Float(
+        30.0, config=True,
+        help="Seconds between checks of the running containers against the GPU holdings.",
+    )
+    zombie_grace_period = Float(
+        300.0, config=True,
+        help="Seconds an unclaimed container of this hub may run before it is stopped.",
+    )
+    usage_check_interval = Float(
+        60.0, config=True,
+        help="""Seconds between the hub's checks of the ledger: GPU-hour budgets of running
+        servers, and sessions whose container vanished.""",
+    )
+    usage_retention_days = Float(
+        400.0, config=True,
+        help="Days a finished session stays in the usage ledger; 0: kept forever.",
+    )
+    cpu_boost = Bool(
+        True,
+        config=True,
+        help="""Start each server with more CPUs than its role (cpu_boost_cpus), and set
+        the role's CPU quota with the engine's update call as soon as the server answers,
+        before the user is handed the server. Python's imports are single-threaded, so a
+        role below one CPU otherwise starts about twice as slowly. If the update fails,
+        the server is stopped, never left unlimited.""",
+    )
+    cpu_boost_cpus = Float(
+        0.0,
+        config=True,
+        help="CPUs a server gets while it starts (cpu_boost); 0 means all of the engine's CPUs.",
+    )
+
+    # --- DockerSpawner's defaults, changed ----------------------------------------
+
+    @default("remove")
+    def _remove_default(self) -> bool:
+        return True  # a fresh container per spawn; the home volume keeps the work
+
+    @validate("remove")
+    def _always_remove(self, proposal: Any) -> bool:
+        # A kept container would come back with the last role's limits and GPUs.
+        if not proposal.value:
+            self.log.warning("QuotaSpawner.remove=False is ignored: every start gets a fresh "
+                             "container, sized from the quota table")
+        return True
+
+    @default("prefix")
+    def _prefix_default(self) -> str:
+        return "quota"
+
+    @default("volumes")
+    def _volumes_default(self) -> dict[str, str]:
+        return {f"{self.prefix}-home-{{username}}": self.home_dir}
+
+    @default("cmd")
+    def _cmd_default(self) -> list[str]:
+        return ["jupyterhub-singleuser"]
+
+    @property
+    def hub_id_prefix(self) -> str:
+        return self.prefix
+
+    async def admin_value(self, value: Any) -> dict[str, Any]:
+        """An admin's dict setting as DockerSpawner reads it: called if callable,
+        awaited, with {username}-style templates filled in."""
+        value = self._eval_if_callable(value)
+        if inspect.isawaitable(value):
+            value = await value
+        return self._render_templates(dict(value or {}))
+
+    def start_cpus(self, engine_cpus: float) -> float | None:
+        """CPUs for the start boost; None when it is off. ``engine_cpus``: 0 if unknown."""
+        if not self.cpu_boost:
+            return None
+        cpus = self.cpu_boost_cpus or engine_cpus
+        return min(cpus, engine_cpus) if engine_cpus else cpus or None
