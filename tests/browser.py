@@ -50,8 +50,7 @@ def usage_config(port: int, classes: dict[str, list[str]] | None = None) -> str:
     classes = {"cs101": ["prof-ada"]} if classes is None else classes
     return f"""
 import jupyterhub
-from spawner.webapp.class_logic import CLASS_OAUTH_SCOPES, class_service_scopes
-from spawner.hubconfig.rbac import instructor_roles
+from spawner.hubconfig.rbac import CLASS_OAUTH_SCOPES, class_service_scopes, instructor_roles
 from spawner.webapp.requests import USER_SCOPES
 from spawner.webapp.app import CUSTOM_SCOPES, usage_service
 CLASSES = {classes!r}

@@ -1,4 +1,6 @@
-"""JupyterHub RBAC roles for instructors of lab classes."""
+"""JupyterHub RBAC for lab classes: the instructors' roles, and the scopes the web app's
+class dashboard asks for (its OAuth client's) and holds (its own role's, for scheduled
+pre-warms)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,13 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# The usage page's own scope (spawner/webapp/app.py): filtered to a group, it shows
+# The usage page's own scope (spawner/webapp/access.py): filtered to a group, it shows
 # the sessions of that group; the hub config defines it in c.JupyterHub.custom_scopes.
 USAGE_SCOPE = "custom:quota-spawner:usage"
+# Asked for by the web app's OAuth client, for the class dashboard: the hub intersects
+# them with the visitor's own scopes, so an instructor's token carries list:users!group=G,
+# read:users!group=G and servers!group=G (instructor_scopes) and nothing wider.
+CLASS_OAUTH_SCOPES = ("list:users", "read:users", "servers")
 
 
 def instructor_scopes(group: str, usage_page: str = "usage") -> list[str]:
@@ -63,3 +69,10 @@ def instructor_roles(classes: Mapping[str, Iterable[str]],
         }
         for group, instructors in classes.items()
     ]
+
+
+def class_service_scopes(classes: Mapping[str, Iterable[str]] | Iterable[str]) -> list[str]:
+    """The web app's own scopes to start (and stop) the servers of these classes'
+    members when no instructor is there (scheduled pre-warms): ``{group: [instructor,
+    ...]}``, as ``instructor_roles`` takes, or groups."""
+    return [f"servers!group={group}" for group in sorted(set(classes))]

@@ -1,8 +1,10 @@
 """Editing the quota table safely: checks, a preview of who gains and loses what, saves
 that never write a bad table nor overwrite another admin's edit, and the audit trail.
 
-``check`` and ``preview`` are pure. ``TableFile`` and ``Audit`` block (files, the
-ledger's database): call them from a thread.
+``check`` and ``preview`` are pure. ``TableFile`` blocks (files, and the trail it records
+each save in): call it from a thread. The trail is a ``Trail``: the ledger's
+``table_versions`` (spawner/usage/table_versions.py's ``Audit``), which this module
+does not import, so the quota table stays below the ledger.
 
 A save is refused, with nothing written, when its comment is empty, when the text has
 problems (the same ``FILE:LINE`` messages as ``quota-spawner validate``), or when the
@@ -22,17 +24,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
-
-from sqlalchemy import Connection, Engine, insert, select
+from typing import Any, Protocol
 
 from spawner.quota.loader import ROLE_FIELDS, parse_quota_table, table_duration
 from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError, Role
 from spawner.quota.units import format_size
-from spawner.usage.schema import table_versions
 
 # Who the audit trail names for versions the editor did not write.
 BEFORE_EDITOR = "(before the editor)"
@@ -287,79 +286,21 @@ class SaveResult:
         return self.outcome == SAVED
 
 
-class Audit:
-    """The table's versions in the ledger's database (blocking)."""
+class Trail(Protocol):
+    """Where saves are recorded, in the same transaction as the write (blocking)."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def transaction(self) -> AbstractContextManager[Any]:
+        """A transaction; what it yields is passed back as ``connection``."""
 
     def record(self, *, path: str, who: str, comment: str, text: str,
                previous: str | None, at: float | None = None, sha256: str | None = None,
-               restored_from: int | None = None,
-               connection: Connection | None = None) -> int:
-        """Add a version; its diff is from ``previous`` (None: the first version).
-        ``sha256`` defaults to that of the text in UTF-8; pass ``connection`` to write
-        in a transaction of the caller's."""
-        name = os.path.basename(path)
-        diff = "" if previous is None else unified_diff(previous, text, f"a/{name}",
-                                                        f"b/{name}")
-        values = dict(path=os.path.abspath(path), at=time.time() if at is None else at,
-                      who=who, comment=comment, text=text, diff=diff,
-                      sha256=sha256 or version_of(text.encode("utf-8")),
-                      restored_from=restored_from)
-        if connection is not None:
-            return int(connection.execute(insert(table_versions).values(
-                **values)).inserted_primary_key[0])
-        with self.engine.begin() as own:
-            return int(own.execute(insert(table_versions).values(
-                **values)).inserted_primary_key[0])
+               restored_from: int | None = None, connection: Any = None) -> int:
+        """Add a version; its id."""
 
-    def versions(self, path: str, limit: int = 50) -> list[Version]:
-        """The table's versions, newest first."""
-        query = (select(table_versions).where(table_versions.c.path == os.path.abspath(path))
-                 .order_by(table_versions.c.id.desc()).limit(limit))
-        with self.engine.connect() as connection:
-            return [Version(**row._mapping) for row in connection.execute(query)]
-
-    def version(self, version_id: int) -> Version | None:
-        with self.engine.connect() as connection:
-            row = connection.execute(
-                select(table_versions).where(table_versions.c.id == version_id)).first()
-        return Version(**row._mapping) if row is not None else None
-
-    def latest(self, path: str, connection: Connection | None = None) -> Version | None:
-        query = (select(table_versions).where(table_versions.c.path == os.path.abspath(path))
-                 .order_by(table_versions.c.id.desc()).limit(1))
-        if connection is not None:
-            row = connection.execute(query).first()
-        else:
-            with self.engine.connect() as own:
-                row = own.execute(query).first()
-        return Version(**row._mapping) if row is not None else None
+    def latest(self, path: str, connection: Any = None) -> Version | None: ...
 
     def by_sha(self, path: str, sha256: str) -> Version | None:
         """The newest version of the table with these bytes."""
-        query = (select(table_versions).where(
-            table_versions.c.path == os.path.abspath(path), table_versions.c.sha256 == sha256)
-            .order_by(table_versions.c.id.desc()).limit(1))
-        with self.engine.connect() as connection:
-            row = connection.execute(query).first()
-        return Version(**row._mapping) if row is not None else None
-
-    def restore(self, version_id: int, who: str, comment: str, file: TableFile,
-                base_version: str | None = None) -> SaveResult:
-        """Save an earlier version again, through ``file.save``: the same validation and
-        the same refusal when the file changed since ``base_version`` (None: the file
-        as it is when this is called)."""
-        found = self.version(version_id)
-        if found is None or found.path != os.path.abspath(file.path):
-            current = file.read()[1]
-            return SaveResult(NOT_FOUND, f"There is no version {version_id} of this table.",
-                              current)
-        if base_version is None:
-            base_version = file.read()[1]
-        return file.save(found.text, base_version, who, comment, self,
-                         restored_from=found.id)
 
 
 # --- the file ---------------------------------------------------------------------------
@@ -403,7 +344,7 @@ class TableFile:
             finally:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
-    def save(self, text: str, base_version: str, who: str, comment: str, audit: Audit, *,
+    def save(self, text: str, base_version: str, who: str, comment: str, audit: Trail, *,
              base_text: str | None = None, restored_from: int | None = None) -> SaveResult:
         """Write ``text`` if it is valid, ``comment`` says why, and the file is still at
         ``base_version``; record it in ``audit``. ``base_text``, the text this admin
@@ -430,7 +371,7 @@ class TableFile:
             if data == raw:
                 return SaveResult(UNCHANGED, "The text is the table as it is; nothing was "
                                   "written.", current)
-            with audit.engine.begin() as connection:
+            with audit.transaction() as connection:
                 previous = audit.latest(self.path, connection)
                 if previous is None or previous.sha256 != current:
                     # The trail must hold the version being replaced, so it can be restored.
@@ -454,7 +395,7 @@ class TableFile:
                               diff=unified_diff(current_text, text, f"a/{name}", f"b/{name}"))
 
     def _conflict(self, text: str, base_version: str, base_text: str | None, current: str,
-                  current_text: str, audit: Audit) -> SaveResult:
+                  current_text: str, audit: Trail) -> SaveResult:
         if base_text is None or version_of(base_text.encode("utf-8")) != base_version:
             found = audit.by_sha(self.path, base_version)
             base_text = found.text if found else None

@@ -24,7 +24,6 @@ from sqlalchemy import Engine, and_, delete, insert, select, update
 from spawner.quota.model import QuotaTable
 from spawner.quota.units import format_moment, valid_moment
 from spawner.usage.schema import role_requests
-from spawner.webapp.inputs import DAY, REQUEST_HORIZON_DAYS
 
 PENDING, APPROVED, REFUSED, WITHDRAWN = "pending", "approved", "refused", "withdrawn"
 STATES = (PENDING, APPROVED, REFUSED, WITHDRAWN)
@@ -34,6 +33,9 @@ APPROVED_EVENT = "role-request-approved"
 REFUSED_EVENT = "role-request-refused"
 WITHDRAWN_EVENT = "role-request-withdrawn"
 MAX_REASON = 2000  # characters; a reason is a sentence or two, not a document
+DAY = 86400.0
+# How far ahead a request may start (docs/security.md#input-limits).
+REQUEST_HORIZON_DAYS = 366
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from spawner.watchdog.text import name, number, one_line
 
 # The hub's event log, in its state folder unless the hub's config says otherwise.
 EVENTS_FILE_NAME = "quota-spawner-events.jsonl"
-# Each cycle's GPU numbers, for the admins' GPU map (spawner/webapp/gpu_map.py).
+# Each cycle's GPU numbers, for the admins' GPU map (spawner/webapp/gpus.py).
 GPU_USAGE_FILE_NAME = "quota-spawner-gpu-usage.json"
 GPU_USAGE_VERSION = 1
 # A container is a zombie only if the hub's answer that lacks its server was asked for

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from html import escape
 from typing import Any
 
-from spawner.quota.units import human_duration
+from spawner.webapp.formatting import duration, moment
 
 # Tableau 10: tells ten series apart, also for most colour-blind readers.
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
@@ -339,10 +339,6 @@ def _lanes(spans: Sequence[tuple[float, float]]) -> list[int]:
     return lanes
 
 
-def when(t: float, tz: tzinfo) -> str:
-    return datetime.fromtimestamp(t, tz).strftime("%Y-%m-%d %H:%M")
-
-
 def session_timeline(sessions: Sequence[Mapping[str, Any]], *, since: float, until: float,
                      now: float | None = None, tz: tzinfo = timezone.utc,
                      title: str = "Sessions over time", max_lanes: int = 30) -> str:
@@ -394,10 +390,11 @@ def session_timeline(sessions: Sequence[Mapping[str, Any]], *, since: float, unt
         w = max(2.0, (end - start) * scale)
         y = top_pad + lane * lane_h
         ran = (s.get("stopped") or now) - s["started"] if s.get("started") else 0
-        tip = [f"{s.get('role', '')} · {s.get('image', '')}",
-               f"from {when(s.get('started') or s.get('requested'), tz)}"
-               + (f" to {when(s['stopped'], tz)}" if s.get("stopped") else ", still running"),
-               f"{human_duration(ran)}, {REASON_WORDS.get(reason, reason)}"]
+        began = moment(s.get("started") or s.get("requested"), tz, zone=False)
+        ended = f" to {moment(s['stopped'], tz, zone=False)}" if s.get("stopped") \
+            else ", still running"
+        tip = [f"{s.get('role', '')} · {s.get('image', '')}", f"from {began}{ended}",
+               f"{duration(ran)}, {REASON_WORDS.get(reason, reason)}"]
         out.append(
             f'<rect class="bar session" data-reason="{esc(reason)}" '
             f'data-session="{esc(s.get("id", ""))}" x="{x:.2f}" y="{y + 2:.1f}" '

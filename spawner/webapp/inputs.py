@@ -14,7 +14,7 @@ import json
 import math
 from typing import Any
 
-from tornado import web
+from spawner.webapp.access import Refused
 
 # The largest id the ledger's databases store (SQLite INTEGER, PostgreSQL BIGINT).
 MAX_ID = 2**63 - 1
@@ -23,23 +23,19 @@ MAX_ID = 2**63 - 1
 MAX_BODY = 1 << 20
 MAX_BODY_HARD = 16 << 20
 DAY = 86400.0
-# How far ahead a role request may start, and a class's pre-warm be scheduled.
-REQUEST_HORIZON_DAYS = 366
+# How far ahead a class's pre-warm may be scheduled (a role request's start has its
+# own rule, spawner/usage/grants.py's REQUEST_HORIZON_DAYS).
 PREWARM_HORIZON_DAYS = 366
 # Free text a visitor writes that others read.
 MAX_COMMENT = 2000  # characters: a decision's comment, a table save's comment
 
 
-class BadInput(web.HTTPError):
+class BadInput(Refused):
     """What a visitor sent is out of range (400), or too large (413); ``sentence`` says
     what was wrong, for them."""
 
     def __init__(self, sentence: str, status: int = 400):
-        super().__init__(status, reason="Payload Too Large" if status == 413 else "Bad Request")
-        self.sentence = sentence
-
-    def __str__(self) -> str:
-        return self.sentence
+        super().__init__(sentence, status)
 
 
 def check_body_size(length: int) -> None:

@@ -1,57 +1,61 @@
-"""Requests for a bigger role: the JSON API in the usage service (docs/role-requests.md).
+"""Requests for a bigger role (docs/role-requests.md): the page and its JSON API.
 
-Routes under the service's prefix (``routes``):
+``GET {prefix}requests`` is the service's landing page for every logged-in user:
 
-- ``GET api/requests/options``: the roles this user may ask for, the longest window,
-  whether instructors decide, and the roles the user holds (with their grants);
-- ``GET api/requests/mine``: the user's requests, newest first;
-- ``POST api/requests`` ``{role, starts, ends, reason}`` (Unix seconds): ask;
-- ``POST api/requests/<id>/withdraw``: take back a waiting request or give up a grant;
-- ``GET api/requests/pending``: the requests this visitor may decide (admins: all;
-  instructors of a group, when the table's ``requests: instructors_approve`` is true:
-  those of the group's members); anyone else is refused (403);
-- ``POST api/requests/<id>/decide`` ``{approve, comment}``: approve or refuse;
-- ``DELETE api/requests/<id>``: an admin deletes a request whose window cannot be shown
-  (stored before the input checks, ``inputs.py``); every other request is kept.
+- a form to ask for a role (those under the table's ``requests: roles`` that the user
+  does not hold), for a window of at most ``max_days``, with a reason;
+- the user's own requests with their state (waiting, approved until …, refused with the
+  decider's comment, withdrawn, expired), and a button to withdraw one or give up a grant;
+- for those who decide (admins; instructors of the requester's group when the table's
+  ``instructors_approve`` is true), "Requests to decide", each with approve or refuse and
+  a comment. Nobody else gets that section, and the API refuses them as well.
+
+The page is rendered here first, so reading it needs no script; ``static/requests.js``
+performs the actions through the JSON API, with the XSRF token the page carries, then
+reloads the page. Every user-chosen text (names, reasons, comments) goes through Jinja's
+autoescape; the script only sets textContent. The API, under ``api/requests``:
+
+- ``GET options``: the roles this user may ask for, the longest window, whether
+  instructors decide, and the roles the user holds (with their grants);
+- ``GET mine``: the user's requests, newest first;
+- ``POST`` ``{role, starts, ends, reason}`` (Unix seconds): ask;
+- ``POST <id>/withdraw``: take back a waiting request or give up a grant;
+- ``GET pending``: the requests this visitor may decide (admins: all; instructors of a
+  group, when the table's ``requests: instructors_approve`` is true: those of the group's
+  members); anyone else is refused (403);
+- ``POST <id>/decide`` ``{approve, comment}``: approve or refuse;
+- ``DELETE <id>``: an admin deletes a request whose window cannot be shown (stored before
+  the input checks, ``inputs.py``); every other request is kept.
 
 Unlike the usage report, these are for every logged-in user: the hub gives everyone
-``access:services!service=usage`` (``USER_SCOPES``, for ``c.JupyterHub.extra_user_scopes``),
-and the report's handlers still refuse those who are neither admins nor instructors.
-Who is an instructor of which groups comes from the usage scope the hub's OAuth passes on
-(``access_for``); the users' groups now, from the hub's REST API with the service's own
-token (``read:users:groups``). A refusal is 4xx with ``{"message": sentence}``; POSTs must
-be JSON, as the table editor's (table_api.py), and are behind HubOAuth's XSRF check.
-
-Each change is appended to the hub's event log (``<state dir>/quota-spawner-events.jsonl``,
-``QUOTA_SPAWNER_STATE_DIR``) with the hub's id, for the watchdog to tell the people
+``access:services!service=usage`` (``USER_SCOPES``, for ``c.JupyterHub.extra_user_scopes``).
+Who is an instructor of which groups comes from the usage scope the hub's OAuth passes on;
+the users' groups now, from the hub's REST API with the service's own token
+(``read:users:groups``). The logic and the rows are spawner/usage/grants.py's; each change
+is appended to the hub's event log with the hub's id, for the watchdog to tell the people
 concerned. The ledger and the table are read on the service's worker threads.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
-from spawner.events import EventLog
-from spawner.policy.config import hub_id_from_secret_file
 from spawner.quota.model import QuotaTable, QuotaTableError
 from spawner.quota.store import QuotaStore
+from spawner.quota.units import format_moment
 from spawner.usage import grants as rr
 from spawner.webapp import inputs
-from spawner.webapp.app import Refused, access_for
-from spawner.webapp.table import TableApi
+from spawner.webapp.access import Refused, access_for, is_admin, taught
+from spawner.webapp.base import ApiHandler, BaseHandler, PageHandler
 
 log = logging.getLogger("quota_spawner.usage")
 
-EVENTS_FILE = "quota-spawner-events.jsonl"
 # What every user needs to reach this service: c.JupyterHub.extra_user_scopes.
 USER_SCOPES = ("access:services!service=usage",)
 NOT_DECIDER = ("Requests are decided by admins, and by the instructors of a class when the "
@@ -62,42 +66,7 @@ BAD_TABLE = ("The quota table has problems, so requests cannot be handled now; "
              "an admin has to fix it.")
 NO_HUB = ("The hub did not tell this service who is in which group; try again in a "
           "moment.")
-
-GroupsOf = Callable[[str], Awaitable[list[str]]]
-
-
-def hub_groups(api_url: str, token: str) -> GroupsOf:
-    """A user's groups now, from the hub's REST API with the service's token."""
-
-    async def groups(user: str) -> list[str]:
-        if not api_url:
-            raise Refused(NO_HUB + " (JUPYTERHUB_API_URL is not set.)", 503)
-        try:
-            response = await AsyncHTTPClient().fetch(HTTPRequest(
-                f"{api_url.rstrip('/')}/users/{quote(user, safe='')}", request_timeout=10,
-                headers={"Authorization": f"token {token}"}))
-        except HTTPClientError as e:
-            if e.code == 404:
-                return []  # a user the hub no longer has is in no group
-            log.warning("Requests: the hub did not give the groups of %s: %s", user, e)
-            raise Refused(NO_HUB, 503) from None
-        except OSError as e:
-            log.warning("Requests: the hub did not give the groups of %s: %s", user, e)
-            raise Refused(NO_HUB, 503) from None
-        return [str(g) for g in json.loads(response.body).get("groups") or []]
-
-    return groups
-
-
-def hub_id_from_env() -> str:
-    """The hub's id as the spawner derives it: QUOTA_SPAWNER_HUB_ID, else from the hub's
-    cookie secret file and prefix (QUOTA_SPAWNER_HUB_SECRET_FILE, QUOTA_SPAWNER_PREFIX)."""
-    if os.environ.get("QUOTA_SPAWNER_HUB_ID"):
-        return os.environ["QUOTA_SPAWNER_HUB_ID"]
-    path = os.environ.get("QUOTA_SPAWNER_HUB_SECRET_FILE", "")
-    found = hub_id_from_secret_file(os.environ.get("QUOTA_SPAWNER_PREFIX", "quota"),
-                                    path) if path else None
-    return found or ""
+LOG_IN = "Log in to the hub to ask for a role."
 
 
 def request_json(r: rr.RoleRequest) -> dict[str, Any]:
@@ -110,7 +79,7 @@ def request_json(r: rr.RoleRequest) -> dict[str, Any]:
 def decider_for_model(model: dict[str, Any], table: QuotaTable) -> str | None:
     """None when this visitor may decide some requests (an admin; an instructor when the
     table lets instructors decide), else the sentence that refuses them."""
-    admin = model.get("admin") is True
+    admin = is_admin(model)
     access = access_for(model)
     if not admin and (access is None or access.everything):
         return NOT_DECIDER
@@ -119,79 +88,171 @@ def decider_for_model(model: dict[str, Any], table: QuotaTable) -> str | None:
     return None
 
 
-async def decider_for(model: dict[str, Any], table: QuotaTable,
-                      pending: list[rr.RoleRequest],
-                      groups_of: GroupsOf) -> Callable[[rr.RoleRequest], bool]:
-    """Who may decide, with the groups of the requests' users read from the hub once."""
-    admin = model.get("admin") is True
-    access = access_for(model)
-    taught = access.groups if access is not None and not access.everything else ()
-    groups: dict[str, list[str]] = {}
-    if not admin and taught and table.requests.instructors_approve:
-        for user in {r.user_name for r in pending}:
-            groups[user] = await groups_of(user)
-    return rr.decider(table, admin=admin, instructor_of=taught,
-                      groups_of=lambda user: groups.get(user, ()))
+# --- how a request reads on the page -----------------------------------------------------------
 
 
-async def load_table(reader: Any, quota_file: str) -> QuotaTable:
-    """The quota table, read on the service's worker threads, or Refused with a sentence."""
-    if not quota_file:
-        raise Refused(NO_TABLE, 404)
-    try:
-        return await reader.call(QuotaStore.for_path(quota_file).get, log)
-    except QuotaTableError:
-        raise Refused(BAD_TABLE, 503) from None
+@dataclass(frozen=True)
+class Row:
+    """One request as the page shows it; the texts are escaped by the template."""
+
+    id: int
+    user: str
+    groups: str
+    role: str
+    window: str
+    reason: str
+    asked: str
+    state: str  # waiting, upcoming, granted, expired, refused, withdrawn: the CSS class
+    status: str  # the state in words
+    comment: str
+    withdraw: str  # the button's label; empty: nothing to withdraw
+    broken: bool = False  # a window no calendar shows: refused or deleted, never approved
 
 
-def shared_options(app: web.Application) -> dict[str, Any]:
-    """The options ``routes`` gave the API's handlers in this app (the table, the event
-    log, the hub's groups, the clock), so the requests page reads what the API writes."""
-    for rule in app.wildcard_router.rules:
-        target = rule.target
-        if isinstance(target, type) and issubclass(target, RequestsApi):
-            return dict(rule.target_kwargs)
-    raise LookupError("the app has no routes of the requests API")
+def row(r: rr.RoleRequest, now: float, when: Callable[[float], str]) -> Row:
+    by = r.decided_by or ""
+    if r.state == rr.PENDING:
+        state, status, withdraw = "waiting", "Waiting for a decision", "Withdraw"
+    elif r.state == rr.APPROVED and r.ends <= now:
+        state, status, withdraw = "expired", f"Expired: the grant ended on {when(r.ends)}", ""
+    elif r.state == rr.APPROVED and r.starts > now:
+        state, status, withdraw = ("upcoming", f"Approved by {by}, from {when(r.starts)} "
+                                   f"until {when(r.ends)}", "Give up the grant")
+    elif r.state == rr.APPROVED:
+        state, status, withdraw = ("granted", f"Approved by {by}, until {when(r.ends)}",
+                                   "Give up the grant")
+    elif r.state == rr.REFUSED:
+        state, status, withdraw = "refused", f"Refused by {by}", ""
+    else:
+        state, status, withdraw = "withdrawn", (
+            f"Withdrawn on {when(r.decided_at)}" if r.decided_at else "Withdrawn"), ""
+    if r.broken:
+        status = f"{status}. Its window holds a time no calendar can show."
+    return Row(r.id, r.user_name, ", ".join(r.groups), r.role,
+               f"{when(r.starts)} to {when(r.ends)}", r.reason, when(r.asked_at), state,
+               status, r.decision_comment, withdraw, r.broken)
 
 
-class RequestsApi(TableApi):
-    """Shared by the requests' endpoints: any logged-in user, JSON in and out."""
+# --- shared by the page and the API -------------------------------------------------------------
 
-    def initialize(self, *, quota_file: str, events: EventLog, hub_id: Callable[[], str],
-                   groups_of: GroupsOf, clock: Callable[[], float]) -> None:
-        self.quota_file = quota_file
-        self.events = events
-        self.hub_id = hub_id
-        self.groups_of = groups_of
-        self.clock = clock
 
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        error = kwargs.get("exc_info", (None, None, None))[1]
-        if getattr(error, "sentence", None) is None and status_code == 403:
-            # HubOAuthenticated refused the visitor: no login, or no access to the service
-            self.set_header("Content-Type", "application/json; charset=utf-8")
-            self.finish(json.dumps({"message": "Log in to the hub to ask for a role."}))
-            return
-        super().write_error(status_code, **kwargs)
-
-    def who(self) -> str:
-        return str(self.current_user["name"])
+class RequestsHandler(BaseHandler):
+    """The quota table's request rules, the users' groups from the hub, who decides."""
 
     async def quota_table(self) -> QuotaTable:
-        return await load_table(self.reader, self.quota_file)
+        """The quota table, read on the worker threads, or Refused with a sentence."""
+        if not self.setup.quota_file:
+            raise Refused(NO_TABLE, 404)
+        try:
+            return await self.blocking(QuotaStore.for_path(self.setup.quota_file).get, log)
+        except QuotaTableError:
+            raise Refused(BAD_TABLE, 503) from None
 
-    async def my_groups(self) -> list[str]:
-        return await self.groups_of(self.who())
+    async def groups_of(self, user: str) -> list[str]:
+        """A user's groups now, from the hub's REST API with the service's token."""
+        hub = self.setup.hub.require(NO_HUB + " (JUPYTERHUB_API_URL is not set.)")
+        code, found = await hub.call(hub.service_token, "GET", f"users/{quote(user, safe='')}")
+        if code == 404:
+            return []  # a user the hub no longer has is in no group
+        if code != 200 or not isinstance(found, dict):
+            log.warning("Requests: the hub did not give the groups of %s (HTTP %s)", user,
+                        code)
+            raise Refused(NO_HUB, 503)
+        return [str(g) for g in found.get("groups") or []]
 
     async def decider(self, table: QuotaTable,
                       pending: list[rr.RoleRequest]) -> Callable[[rr.RoleRequest], bool]:
-        return await decider_for(self.current_user, table, pending, self.groups_of)
+        """Who may decide, with the groups of the requests' users read from the hub once."""
+        model = self.current_user
+        admin = is_admin(model)
+        classes = taught(model)
+        groups: dict[str, list[str]] = {}
+        if not admin and classes and table.requests.instructors_approve:
+            for user in {r.user_name for r in pending}:
+                groups[user] = await self.groups_of(user)
+        return rr.decider(table, admin=admin, instructor_of=classes,
+                          groups_of=lambda user: groups.get(user, ()))
+
+
+# --- the page ----------------------------------------------------------------------------------
+
+
+class RequestsPage(RequestsHandler, PageHandler):
+    """GET {prefix}requests: ask, follow one's requests, and decide those of others."""
+
+    page_title = "Role requests"
+    scripts = ("requests.js",)
+
+    @web.authenticated
+    async def get(self) -> None:
+        model = self.current_user
+        user = str(model["name"])
+        now = self.setup.clock()
+
+        def when(t: float) -> str:
+            return format_moment(t, self.tz)
+
+        # What the ask form needs; a missing table or a silent hub leaves the form out
+        # with the sentence, while the user's requests are still shown.
+        problem = ""
+        table: QuotaTable | None = None
+        askable: list[dict[str, str]] = []
+        held: list[str] = []
+        granted: set[str] = set()
+        try:
+            table = await self.quota_table()
+            groups = await self.groups_of(user)
+            granted = await self.reader.run(rr.granted_roles, user, now)
+            held = table.role_names_for(user, groups, granted)
+            askable = [{"name": name, "label": table.roles[name].display_name or name,
+                        "description": table.roles[name].description}
+                       for name in table.requests.roles
+                       if name in table.roles and name not in held]
+        except Refused as e:
+            problem = e.sentence
+        mine = [row(r, now, when) for r in await self.reader.run(rr.requests_of, user)]
+
+        # "Requests to decide": only for those who may decide some; None hides it.
+        to_decide: list[Row] | None = None
+        decide_problem = ""
+        if table is not None and decider_for_model(model, table) is None:
+            waiting = await self.reader.run(rr.pending)
+            try:
+                may = await self.decider(table, waiting)
+                # nobody decides their own request: an admin's shows under theirs only
+                to_decide = [row(r, now, when) for r in waiting
+                             if may(r) and r.user_name != user]
+            except Refused as e:
+                to_decide, decide_problem = [], e.sentence
+        elif table is None and is_admin(model):
+            to_decide, decide_problem = [], problem
+        log.debug("Requests page: %s, %d own, deciding %s", user, len(mine),
+                  None if to_decide is None else len(to_decide))
+
+        rules = table.requests if table is not None else None
+        self.render_page(
+            "requests.html", title="Role requests", problem=problem,
+            no_roles=rules is not None and not rules.roles, askable=askable, held=held,
+            granted=sorted(granted), max_days=f"{rules.max_days:g}" if rules else "0",
+            instructors_approve=bool(rules and rules.instructors_approve),
+            mine=mine, to_decide=to_decide, decide_problem=decide_problem,
+            admin=is_admin(model), max_reason=rr.MAX_REASON, xsrf=self.xsrf(),
+            api=self.prefix + "api/requests")
+
+
+# --- the API -----------------------------------------------------------------------------------
+
+
+class RequestsApi(RequestsHandler, ApiHandler):
+    """Shared by the requests' endpoints: any logged-in user, JSON in and out."""
+
+    refused = LOG_IN  # HubOAuthenticated refused the visitor: no login, or no access
 
     def told(self, outcome: rr.Outcome) -> None:
         """The outcome's event appended to the hub's log, then the answer; a refusal: 400."""
         if not outcome.done:
             raise Refused(outcome.refusal or "", 400)
-        outcome.emit(self.events, hub=self.hub_id())
+        outcome.emit(self.setup.events, hub=self.setup.hub_id())
         log.info("Requests: %s (%s)", outcome.fields.get("text") or outcome.reply,
                  outcome.event)
         assert outcome.request is not None
@@ -205,8 +266,8 @@ class OptionsHandler(RequestsApi):
     async def get(self) -> None:
         table = await self.quota_table()
         user = self.who()
-        groups = await self.my_groups()
-        now = self.clock()
+        groups = await self.groups_of(user)
+        now = self.setup.clock()
         granted = await self.reader.run(rr.granted_roles, user, now)
         held = table.role_names_for(user, groups, granted)
         rules = table.requests
@@ -244,8 +305,8 @@ class AskHandler(RequestsApi):
         inputs.text(body["reason"], "reason", rr.MAX_REASON)
         table = await self.quota_table()
         user = self.who()
-        groups = await self.my_groups()
-        now = self.clock()
+        groups = await self.groups_of(user)
+        now = self.setup.clock()
         outcome = await self.reader.run(lambda engine: rr.ask(
             engine, table, user, groups, body["role"], starts, ends, body["reason"], now))
         self.told(outcome)
@@ -258,7 +319,7 @@ class WithdrawHandler(RequestsApi):
     async def post(self, request_id: str) -> None:
         self.body()
         found = inputs.record_id(request_id, "request")
-        user, now = self.who(), self.clock()
+        user, now = self.who(), self.setup.clock()
         self.told(await self.reader.run(rr.withdraw, found, user, now))
 
 
@@ -268,7 +329,7 @@ class PendingHandler(RequestsApi):
     @web.authenticated
     async def get(self) -> None:
         model, access = self.current_user, access_for(self.current_user)
-        if model.get("admin") is not True and (access is None or access.everything):
+        if not is_admin(model) and (access is None or access.everything):
             raise Refused(NOT_DECIDER)  # before reading the table: nothing to tell them
         table = await self.quota_table()
         refusal = decider_for_model(model, table)
@@ -297,7 +358,7 @@ class DecideHandler(RequestsApi):
         may = await self.decider(table, [found])
         if not may(found):
             raise Refused(f"You may not decide the requests of {found.user_name}.")
-        who, now = self.who(), self.clock()
+        who, now = self.who(), self.setup.clock()
         outcome = await self.reader.run(lambda engine: rr.decide(
             engine, table, number, who, approve, comment, may, now))
         self.told(outcome)
@@ -309,7 +370,7 @@ class DeleteHandler(RequestsApi):
     @web.authenticated
     async def delete(self, request_id: str) -> None:
         number = inputs.record_id(request_id, "request")
-        if self.current_user.get("admin") is not True:
+        if not is_admin(self.current_user):
             raise Refused("Only admins may delete a request, and only one whose window "
                           "cannot be shown.")
         outcome = await self.reader.run(rr.delete_broken, number)
@@ -320,41 +381,14 @@ class DeleteHandler(RequestsApi):
         self.reply({"message": outcome.reply})
 
 
-def routes(prefix: str, *, quota_file: str | None = None, state_dir: str | None = None,
-           hub_id: str | Callable[[], str] | None = None, hub_api_url: str | None = None,
-           hub_api_token: str | None = None, groups_of: GroupsOf | None = None,
-           clock: Callable[[], float] = time.time) -> list[tuple[str, type, dict[str, Any]]]:
-    """The requests' routes under ``prefix``; what is not given comes from the service's
-    environment (QUOTA_SPAWNER_QUOTA_FILE, QUOTA_SPAWNER_STATE_DIR, the hub's id,
-    JUPYTERHUB_API_URL and JUPYTERHUB_API_TOKEN). The app needs the usage service's
-    settings (``usage_reader``), as ``make_app`` gives them."""
-    prefix = prefix if prefix.endswith("/") else prefix + "/"
-    env = os.environ.get
-    if quota_file is None:
-        quota_file = env("QUOTA_SPAWNER_QUOTA_FILE", "")
-    if state_dir is None:
-        state_dir = env("QUOTA_SPAWNER_STATE_DIR", "")
-    if hub_id is None:
-        hub_id = hub_id_from_env
-    elif isinstance(hub_id, str):
-        hub_id = (lambda fixed: lambda: fixed)(hub_id)
-    if groups_of is None:
-        groups_of = hub_groups(env("JUPYTERHUB_API_URL", "") if hub_api_url is None
-                               else hub_api_url,
-                               env("JUPYTERHUB_API_TOKEN", "") if hub_api_token is None
-                               else hub_api_token)
-    if not state_dir:
-        log.warning("Requests: no QUOTA_SPAWNER_STATE_DIR, so their events are not "
-                    "recorded and nobody is told of them")
-    events = EventLog(os.path.join(state_dir, EVENTS_FILE) if state_dir else "", log)
-    shared = {"quota_file": quota_file, "events": events, "hub_id": hub_id,
-              "groups_of": groups_of, "clock": clock}
+def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
     return [
-        (prefix + "api/requests", AskHandler, shared),
-        (prefix + "api/requests/options", OptionsHandler, shared),
-        (prefix + "api/requests/mine", MineHandler, shared),
-        (prefix + "api/requests/pending", PendingHandler, shared),
-        (prefix + r"api/requests/(\d+)/withdraw", WithdrawHandler, shared),
-        (prefix + r"api/requests/(\d+)/decide", DecideHandler, shared),
-        (prefix + r"api/requests/(\d+)", DeleteHandler, shared),
+        (prefix + "requests", RequestsPage),
+        (prefix + "api/requests", AskHandler),
+        (prefix + "api/requests/options", OptionsHandler),
+        (prefix + "api/requests/mine", MineHandler),
+        (prefix + "api/requests/pending", PendingHandler),
+        (prefix + r"api/requests/(\d+)/withdraw", WithdrawHandler),
+        (prefix + r"api/requests/(\d+)/decide", DecideHandler),
+        (prefix + r"api/requests/(\d+)", DeleteHandler),
     ]

@@ -1,6 +1,9 @@
-"""The quota table editor's JSON API, for admins only, in the usage service.
+"""The quota table editor, for admins only (docs/table-editor.md): its page and its JSON API.
 
-Routes under the service's prefix:
+``GET {prefix}table`` shows the table in a browser editor (CodeMirror 6 with the table's
+JSON Schema, bundled into ``static/editor.js`` from ``editor/`` by ``make editor``; no
+asset from the network). The page only shows; it reads, checks, previews and saves
+through the JSON API, with the service's XSRF token, which the page carries:
 
 - ``GET api/table``: the table's text, its version (sha256), path, JSON Schema and problems;
 - ``POST api/table/check`` ``{text}``: its problems, ``FILE:LINE`` as the CLI prints them;
@@ -10,19 +13,12 @@ Routes under the service's prefix:
 - ``GET api/table/versions``, ``GET api/table/versions/<id>``: the audit trail;
 - ``POST api/table/versions/<id>/restore`` ``{comment, version}``: save that version again.
 
-Only admins (``admin`` true in the hub's user model) may use it: the usage page's
-viewers and instructors are refused with a sentence. Every POST must carry JSON
-(``Content-Type: application/json``), which an HTML form of another site cannot
-send without a CORS preflight this service never answers. Cross-site requests are
-refused a second way by the hub's OAuth: JupyterHub's ``HubOAuth`` accepts the login
-cookie on a POST only with the service's XSRF token in the ``X-XSRFToken`` header
-(the page gets it from ``xsrf_token``); without it the request has no user and is
-refused (403). Requests with a hub API token are not cookie-based and need neither.
-
-Files and the ledger are read and written on the service's worker threads; the
-hub's users, groups and running servers are read with the service's own token
-(``JUPYTERHUB_API_TOKEN``, with ``list:users``, ``read:users:groups`` and
-``read:servers``) through tornado's asynchronous client.
+Only admins (``admin`` true in the hub's user model) may use either: the usage page's
+viewers and instructors are refused with a sentence. The check, the preview and the save
+are spawner/quota/editing.py's; the audit trail is the ledger's ``table_versions``
+(spawner/usage/table_versions.py). Files and the ledger are read and written on the
+service's worker threads; the hub's users, groups and running servers are read with the
+service's own token (``list:users``, ``read:users:groups``, ``read:servers``).
 """
 
 from __future__ import annotations
@@ -30,21 +26,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import cache
 from importlib.resources import files
 from typing import Any
-from urllib.parse import urlencode
 
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from spawner.quota.editing import (
     CONFLICT,
     NOT_FOUND,
     UNCHANGED,
-    Audit,
     SaveResult,
     TableFile,
     Version,
@@ -53,8 +46,11 @@ from spawner.quota.editing import (
 )
 from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import Problem, QuotaTable, QuotaTableError
+from spawner.usage.table_versions import Audit
 from spawner.webapp import inputs
-from spawner.webapp.app import Refused, UsageHandler
+from spawner.webapp.access import Refused
+from spawner.webapp.base import ApiHandler, BaseHandler, PageHandler
+from spawner.webapp.hub_api import HubApi
 
 log = logging.getLogger("quota_spawner.usage")
 
@@ -62,7 +58,8 @@ ADMINS_ONLY = ("The quota table can be edited by admins only. Ask an admin if a 
                "a limit should change.")
 NO_TABLE = ("This service has no quota table to edit: the hub did not give it one "
             "(QUOTA_SPAWNER_QUOTA_FILE).")
-PAGINATION = "application/jupyterhub-pagination+json"
+NO_HUB_API = ("The preview needs the hub's API, and this service was not given its "
+              "address (JUPYTERHUB_API_URL).")
 
 # users -> their groups, and users -> the role their running server was started with
 Directory = tuple[dict[str, list[str]], dict[str, str]]
@@ -79,115 +76,21 @@ def problems_json(problems: Any) -> list[dict[str, Any]]:
     return [{"file": p.file, "line": p.line, "message": p.message} for p in problems]
 
 
-def hub_directory(api_url: str, token: str) -> Callable[[], Awaitable[Directory]]:
-    """Reads every user's groups and running servers from the hub's REST API."""
-
-    async def read() -> Directory:
-        if not api_url:
-            raise Refused("The preview needs the hub's API, and this service was not given "
-                          "its address (JUPYTERHUB_API_URL).", 503)
-        users: dict[str, list[str]] = {}
-        running: dict[str, str] = {}
-        client = AsyncHTTPClient()
-        offset = 0
-        while True:
-            query = urlencode({"offset": offset, "limit": 200})
-            response = await client.fetch(HTTPRequest(
-                f"{api_url.rstrip('/')}/users?{query}", request_timeout=10,
-                headers={"Authorization": f"token {token}", "Accept": PAGINATION}))
-            page = json.loads(response.body)
-            # a hub that ignores the pagination header answers with a plain list
-            items = page if isinstance(page, list) else page.get("items", [])
-            for user in items:
-                users[user["name"]] = list(user.get("groups") or [])
-                servers = user.get("servers") or {}
-                # the default server first: the preview counts one server per user
-                for name in sorted(servers, key=lambda n: (n != "", n)):
-                    role = (servers[name].get("user_options") or {}).get("profile")
-                    if role:
-                        running[user["name"]] = str(role)
-                        break
-            following = None if isinstance(page, list) else (
-                (page.get("_pagination") or {}).get("next"))
-            if not following:
-                return users, running
-            offset = int(following.get("offset", offset + 200))
-
-    return read
-
-
-class TableApi(UsageHandler):
-    """Shared by the editor's endpoints: admins only, JSON in and out."""
-
-    def set_default_headers(self) -> None:
-        super().set_default_headers()
-        self.set_header("Content-Type", "application/json; charset=utf-8")
-
-    @property
-    def table(self) -> TableFile:
-        path = self.settings["usage_quota_file"]
-        if not path:
-            raise Refused(NO_TABLE, 404)
-        return TableFile(path)
-
-    def admin(self) -> str:
-        """The admin's name, or Refused: only ``admin`` true counts, not the usage
-        page's other scopes, since this changes what everyone may run."""
-        model = self.current_user
-        if model.get("admin") is not True:
-            log.info("Table editor: refused %s, not an admin", model.get("name"))
-            raise Refused(ADMINS_ONLY)
-        return str(model["name"])
-
-    def body(self, *required: str) -> dict[str, Any]:
-        kind = self.request.headers.get("Content-Type", "").split(";")[0].strip().lower()
-        if kind != "application/json":
-            raise Refused("Send the request as JSON (Content-Type: application/json).", 400)
-        found = inputs.parse_json(self.request.body or b"")
-        if not isinstance(found, dict):
-            raise Refused("The request must be a JSON object.", 400)
-        for name in required:
-            if not isinstance(found.get(name), str):
-                raise Refused(f"The request needs {name!r}, as a string.", 400)
-        return found
-
-    async def blocking(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` on the service's worker threads."""
-        return await self.reader.call(fn, *args)
-
-    async def audit(self, fn: Callable[[Audit], Any]) -> Any:
-        """``fn(Audit)`` on the worker threads, with the ledger's engine."""
-        return await self.reader.run(lambda engine: fn(Audit(engine)))
-
-    def reply(self, value: Any, status: int = 200) -> None:
-        self.set_status(status)
-        self.finish(json.dumps(value, default=str))
-
-    def write_error(self, status_code: int, **kwargs: Any) -> None:
-        error = kwargs.get("exc_info", (None, None, None))[1]
-        sentence = getattr(error, "sentence", None)
-        if sentence is None:
-            sentence = {403: ADMINS_ONLY, 404: "There is no such version or endpoint here.",
-                        400: "The request could not be read."}.get(
-                status_code, "The request failed because of an error; the service's log "
-                "has the details.")
-        self.set_header("Content-Type", "application/json; charset=utf-8")
-        self.finish(json.dumps({"message": sentence}))
-
-    def saved(self, result: SaveResult) -> None:
-        """A save's or a restore's answer: 200, or why nothing was written."""
-        if result.saved or result.outcome == UNCHANGED:
-            self.reply({"version": result.version, "audit_id": result.audit_id,
-                        "message": result.message, "diff": result.diff})
-        elif result.outcome == CONFLICT:
-            self.reply({"message": result.message, "version": result.version,
-                        "diff": result.diff, "yours": result.yours,
-                        "current_text": result.current_text}, 409)
-        elif result.outcome == NOT_FOUND:
-            self.reply({"message": result.message}, 404)
-        else:  # INVALID, NO_COMMENT
-            self.reply({"message": result.message, "version": result.version,
-                        "problems": problems_json(result.problems)}, 400)
+async def hub_directory(hub: HubApi) -> Directory:
+    """Every user's groups and the role of their running server, from the hub's REST
+    API with the service's token, for the preview."""
+    users: dict[str, list[str]] = {}
+    running: dict[str, str] = {}
+    for user in await hub.require(NO_HUB_API).users(hub.service_token):
+        users[user["name"]] = list(user.get("groups") or [])
+        servers = user.get("servers") or {}
+        # the default server first: the preview counts one server per user
+        for name in sorted(servers, key=lambda n: (n != "", n)):
+            role = (servers[name].get("user_options") or {}).get("profile")
+            if role:
+                running[user["name"]] = str(role)
+                break
+    return users, running
 
 
 def _version_json(v: Version, full: bool = False) -> dict[str, Any]:
@@ -208,6 +111,87 @@ def _comment(body: dict[str, Any]) -> str:
     return inputs.text(found, "comment", inputs.MAX_COMMENT) if found is not None else ""
 
 
+def _parse(text: str, path: str) -> tuple[QuotaTable | None, list[Problem]]:
+    try:
+        return parse_quota_table(text, path), []
+    except QuotaTableError as e:
+        return None, list(e.problems)
+
+
+class TableEditor(BaseHandler):
+    """Shared by the page and the endpoints: admins only, the table's file."""
+
+    refused = ADMINS_ONLY
+
+    @property
+    def table(self) -> TableFile:
+        if not self.setup.quota_file:
+            raise Refused(NO_TABLE, 404)
+        return TableFile(self.setup.quota_file)
+
+    async def read(self, table: TableFile) -> dict[str, Any]:
+        """The table's text, version and problems, read on the worker threads."""
+        def read() -> dict[str, Any]:
+            text, version = table.read()
+            return {"text": text, "version": version,
+                    "problems": problems_json(table.check(text))}
+
+        return await self.blocking(read)
+
+
+# --- the page ----------------------------------------------------------------------------------
+
+
+class TablePage(TableEditor, PageHandler):
+    """GET {prefix}table: the editor, with the table's text, version, schema and problems."""
+
+    page_title = "Quota table"
+    scripts = ("editor.js",)
+
+    @web.authenticated
+    async def get(self) -> None:
+        self.require_admin(ADMINS_ONLY, "Table editor page")
+        table = self.table
+        found = await self.read(table)
+        self.render_page(
+            "table.html", title="Quota table", path=table.path, text=found["text"],
+            version=found["version"], problems=found["problems"],
+            problems_json=json.dumps(found["problems"]),
+            schema_json=json.dumps(table_schema(), separators=(",", ":")),
+            xsrf=self.xsrf(), api=self.prefix + "api/table")
+
+
+# --- the API -----------------------------------------------------------------------------------
+
+
+class TableApi(TableEditor, ApiHandler):
+    """Shared by the editor's endpoints: admins only, JSON in and out."""
+
+    missing = "There is no such version or endpoint here."
+
+    def admin(self) -> str:
+        return self.require_admin(ADMINS_ONLY, "Table editor")
+
+    async def audit(self, fn: Callable[[Audit], Any]) -> Any:
+        """``fn(Audit)`` on the worker threads, with the ledger's engine."""
+        return await self.reader.run(lambda engine: fn(Audit(engine)))
+
+    def saved(self, result: SaveResult) -> None:
+        """A save's or a restore's answer: 200, or why nothing was written."""
+        if result.saved or result.outcome == UNCHANGED:
+            self.reply({"version": result.version, "audit_id": result.audit_id,
+                        "message": result.message, "diff": result.diff})
+        elif result.outcome == CONFLICT:
+            self.reply({"message": result.message, "version": result.version,
+                        "diff": result.diff, "yours": result.yours,
+                        "current_text": result.current_text}, 409)
+        elif result.outcome == NOT_FOUND:
+            self.reply({"message": result.message}, 404)
+        else:  # INVALID, NO_COMMENT
+            self.reply({"message": result.message, "version": result.version,
+                        "problems": problems_json(result.problems)}, 400)
+
+
 class TableHandler(TableApi):
     """GET: the table as it is. POST: save an edit."""
 
@@ -215,15 +199,9 @@ class TableHandler(TableApi):
     async def get(self) -> None:
         self.admin()
         table = self.table
-
-        def read() -> dict[str, Any]:
-            text, version = table.read()
-            return {"text": text, "version": version, "path": table.path,
-                    "problems": problems_json(table.check(text))}
-
-        found = await self.blocking(read)
-        found["schema"] = table_schema()
-        self.reply(found)
+        found = await self.read(table)
+        self.reply({"text": found["text"], "version": found["version"], "path": table.path,
+                    "problems": found["problems"], "schema": table_schema()})
 
     @web.authenticated
     async def post(self) -> None:
@@ -248,13 +226,6 @@ class CheckHandler(TableApi):
         path = self.table.path
         # on the worker threads: a large table's check must not hold up other visitors
         self.reply({"problems": problems_json(await self.blocking(check, text, path))})
-
-
-def _parse(text: str, path: str) -> tuple[QuotaTable | None, list[Problem]]:
-    try:
-        return parse_quota_table(text, path), []
-    except QuotaTableError as e:
-        return None, list(e.problems)
 
 
 class PreviewHandler(TableApi):
@@ -282,13 +253,14 @@ class PreviewHandler(TableApi):
                         "details": None})
             return
         try:
-            users, running = await self.settings["table_directory"]()
+            users, running = await hub_directory(self.setup.hub)
         except Refused:
             raise
         except Exception as e:
             log.warning("Table editor: could not read the hub's users: %s", e)
             raise Refused("The preview needs the hub's list of users, and the hub did not "
                           "answer; try again in a moment.", 503) from None
+
         def compare() -> dict[str, Any]:
             found = preview(old, new, users, running)
             return {"sentences": found.sentences(), "details": asdict(found)}
@@ -344,8 +316,9 @@ class RestoreHandler(TableApi):
         self.saved(result)
 
 
-def table_routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
+def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:
     return [
+        (prefix + "table", TablePage),
         (prefix + "api/table", TableHandler),
         (prefix + "api/table/check", CheckHandler),
         (prefix + "api/table/preview", PreviewHandler),

@@ -1,6 +1,6 @@
 """Requests for a bigger role: the usage service's JSON API without a hub. The OAuth user
 is faked as in test_usage_service.py, the hub's REST API (a user's groups) by a small
-tornado app, as in test_table_api.py."""
+tornado app, as in test_table.py."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from spawner.events import read_events
 from spawner.usage.ledger import Ledger
 from spawner.webapp import app as service
 from spawner.webapp import requests as requests_api
+from spawner.webapp.base import BaseHandler
 
 HUB_TOKEN = "service-token"
 HUB_ID = "quota-0123456789ab"
@@ -102,7 +103,7 @@ async def api(request, tmp_path, monkeypatch):
     auth = FakeHubAuth({"admin": ADMIN, "prof-ada": INSTRUCTOR, "carol": PLAIN,
                         "finance": VIEWER, "student1": STUDENT, "dora": DORA, "bob": BOB,
                         "prof-bo": OTHER_INSTRUCTOR})
-    monkeypatch.setattr(service.UsageHandler, "hub_auth", property(lambda self: auth))
+    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
     hub = web.Application([(r"/hub/api/users/([^/]+)", FakeHubUser)])
     hub_sock, hub_port = bind_unused_port()
     hub_server = HTTPServer(hub)
@@ -110,18 +111,17 @@ async def api(request, tmp_path, monkeypatch):
     prefix = "/services/usage/"
     state = tmp_path / "state"
     state.mkdir()
-    app = service.make_app(usage_db=url, quota_file=str(quota), prefix=prefix,
-                           requests_options=dict(
-                               state_dir=str(state), hub_id=HUB_ID,
-                               hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
-                               hub_api_token=HUB_TOKEN, clock=lambda: NOW))
+    app = service.make_app(usage_db=url, quota_file=str(quota), service_prefix=prefix,
+                           state_dir=str(state), hub_id=HUB_ID,
+                           hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
+                           hub_api_token=HUB_TOKEN, clock=lambda: NOW)
     sock, port = bind_unused_port()
     server = HTTPServer(app)
     server.add_sockets([sock])
     yield Api(port, state / "quota-spawner-events.jsonl", quota)
     server.stop()
     hub_server.stop()
-    app.settings["usage_reader"]._pool.shutdown(wait=False)
+    app.settings["usage"].reader.close()
 
 
 @pytest.fixture
@@ -368,9 +368,10 @@ def test_the_hub_id_is_the_spawners(tmp_path, monkeypatch):
     monkeypatch.delenv("QUOTA_SPAWNER_HUB_ID", raising=False)
     monkeypatch.setenv("QUOTA_SPAWNER_HUB_SECRET_FILE", str(secret))
     monkeypatch.setenv("QUOTA_SPAWNER_PREFIX", "quota")
-    assert requests_api.hub_id_from_env() == hub_id_from_secret("quota", bytes.fromhex("ab" * 32))
+    assert service.UsageService().event_hub_id() == hub_id_from_secret(
+        "quota", bytes.fromhex("ab" * 32))
     monkeypatch.setenv("QUOTA_SPAWNER_HUB_ID", "mine")
-    assert requests_api.hub_id_from_env() == "mine"
+    assert service.UsageService().event_hub_id() == "mine"
 
 
 # --- hostile input: checked before anything is stored ----------------------------------------

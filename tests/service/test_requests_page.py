@@ -34,11 +34,12 @@ from spawner.usage.ledger import Ledger
 from spawner.usage.schema import role_requests
 from spawner.webapp import app as service
 from spawner.webapp import requests as requests_api
-from spawner.webapp import requests_page
+from spawner.webapp.base import BaseHandler, static_version
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "/services/usage/"
 SCRIPT = ROOT / "spawner" / "webapp" / "static" / "requests.js"
+SCRIPT_VERSION = static_version("requests.js")  # in the script's URL
 HOSTILE = "<script>alert(1)</script>"
 HOSTILE_REASON = '<img src=x onerror="alert(2)"> & "quotes"'
 HOSTILE_COMMENT = "</q><b onclick=alert(3)>no</b>"
@@ -109,7 +110,7 @@ async def site(tmp_path, monkeypatch):
     quota = tmp_path / "quotas.yaml"
     quota.write_text(table(True))
     auth = PageHubAuth(MODELS)
-    monkeypatch.setattr(service.UsageHandler, "hub_auth", property(lambda self: auth))
+    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
     hub = web.Application([(r"/hub/api/users/([^/]+)", FakeHubUser)])
     hub_sock, hub_port = bind_unused_port()
     hub_server = HTTPServer(hub)
@@ -117,18 +118,17 @@ async def site(tmp_path, monkeypatch):
     state = tmp_path / "state"
     state.mkdir()
     clock = [NOW]
-    app = service.make_app(usage_db=url, quota_file=str(quota), prefix=PREFIX,
-                           requests_options=dict(
-                               state_dir=str(state), hub_id=HUB_ID,
-                               hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
-                               hub_api_token=HUB_TOKEN, clock=lambda: clock[0]))
+    app = service.make_app(usage_db=url, quota_file=str(quota), service_prefix=PREFIX,
+                           state_dir=str(state), hub_id=HUB_ID,
+                           hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
+                           hub_api_token=HUB_TOKEN, clock=lambda: clock[0])
     sock, port = bind_unused_port()
     server = HTTPServer(app)
     server.add_sockets([sock])
     yield Site(port, quota, clock, url)
     server.stop()
     hub_server.stop()
-    app.settings["usage_reader"]._pool.shutdown(wait=False)
+    app.settings["usage"].reader.close()
 
 
 def attribute(page: str, name: str) -> str:
@@ -180,7 +180,7 @@ async def test_a_student_gets_the_form_and_no_decisions(site):
     assert attribute(page, "data-xsrf")
     assert attribute(page, "data-max-days") == "14"
     assert re.findall(r"<script\b[^>]*>", page) == [
-        f'<script src="{PREFIX}static/requests.js?v={requests_page.script_version()}" defer>']
+        f'<script src="{PREFIX}static/requests.js?v={SCRIPT_VERSION}" defer>']
     # the header's link to this page is marked as the current one
     assert f'<a href="{PREFIX}requests" aria-current="page">Role requests</a>' in page
     # the API refuses what the page does not offer
@@ -441,7 +441,7 @@ async def test_the_page_says_times_in_the_services_zone_and_24_hours(site):
 
 
 async def test_the_script_is_served_and_builds_no_html(site):
-    r = await site.get(f"static/requests.js?v={requests_page.script_version()}")
+    r = await site.get(f"static/requests.js?v={SCRIPT_VERSION}")
     assert r.code == 200
     assert r.headers["Content-Type"] == "text/javascript; charset=utf-8"
     text = r.body.decode()

@@ -28,15 +28,10 @@ from tornado.testing import bind_unused_port
 from spawner.hubconfig.rbac import USAGE_SCOPE, instructor_roles
 from spawner.usage.ledger import Ledger, Sample
 from spawner.webapp import app as service
-from spawner.webapp.app import (
-    Access,
-    Refused,
-    access_for,
-    group_filter,
-    usage_service,
-    user_group,
-    window,
-)
+from spawner.webapp.access import Access, Refused, access_for, group_filter, user_group
+from spawner.webapp.app import usage_service
+from spawner.webapp.base import BaseHandler
+from spawner.webapp.report import window
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE_USER = "<script>alert(1)</script>"
@@ -183,7 +178,7 @@ def test_the_service_for_the_hub_config():
     svc, role, own = usage_service("http://127.0.0.1:8000", "sqlite:////x/usage.sqlite",
                                    "/x/quotas.yaml", url="http://127.0.0.1:9999")
     assert svc["name"] == "usage" and svc["url"] == "http://127.0.0.1:9999"
-    assert svc["command"][1:] == ["-m", "spawner.webapp.app"]
+    assert svc["command"][1:] == ["-m", "spawner.webapp"]
     assert svc["environment"]["QUOTA_SPAWNER_USAGE_DB"] == "sqlite:////x/usage.sqlite"
     assert svc["environment"]["QUOTA_SPAWNER_QUOTA_FILE"] == "/x/quotas.yaml"
     assert svc["oauth_client_allowed_scopes"] == [USAGE_SCOPE]
@@ -262,14 +257,14 @@ async def site(tmp_path, monkeypatch):
     seed_ledger(url)
     auth = FakeHubAuth({"admin": ADMIN, "prof-ada": INSTRUCTOR, "carol": PLAIN,
                         "nobody": {**PLAIN, "scopes": []}})
-    monkeypatch.setattr(service.UsageHandler, "hub_auth", property(lambda self: auth))
+    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
     app = service.make_app(usage_db=url, quota_file=str(ROOT / "hub_config" / "quotas.yaml"))
     sock, port = bind_unused_port()
     server = HTTPServer(app)
     server.add_sockets([sock])
     yield Site(port)
     server.stop()
-    app.settings["usage_reader"]._pool.shutdown(wait=False)
+    app.settings["usage"].reader.close()
 
 
 class Text(HTMLParser):
@@ -399,7 +394,7 @@ async def test_bad_dates_are_a_sentence(site):
 
 async def test_a_ledger_not_there_yet_is_a_sentence(tmp_path, monkeypatch):
     auth = FakeHubAuth({"admin": ADMIN})
-    monkeypatch.setattr(service.UsageHandler, "hub_auth", property(lambda self: auth))
+    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
     missing = tmp_path / "state" / "usage.sqlite"
     app = service.make_app(usage_db=f"sqlite:///{missing}")
     sock, port = bind_unused_port()

@@ -8,6 +8,7 @@ import json
 import logging
 import os
 
+from spawner.docker.reconcile import Reconciler
 from spawner.events import EventLog
 from spawner.gpu.allocator import GpuRequest
 from spawner.gpu.inventory import declared_inventory
@@ -18,23 +19,19 @@ from spawner.watchdog.app import QuotaWatchdog, gpu_usage_snapshot
 from spawner.watchdog.model import GpuSample, ServerSample, Snapshot
 from spawner.watchdog.model import Server as WatchedServer
 from spawner.watchdog.rules import GPU_IDLE, Incident, IncidentBook
-from spawner.webapp.gpu_map import gpu_map, read_json_file, usage_state
+from spawner.webapp.gpus import gpu_map
+from spawner.webapp.state_files import read_json_file, usage_state
 
 G = 2**30
 T = 1_700_000_000.0
 HUB = "hub-1"
 
 
-class NoDocker:
-    def containers(self, all=False, filters=None):
-        return []
-
-
 def make_pool(tmp_path=None, n=3) -> GpuPool:
     inv = declared_inventory([{"uuid": f"GPU-{i}", "name": "H200", "memory": "80G"}
                               for i in range(n)])
     path = str(tmp_path / GPUS_FILE) if tmp_path else ""
-    return GpuPool(inv, HUB, NoDocker(), logging.getLogger("test.gpu_map"),
+    return GpuPool(inv, HUB, logging.getLogger("test.gpu_map"),
                    events=EventLog(""), gpus_file=path)
 
 
@@ -135,7 +132,8 @@ async def test_queue_join_leave_and_sync_adoption_are_written(tmp_path):
     pool.events.flush()
     snap = read_json_file(str(tmp_path / GPUS_FILE))
     assert snap["queue"] == [] and snap["gpus"][0]["holders"] == []
-    pool._reconcile([{"Names": ["/quota-eve"], "State": "running",
+    sync = Reconciler(pool, None, pool.log)  # the pool's sync, given the engine's list
+    sync._reconcile([{"Names": ["/quota-eve"], "State": "running",
                       "Labels": {"quota-spawner.gpus": "GPU-0", "quota-spawner.user": "eve",
                                  "quota-spawner.role": "solo"}}], 0.0)
     await asyncio.sleep(0.05)

@@ -16,8 +16,8 @@ import yaml
 from alembic import command
 from sqlalchemy import select
 
+from spawner.docker.choices import ChoicesMixin
 from spawner.events import EventLog, read_events
-from spawner.policy.choices import ChoicesMixin
 from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import QuotaTableError, RequestRules
 from spawner.quota.options import OptionsError, resolve_choice

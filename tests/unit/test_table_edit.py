@@ -24,7 +24,6 @@ from spawner.quota.editing import (
     OUTSIDE_EDITOR,
     SAVED,
     UNCHANGED,
-    Audit,
     FieldChange,
     RunningServer,
     TableFile,
@@ -43,6 +42,7 @@ from spawner.usage.ledger import (
     make_engine,
 )
 from spawner.usage.schema import sessions, table_versions
+from spawner.usage.table_versions import Audit
 
 LOG = logging.getLogger("test-table-edit")
 

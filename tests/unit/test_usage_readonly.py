@@ -15,7 +15,7 @@ from spawner.cli import main as cli_main
 from spawner.usage.ledger import Ledger, LedgerNotReady, head_revision
 from spawner.watchdog.app import QuotaWatchdog
 from spawner.watchdog.model import Server, ServerSample, Snapshot
-from spawner.webapp.app import LedgerReader
+from spawner.webapp.reader import LedgerReader
 
 LOG = logging.getLogger("test-usage-readonly")
 HUB = "hub-a"

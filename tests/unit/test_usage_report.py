@@ -302,9 +302,9 @@ def test_table_keeps_the_size_of_short_sessions(tmp_path):
 
 
 def test_the_usage_page_keeps_the_size_of_short_sessions():
-    from spawner.webapp.app import _templates
+    from spawner.webapp.base import templates
 
-    page = _templates().from_string("{% for h in hours %}[{{ h|hours }}]{% endfor %}")
+    page = templates().from_string("{% for h in hours %}[{{ h|hours }}]{% endfor %}")
     assert page.render(hours=[0.0, 0.00278, 0.0004, 4.5, 200.04, 1234.56]) == (
         "[0][0.00278][&lt;0.001][4.5][200][1,234.6]")  # escaped, as all of the page
 

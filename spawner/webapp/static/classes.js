@@ -1,7 +1,7 @@
-// The class dashboard (spawner/webapp/class_page.py, templates/class.html): refreshes the
-// page from the service's API every few seconds and sends the actions to it. Plain
-// script, no framework and nothing from the network. Names are chosen by people, so
-// they are only ever written as text (textContent) or attributes, never as HTML.
+// The class dashboard (spawner/webapp/classes.py, templates/class.html), after format.js:
+// refreshes the page from the service's API every few seconds and sends the actions to
+// it. Plain script, no framework and nothing from the network. Names are chosen by
+// people, so they are only ever written as text (textContent) or attributes, never as HTML.
 "use strict";
 
 (function () {
@@ -50,13 +50,10 @@
     return { status: response.status, data };
   }
 
-  // --- how a row reads: as class_page.py's *_text functions ---------------------------
+  // --- how a row reads: as classes.py's *_text functions; sizes, times and "ago" are
+  // format.js's, as formatting.py's are the page's ----------------------------------------
 
-  function sizeText(value) {
-    if (value === null || value === undefined) return "–";
-    if (value >= 1073741824) return `${(value / 1073741824).toFixed(1)} GiB`;
-    return `${Math.round(value / 1048576)} MiB`;
-  }
+  const { size, ago, moment, iso } = QuotaFormat;
 
   function cpuText(m) {
     if (m.cpu === null || m.cpu === undefined) return "–";
@@ -65,31 +62,12 @@
 
   function memoryText(m) {
     if (m.memory === null || m.memory === undefined) return "–";
-    return sizeText(m.memory) + (m.memory_limit ? ` of ${sizeText(m.memory_limit)}` : "");
+    return size(m.memory) + (m.memory_limit ? ` of ${size(m.memory_limit)}` : "");
   }
 
   function roleText(m) {
     if (!m.role) return "–";
     return m.role + (m.image ? ` · ${m.image}` : "");
-  }
-
-  function agoText(text, now) {
-    if (!text) return "never";
-    const when = Date.parse(String(text).replace(/(\.\d{3})\d+/, "$1"));
-    if (Number.isNaN(when)) return "never";
-    const seconds = Math.max(0, now - when / 1000);
-    if (seconds < 60) return "just now";
-    if (seconds < 3600) return `${Math.floor(seconds / 60)} min ago`;
-    if (seconds < 86400) return `${Math.floor(seconds / 3600)} h ago`;
-    return `${Math.floor(seconds / 86400)} days ago`;
-  }
-
-  function localTime(epoch) {
-    const d = new Date(epoch * 1000);
-    if (Number.isNaN(d.getTime())) return `an invalid time (${epoch})`; // a stored odd row
-    const pad = (n) => String(n).padStart(2, "0");
-    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
-      `${pad(d.getHours())}:${pad(d.getMinutes())} ${zone}`;
   }
 
   function setText(element, text) {
@@ -134,11 +112,11 @@
     setText(state, m.state);
     setText(cell("role"), roleText(m));
     const activity = cell("activity");
-    setText(activity, agoText(m.last_activity, now));
+    setText(activity, ago(m.last_activity, now));
     activity.title = m.last_activity || "";
     setText(cell("cpu"), cpuText(m));
     setText(cell("memory"), memoryText(m));
-    setText(cell("gpu"), sizeText(m.gpu_memory));
+    setText(cell("gpu"), size(m.gpu_memory));
     const open = tr.querySelector("a.open");
     if (m.url) {
       open.href = m.url;
@@ -211,9 +189,8 @@
     body.replaceChildren(...schedules.map((s) => {
       const tr = make("tr");
       tr.dataset.id = String(s.id);
-      const time = make("time", "", localTime(s.at));
-      const moment = new Date(s.at * 1000);
-      if (!Number.isNaN(moment.getTime())) time.dateTime = moment.toISOString();
+      const time = make("time", "", moment(s.at));
+      if (iso(s.at)) time.dateTime = iso(s.at);
       const when = make("td", "text");
       when.append(time);
       const actions = make("td", "text");
@@ -221,7 +198,7 @@
         const cancel = make("button", "cancel secondary", "Cancel");
         cancel.type = "button";
         cancel.dataset.id = String(s.id);
-        cancel.setAttribute("aria-label", `Cancel the pre-warm at ${localTime(s.at)}`);
+        cancel.setAttribute("aria-label", `Cancel the pre-warm at ${moment(s.at)}`);
         actions.append(cancel);
       }
       tr.append(when, make("td", "text", `${s.role} · ${s.image}`),
@@ -401,7 +378,7 @@
       const { status, data } = await call("POST", "/prewarm", body);
       if (status === 201) {
         report(`Scheduled: the servers of ${group} start with ${role} and ${image} at ` +
-               `${localTime(data.at)}.`, []);
+               `${moment(data.at)}.`, []);
       } else if (status === 200) {
         report(`Pre-warm with ${role} and ${image}: ${counted(data.results)}.`, data.results,
                data.results.some((r) => BAD.has(r.outcome)));
@@ -420,7 +397,7 @@
     button.disabled = true;
     const { status, data } = await call("DELETE", `/schedules/${button.dataset.id}`);
     if (status === 200) {
-      report(`Cancelled the pre-warm at ${localTime(data.at)}.`, []);
+      report(`Cancelled the pre-warm at ${moment(data.at)}.`, []);
     } else {
       report(data.message, [], true);
     }
@@ -432,7 +409,7 @@
 
   byId("tz-note").textContent = zone;
   for (const time of document.querySelectorAll("#schedules-body time[data-epoch]")) {
-    time.textContent = localTime(Number(time.dataset.epoch));
+    time.textContent = moment(Number(time.dataset.epoch));
   }
   setInterval(refresh, refreshMs);
 })();

@@ -1,4 +1,5 @@
-// The admins' live GPU map (spawner/webapp/gpus.py, templates/gpus.html).
+// The admins' live GPU map (spawner/webapp/gpus.py, templates/gpus.html), after
+// format.js.
 //
 // Every few seconds: GET api/gpus (with the XSRF token, which JupyterHub's HubOAuth asks
 // of every request that is not a navigation), build the live part of the page again
@@ -24,44 +25,10 @@
   let failing = false;
   let busy = false; // a request is under way: a resume or a shown tab starts no second one
 
-  // --- words and numbers, as gpu_page.py writes them ---------------------------------
+  // --- words and numbers, as gpus.py writes them; sizes, durations and shares are
+  // format.js's, as formatting.py's are the page's ---------------------------------------
 
-  const halfUp = (v) => Math.floor(v + 0.5);
-  const isNumber = (v) => typeof v === "number" && isFinite(v);
-
-  function duration(seconds) {
-    if (!isNumber(seconds)) return "–";
-    const total = Math.max(0, halfUp(seconds));
-    const days = Math.floor(total / 86400);
-    const hours = Math.floor((total % 86400) / 3600);
-    const minutes = Math.floor((total % 3600) / 60);
-    const secs = total % 60;
-    const two = (n) => String(n).padStart(2, "0");
-    if (days) return hours ? `${days}d${hours}h` : `${days}d`;
-    if (hours) return minutes ? `${hours}h${two(minutes)}m` : `${hours}h`;
-    if (minutes) return secs ? `${minutes}m${two(secs)}s` : `${minutes}m`;
-    return `${secs}s`;
-  }
-
-  function size(bytes) {
-    if (!isNumber(bytes)) return "–";
-    let value = bytes;
-    let unit = "B";
-    for (unit of ["B", "KiB", "MiB", "GiB", "TiB"]) {
-      if (value < 1024 || unit === "TiB") break;
-      value /= 1024;
-    }
-    let shown;
-    if (value < 10) {
-      const tenths = halfUp(value * 10);
-      shown = tenths % 10 === 0 ? String(tenths / 10) : `${Math.floor(tenths / 10)}.${tenths % 10}`;
-    } else {
-      shown = String(halfUp(value));
-    }
-    return `${shown} ${unit}`;
-  }
-
-  const percent = (f) => (isNumber(f) ? `${halfUp(f * 100)}%` : "–");
+  const { isNumber, size, duration, percent } = QuotaFormat;
   const plural = (n, word) => (n === 1 ? `${n} ${word}` : `${n} ${word}s`);
 
   function modeText(mode, cap) {

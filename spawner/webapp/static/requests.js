@@ -1,6 +1,6 @@
-// Requests for a bigger role: the page's actions (spawner/webapp/requests_page.py).
+// Requests for a bigger role: the page's actions (spawner/webapp/requests.py).
 // The page is rendered by the service and reads without this script; the script asks,
-// withdraws and decides through the JSON API (spawner/webapp/requests.py), then
+// withdraws and decides through the JSON API (the same module), then
 // reloads the page so the service renders the new state. Names, reasons and comments are
 // chosen by users: they are only ever set as textContent, never parsed as HTML.
 (function () {

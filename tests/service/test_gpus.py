@@ -13,7 +13,7 @@ import time
 
 import pytest
 from test_gpu_map import G, busy_pool, idle_book, watched
-from test_table_page import PageHubAuth
+from test_table import PageHubAuth
 from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, Text
 from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
@@ -25,18 +25,14 @@ from spawner.usage.ledger import Ledger
 from spawner.watchdog.app import gpu_usage_snapshot
 from spawner.webapp import app as service
 from spawner.webapp import gpus as gpu_page
-from spawner.webapp.classes import GPU_USAGE_FILE_NAME
-from spawner.webapp.gpus import (
-    ADMINS_ONLY,
-    NO_STATE,
-    duration,
-    map_document,
-    percent,
-    size,
-    user_link,
-)
+from spawner.webapp.base import BaseHandler, static_version
+from spawner.webapp.formatting import duration, percent, size
+from spawner.webapp.gpus import ADMINS_ONLY, NO_STATE, map_document, user_link
+from spawner.webapp.state_files import GPU_USAGE_FILE_NAME
 
 PREFIX = "/services/usage/"
+SCRIPT_VERSION = static_version("gpus.js")  # in the scripts' URLs
+FORMAT_VERSION = static_version("format.js")
 HOSTILE = '<script>alert(1)</script>"&'
 HOSTILE_ROLE = "<img src=x onerror=alert(2)>"
 
@@ -62,8 +58,8 @@ async def serve(tmp_path, monkeypatch, state_dir):
     Ledger(url).dispose()
     auth = PageHubAuth({"admin": ADMIN, "prof-ada": INSTRUCTOR, "carol": PLAIN,
                         "finance": VIEWER})
-    monkeypatch.setattr(service.UsageHandler, "hub_auth", property(lambda self: auth))
-    app = service.make_app(usage_db=url, prefix=PREFIX, gpu_state_dir=state_dir)
+    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
+    app = service.make_app(usage_db=url, service_prefix=PREFIX, state_dir=state_dir)
     sock, port = bind_unused_port()
     server = HTTPServer(app)
     server.add_sockets([sock])
@@ -77,7 +73,7 @@ async def site(tmp_path, monkeypatch):
     app, server, port = await serve(tmp_path, monkeypatch, str(state))
     yield Site(port, state)
     server.stop()
-    app.settings["usage_reader"]._pool.shutdown(wait=False)
+    app.settings["usage"].reader.close()
 
 
 async def write_busy(site: Site, watchdog_age: float | None = 1.0, hostile: bool = False):
@@ -203,9 +199,10 @@ async def test_the_page_runs_its_own_script_only(site):
     assert csp["connect-src"] == "'self'"
     page = r.body.decode()
     assert re.findall(r"<script\b[^>]*>", page) == [
-        f'<script src="{PREFIX}static/gpus.js?v={gpu_page.script_version()}" defer>']
+        f'<script src="{PREFIX}static/format.js?v={FORMAT_VERSION}" defer>',
+        f'<script src="{PREFIX}static/gpus.js?v={SCRIPT_VERSION}" defer>']
     assert "http://" not in page and "https://" not in page  # nothing from the network
-    r = await site.get(f"static/gpus.js?v={gpu_page.script_version()}", "admin")
+    r = await site.get(f"static/gpus.js?v={SCRIPT_VERSION}", "admin")
     assert r.code == 200 and r.headers["Content-Type"].startswith("text/javascript")
     script = r.body.decode()
     assert "innerHTML" not in script and "X-XSRFToken" in script and "http" not in script
@@ -284,13 +281,13 @@ async def test_without_a_state_folder_the_page_says_so(tmp_path, monkeypatch):
         assert doc["state_dir"] is False and doc["gpus"] == []
     finally:
         server.stop()
-        app.settings["usage_reader"]._pool.shutdown(wait=False)
+        app.settings["usage"].reader.close()
 
 
 async def test_the_state_folder_comes_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("QUOTA_SPAWNER_STATE_DIR", str(tmp_path))
-    assert gpu_page.state_dir({}) == str(tmp_path)
-    assert gpu_page.state_dir({"gpu_state_dir": ""}) == ""
+    assert service.UsageService().state_dir == str(tmp_path)
+    assert service.UsageService(state_dir="").state_dir == ""
 
 
 async def test_the_files_are_read_on_the_worker_threads(site, monkeypatch):
@@ -321,7 +318,7 @@ async def test_a_preemption_under_way_names_its_victims():
     doc = map_document(pool_snapshot(pool, now), None, now)
     ticket.plan = None
     pool.leave("quota-dave", "test")
-    users = gpu_page._holder_users(doc)
+    users = gpu_page.holder_users(doc)
     (waiting,) = doc["queue"]
     assert gpu_page.preemption_text(waiting, users, {"GPU-0": "0"}) == \
         "under way: stopping alice; GPU 0 kept for it"
@@ -338,7 +335,7 @@ def test_durations(seconds, text):
 
 @pytest.mark.parametrize(("num", "text"), [
     (None, "–"), (0, "0 B"), (512, "512 B"), (1536, "1.5 KiB"), (1000 * 2**20, "1000 MiB"),
-    (8 * G, "8 GiB"), (80 * G, "80 GiB"), (int(9.96 * G), "10 GiB"), (2**50, "1024 TiB")])
+    (8 * G, "8 GiB"), (80 * G, "80 GiB"), (int(9.96 * G), "9.96 GiB"), (2**50, "1024 TiB")])
 def test_sizes(num, text):
     assert size(num) == text
 

@@ -1,30 +1,40 @@
-"""The class dashboard's JSON API without a hub: the OAuth user is faked as in
-test_usage_service.py, and the hub's REST API by a small tornado app that enforces
-the instructor's group as the hub's RBAC would."""
+"""The class dashboard without a hub or a browser: its JSON API and its pages. The OAuth
+user is faked as in test_usage_service.py, and the hub's REST API by a small tornado app
+that enforces the instructor's group as the hub's RBAC would. What the page does in a
+browser is for test_browser_classes.py."""
 
 from __future__ import annotations
 
 import copy
+import html
 import json
+import re
 import time
 from pathlib import Path
 
 import pytest
+from markupsafe import escape
 from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
 from tornado.testing import bind_unused_port
 
-from spawner.hubconfig.rbac import USAGE_SCOPE
+from spawner.hubconfig.rbac import CLASS_OAUTH_SCOPES, USAGE_SCOPE, class_service_scopes
+from spawner.usage import schedules
 from spawner.usage.ledger import Ledger
 from spawner.usage.schema import sessions
 from spawner.webapp import app as service
-from spawner.webapp import class_logic as classes
-from spawner.webapp import classes as class_api
+from spawner.webapp import classes
+from spawner.webapp.access import NOT_AN_INSTRUCTOR
+from spawner.webapp.base import BaseHandler, static_version
+from spawner.webapp.formatting import ago, size
+from spawner.webapp.hub_api import HubApi
+from spawner.webapp.prewarm import Prewarmer
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVICE_TOKEN = "service-token"
+PREWARM_INTERVAL_ENV = "QUOTA_SPAWNER_PREWARM_INTERVAL"
 
 # alice runs a gpu-lab server; cs101-gpu also gives alice gpu-lab, student1 has student only
 USERS = [
@@ -120,7 +130,7 @@ class UserTokens(FakeHubAuth):
 
 
 class Api:
-    def __init__(self, port: int, hub: Hub, prewarmer: class_api.Prewarmer, url: str):
+    def __init__(self, port: int, hub: Hub, prewarmer: Prewarmer, url: str):
         self.base = f"http://127.0.0.1:{port}/services/usage/api/classes"
         self.client = AsyncHTTPClient()
         self.hub = hub
@@ -138,12 +148,19 @@ class Api:
         return [c for c in self.hub.calls if method is None or c[0] == method]
 
 
-@pytest.fixture
-async def api(tmp_path, monkeypatch):
+BO = {**INSTRUCTOR, "name": "prof-bo",
+      "scopes": ["access:services!service=usage", f"{USAGE_SCOPE}!group=ml-platform"]}
+MODELS = {"admin": ADMIN, "prof-ada": INSTRUCTOR, "carol": PLAIN, "finance": VIEWER,
+          "prof-bo": BO}
+
+
+def seed(tmp_path: Path) -> tuple[str, Path]:
+    """The ledger with alice's open session (two samples), the shipped table where cs101-gpu
+    gives alice gpu-lab, and the watchdog's file, in tmp_path as the state folder."""
     url = f"sqlite:///{tmp_path / 'usage.sqlite'}"
     ledger = Ledger(url)
     now = time.time()
-    with ledger.engine.begin() as connection:  # alice's open session, two samples
+    with ledger.engine.begin() as connection:
         connection.execute(sessions.insert().values(
             user_name="alice", container="jupyter-alice", role="gpu-lab", image="pytorch",
             cpu_limit=2.0, mem_limit=4 << 30, requested=now - 600, started=now - 590,
@@ -156,37 +173,41 @@ async def api(tmp_path, monkeypatch):
                           "cs101: [student]\n    cs101-gpu: [gpu-lab]")
     assert edited != text
     quota.write_text(edited)
-    gpu_file = tmp_path / "quota-spawner-gpu-usage.json"
-    gpu_file.write_text(json.dumps({
+    (tmp_path / "quota-spawner-gpu-usage.json").write_text(json.dumps({
         "version": 1, "time": now, "interval": 5, "gpus": {},
         "servers": {"jupyter-alice": {"user": "alice", "role": "gpu-lab", "gpus": ["GPU-1"],
                                       "gpu_memory": {"GPU-1": 1 << 30}}}}))
-    two = {**INSTRUCTOR, "name": "prof-bo",
-           "scopes": ["access:services!service=usage", f"{USAGE_SCOPE}!group=ml-platform"]}
-    auth = UserTokens({"admin": ADMIN, "prof-ada": INSTRUCTOR, "carol": PLAIN,
-                       "finance": VIEWER, "prof-bo": two})
-    monkeypatch.setattr(service.UsageHandler, "hub_auth", property(lambda self: auth))
+    return url, quota
+
+
+def fake_hub() -> tuple[Hub, HTTPServer, str]:
+    """The hub's users API on a port of its own: the fake, its server and its URL."""
     hub = Hub()
     hub_app = web.Application([(r"/hub/api/users", HubUsers),
                                (r"/hub/api/users/([^/]+)/server", HubServer)], hub=hub)
     hub_sock, hub_port = bind_unused_port()
     hub_server = HTTPServer(hub_app)
     hub_server.add_sockets([hub_sock])
-    config = class_api.ClassConfig(hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
-                                   service_token=SERVICE_TOKEN, hub_base="/",
-                                   gpu_usage_file=str(gpu_file))
-    reader = service.LedgerReader(url)
-    prefix = "/services/usage/"
-    app = web.Application(class_api.routes(prefix, config), cookie_secret="x",
-                          usage_reader=reader, usage_quota_file=str(quota),
-                          usage_prefix=prefix)
+    return hub, hub_server, f"http://127.0.0.1:{hub_port}/hub/api"
+
+
+@pytest.fixture
+async def api(tmp_path, monkeypatch):
+    url, quota = seed(tmp_path)
+    auth = UserTokens(MODELS)
+    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
+    hub, hub_server, hub_api = fake_hub()
+    app = service.make_app(usage_db=url, quota_file=str(quota), state_dir=str(tmp_path),
+                           service_prefix="/services/usage/", hub_base_url="/",
+                           hub_api_url=hub_api, hub_api_token=SERVICE_TOKEN)
+    setup = app.settings["usage"]
     sock, port = bind_unused_port()
     server = HTTPServer(app)
     server.add_sockets([sock])
-    yield Api(port, hub, class_api.Prewarmer(config, reader), url)
+    yield Api(port, hub, Prewarmer(setup.hub, setup.reader), url)
     server.stop()
     hub_server.stop()
-    reader._pool.shutdown(wait=False)
+    setup.reader.close()
 
 
 async def test_an_instructor_sees_their_class_only(api):
@@ -353,19 +374,19 @@ async def test_a_schedule_the_hub_refuses_is_marked_failed(api, monkeypatch):
 
 async def test_a_server_outside_the_tokens_filter_is_refused(monkeypatch):
     # the hub's answer when the token holds servers!user=… or !group=… but not this one
-    async def hub_call(config, token, method, path, body=None):
+    async def hub_call(hub, token, method, path, body=None):
         return 404, {"status": 404, "message": "No access to resources or resources not found"}
 
-    monkeypatch.setattr(class_api, "hub_call", hub_call)
-    config = class_api.ClassConfig(hub_api_url="http://hub/hub/api")
-    for act in (class_api.stop_one(config, "t", "ann"),
-                class_api.start_one(config, "t", "ann", {"profile": "student"})):
+    monkeypatch.setattr(HubApi, "call", hub_call)
+    hub = HubApi("http://hub/hub/api")
+    for act in (hub.stop_server("t", "ann"),
+                hub.start_server("t", "ann", {"profile": "student"})):
         assert await act == {"user": "ann", "outcome": "refused",
                              "message": "No access to resources or resources not found"}
 
 
 def test_the_service_scopes_of_the_classes():
-    assert classes.class_service_scopes({"cs102": ["prof-bo"], "cs101": ["prof-ada"]}) == [
+    assert class_service_scopes({"cs102": ["prof-bo"], "cs101": ["prof-ada"]}) == [
         "servers!group=cs101", "servers!group=cs102"]
 
 
@@ -374,7 +395,7 @@ def test_the_shipped_hub_config_gives_the_service_its_class_scopes(tmp_path, mon
 
     c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
     (usage,) = [s for s in c.JupyterHub.services if s["name"] == "usage"]
-    for scope in classes.CLASS_OAUTH_SCOPES:
+    for scope in CLASS_OAUTH_SCOPES:
         assert scope in usage["oauth_client_allowed_scopes"]
     (own,) = [r for r in c.JupyterHub.load_roles if r["name"] == "usage-service"]
     assert "servers!group=cs101" in own["scopes"]
@@ -388,12 +409,12 @@ def test_the_link_to_a_server_is_escaped_as_the_hub_escapes_it():
 
 
 def test_the_prewarm_interval_comes_from_the_environment(monkeypatch):
-    monkeypatch.delenv(class_api.PREWARM_INTERVAL_ENV, raising=False)
-    assert class_api.prewarm_interval() == 30.0
-    monkeypatch.setenv(class_api.PREWARM_INTERVAL_ENV, "2")
-    assert class_api.prewarm_interval() == 2.0
-    monkeypatch.setenv(class_api.PREWARM_INTERVAL_ENV, "soon")
-    assert class_api.prewarm_interval() == 30.0
+    monkeypatch.delenv(PREWARM_INTERVAL_ENV, raising=False)
+    assert service.UsageService().prewarm_interval == 30.0
+    monkeypatch.setenv(PREWARM_INTERVAL_ENV, "2")
+    assert service.UsageService().prewarm_interval == 2.0
+    monkeypatch.setenv(PREWARM_INTERVAL_ENV, "soon")
+    assert service.UsageService().prewarm_interval == 30.0
 
 
 def test_the_gpu_memory_needs_a_fresh_file():
@@ -408,17 +429,17 @@ def test_the_gpu_memory_needs_a_fresh_file():
 def test_schedules_in_the_ledger(tmp_path):
     ledger = Ledger(f"sqlite:///{tmp_path / 'l.sqlite'}")
     engine = ledger.engine
-    one = classes.add_schedule(engine, "cs101", "student", "pytorch", 50.0, "prof-ada", 1.0)
-    two = classes.add_schedule(engine, "cs101", "student", "pytorch", 20.0, "prof-ada", 1.0)
-    assert [s["id"] for s in classes.due(engine, 60.0)] == [two["id"], one["id"]]
-    assert classes.due(engine, 10.0) == []
-    assert classes.cancel(engine, "cs102", one["id"]) == (False, None)
-    assert classes.cancel(engine, "cs101", one["id"]) == (True, "pending")
-    assert classes.cancel(engine, "cs101", one["id"]) == (False, "cancelled")
-    assert classes.finish(engine, one["id"], "done", "x") is False  # cancelled meanwhile
-    assert classes.finish(engine, two["id"], "done", "all started") is True
-    assert classes.cancel(engine, "cs101", two["id"]) == (False, "done")
-    assert classes.due(engine, 60.0) == []
+    one = schedules.add(engine, "cs101", "student", "pytorch", 50.0, "prof-ada", 1.0)
+    two = schedules.add(engine, "cs101", "student", "pytorch", 20.0, "prof-ada", 1.0)
+    assert [s["id"] for s in schedules.due(engine, 60.0)] == [two["id"], one["id"]]
+    assert schedules.due(engine, 10.0) == []
+    assert schedules.cancel(engine, "cs102", one["id"]) == (False, None)
+    assert schedules.cancel(engine, "cs101", one["id"]) == (True, "pending")
+    assert schedules.cancel(engine, "cs101", one["id"]) == (False, "cancelled")
+    assert schedules.finish(engine, one["id"], "done", "x") is False  # cancelled meanwhile
+    assert schedules.finish(engine, two["id"], "done", "all started") is True
+    assert schedules.cancel(engine, "cs101", two["id"]) == (False, "done")
+    assert schedules.due(engine, 60.0) == []
     ledger.dispose()
 
 
@@ -455,3 +476,243 @@ async def test_a_schedule_id_out_of_range_is_a_sentence(api):
         assert (code, found["message"]) == (400, (
             "'99999999999999999999' is not a schedule id: ids are whole numbers from 1 to "
             "9223372036854775807."))
+
+
+# --- the page ----------------------------------------------------------------------------------
+
+PREFIX = "/services/usage/"
+SCRIPT = ROOT / "spawner" / "webapp" / "static" / "classes.js"
+SCRIPT_VERSION = static_version("classes.js")  # in the scripts' URLs
+FORMAT_VERSION = static_version("format.js")
+HOSTILE_USER = "<script>alert('u')</script>&"
+HOSTILE_GROUP = "\"><img src=x onerror=alert('g')>/x"
+
+
+class PageTokens(UserTokens):
+    base_url = "/"  # where HubOAuth sets its XSRF cookie
+
+
+class Site:
+    def __init__(self, port: int, hub: Hub, url: str):
+        self.base = f"http://127.0.0.1:{port}{PREFIX}"
+        self.client = AsyncHTTPClient()
+        self.hub = hub
+        self.url = url
+
+    async def get(self, path: str, who: str = ""):
+        headers = {"X-Test-User": who} if who else {}
+        return await self.client.fetch(self.base + path, headers=headers, raise_error=False,
+                                       follow_redirects=False)
+
+
+@pytest.fixture
+async def site(tmp_path, monkeypatch):
+    url, quota = seed(tmp_path)
+    auth = PageTokens(MODELS)
+    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
+    hub, hub_server, hub_api = fake_hub()
+    # the pages and the API read the hub's address as the service does, from its environment
+    monkeypatch.setenv("JUPYTERHUB_API_URL", hub_api)
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "service-token")
+    monkeypatch.setenv("JUPYTERHUB_BASE_URL", "/")
+    monkeypatch.setenv("QUOTA_SPAWNER_STATE_DIR", str(tmp_path))
+    app = service.make_app(usage_db=url, quota_file=str(quota), service_prefix=PREFIX)
+    sock, port = bind_unused_port()
+    server = HTTPServer(app)
+    server.add_sockets([sock])
+    yield Site(port, hub, url)
+    server.stop()
+    hub_server.stop()
+    app.settings["usage"].reader.close()
+
+
+def attribute(page: str, name: str) -> str:
+    found = re.search(rf'\b{name}="([^"]*)"', page)
+    assert found, name
+    return html.unescape(found.group(1))
+
+
+def row(page: str, user: str) -> str:
+    found = re.search(rf'<tr data-user="{re.escape(str(escape(user)))}">(.*?)</tr>', page,
+                      re.S)
+    assert found, user
+    return found.group(1)
+
+
+def cell(row_html: str, name: str) -> str:
+    found = re.search(rf'<td class="[^"]*\b{name}\b[^"]*"[^>]*>(.*?)</td>', row_html, re.S)
+    assert found, name
+    return html.unescape(re.sub(r"<[^>]+>", "", found.group(1))).strip()
+
+
+async def test_an_instructor_lists_their_classes_only(site):
+    r = await site.get("classes", "prof-ada")
+    assert r.code == 200, r.body
+    page = r.body.decode()
+    assert re.findall(r'<ul id="classes">(.*?)</ul>', page, re.S)[0].count("<li>") == 1
+    assert f'<a href="{PREFIX}classes/cs101">cs101</a>' in page
+    assert "ml-platform" not in page
+    assert "Signed in as" in page and "Back to the hub" in page  # base.html's frame
+    assert site.hub.calls == []  # an instructor's classes come from their scopes
+
+
+async def test_an_admin_lists_every_group(site):
+    site.hub.users[HOSTILE_USER] = {"name": HOSTILE_USER, "groups": [HOSTILE_GROUP],
+                                    "servers": {}}
+    page = (await site.get("classes", "admin")).body.decode()
+    listed = re.findall(r'<ul id="classes">(.*?)</ul>', page, re.S)[0]
+    links = dict((html.unescape(name), html.unescape(link)) for link, name in re.findall(
+        r'<li><a href="([^"]*)">([^<]*)</a></li>', listed))
+    assert links == {
+        "cs101": f"{PREFIX}classes/cs101", "cs101-gpu": f"{PREFIX}classes/cs101-gpu",
+        "ml-platform": f"{PREFIX}classes/ml-platform",
+        HOSTILE_GROUP: f"{PREFIX}classes/%22%3E%3Cimg%20src%3Dx%20onerror%3Dalert%28%27g%27%29%3E%2Fx"}
+    assert "<img src=x" not in page
+
+
+async def test_a_student_and_a_viewer_are_refused_with_a_sentence(site):
+    for who in ("carol", "finance"):
+        for path in ("classes", "classes/cs101"):
+            r = await site.get(path, who)
+            assert r.code == 403, (who, path)
+            assert r.headers["Content-Type"].startswith("text/html")
+            assert str(escape(NOT_AN_INSTRUCTOR)) in r.body.decode()
+    assert site.hub.calls == []
+
+
+async def test_the_instructor_of_another_class_is_refused_before_the_hub_is_asked(site):
+    r = await site.get("classes/ml-platform", "prof-ada")
+    assert r.code == 403
+    assert "You manage the servers of cs101 only, not of ml-platform." in r.body.decode()
+    assert site.hub.calls == []
+    # a usage scope naming the class is not enough: the hub's refusal is passed on
+    r = await site.get("classes/ml-platform", "prof-bo")
+    assert r.code == 403
+    assert "The hub refused to list the members of ml-platform for you" in r.body.decode()
+
+
+async def test_the_dashboard_shows_each_member(site):
+    r = await site.get("classes/cs101", "prof-ada")
+    assert r.code == 200, r.body
+    page = r.body.decode()
+    assert re.findall(r'<tr data-user="([^"]*)">', page) == ["alice", "student1", "student2"]
+    alice = row(page, "alice")
+    assert cell(alice, "state") == "running"
+    assert cell(alice, "role") == "gpu-lab · pytorch"
+    assert cell(alice, "cpu") == "0.75 of 2 cores"
+    assert cell(alice, "memory") == "1.5 GiB of 4 GiB"
+    assert cell(alice, "gpu") == "1 GiB"
+    assert re.search(r"\d+ days ago|h ago|min ago|just now", cell(alice, "activity"))
+    assert 'class="open" href="/user/alice/"' in alice and " hidden" not in alice
+    assert re.search(r'<button type="button" class="stop"[^>]*>Stop</button>', alice)
+    student = row(page, "student1")
+    assert cell(student, "state") == "stopped" and cell(student, "activity") == "never"
+    assert cell(student, "cpu") == "–" and cell(student, "role") == "–"
+    assert re.search(r'<a class="open"[^>]*\shidden>', student)
+    assert re.search(r'class="stop"[^>]* disabled>', student)
+    # the picker: what every member holds; what only some hold, with who lacks it
+    options = re.findall(r'<option value="([^"]*)">([^<]*)</option>', page)
+    assert [(json.loads(html.unescape(v)), t) for v, t in options] == [
+        (["student", "pytorch"], "student with pytorch")]
+    assert "gpu-lab with pytorch: not held by student1, student2" in page
+    assert 'id="stop-all"' in page and 'id="prewarm-at"' in page
+    assert 'type="datetime-local"' in page
+    # what the script needs, and nothing it would have to fetch from elsewhere
+    assert attribute(page, "data-api") == PREFIX + "api/classes/cs101"
+    assert attribute(page, "data-xsrf")
+    assert attribute(page, "data-group") == "cs101"
+    assert re.findall(r"<script\b[^>]*>", page) == [
+        f'<script src="{PREFIX}static/format.js?v={FORMAT_VERSION}" defer>',
+        f'<script src="{PREFIX}static/classes.js?v={SCRIPT_VERSION}" defer>']
+    for label in ('<label for="prewarm-choice">', '<label for="prewarm-at">'):
+        assert label in page
+    assert {c[2] for c in site.hub.calls} == {"token user-prof-ada"}
+
+
+async def test_the_page_allows_its_own_scripts_only(site):
+    r = await site.get("classes/cs101", "prof-ada")
+    csp = dict(part.strip().split(" ", 1) for part in
+               r.headers["Content-Security-Policy"].split(";"))
+    assert csp["script-src"] == "'self'" and csp["default-src"] == "'none'"
+    assert csp["connect-src"] == "'self'"
+    assert "<script>" not in r.body.decode() and "http://" not in r.body.decode()
+    r = await site.get(f"static/classes.js?v={SCRIPT_VERSION}")
+    assert r.code == 200 and r.headers["Content-Type"].startswith("text/javascript")
+
+
+def test_the_script_writes_names_as_text_only():
+    script = SCRIPT.read_text()
+    for forbidden in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write",
+                      "window.confirm", "alert(", "eval(", "http://", "https://"):
+        assert forbidden not in script, forbidden
+
+
+async def test_hostile_names_are_escaped(site):
+    site.hub.users[HOSTILE_USER] = {
+        "name": HOSTILE_USER, "groups": ["cs101", HOSTILE_GROUP], "last_activity": None,
+        "servers": {"": {"ready": True, "pending": None,
+                         "user_options": {"profile": "<b>r</b>", "image": "<i>i</i>"}}}}
+    page = (await site.get("classes/cs101", "prof-ada")).body.decode()
+    assert "<script>alert" not in page and "<b>r</b>" not in page
+    hostile = row(page, HOSTILE_USER)
+    assert str(escape(HOSTILE_USER)) in hostile
+    assert cell(hostile, "role") == "<b>r</b> · <i>i</i>"
+    link = re.search(r'class="open" href="([^"]*)"', hostile).group(1)
+    assert html.unescape(link) == "/user/%3Cscript%3Ealert%28%27u%27%29%3C%2Fscript%3E%26/"
+    # a hostile group, as an admin opens it
+    quoted = classes.class_link(PREFIX, HOSTILE_GROUP)[len(PREFIX):]
+    r = await site.get(quoted, "admin")
+    assert r.code == 200, r.body
+    page = r.body.decode()
+    assert "<img src=x" not in page
+    assert attribute(page, "data-group") == HOSTILE_GROUP
+    assert attribute(page, "data-api") == classes.class_link(PREFIX + "api/", HOSTILE_GROUP)
+    assert re.findall(r'<tr data-user="([^"]*)">', page) == [str(escape(HOSTILE_USER))]
+
+
+async def test_schedules_are_shown_with_a_cancel_button_while_pending(site):
+    engine = Ledger(site.url).engine
+    at = time.time() + 3600
+    pending = schedules.add(engine, "cs101", "student", "pytorch", at, "prof-ada")
+    done = schedules.add(engine, "cs101", "student", "pytorch", at - 7200, "admin")
+    schedules.finish(engine, done["id"], schedules.DONE, "student1: starting\nstudent2: starting")
+    engine.dispose()
+    page = (await site.get("classes/cs101", "prof-ada")).body.decode()
+    rows = re.findall(r'<tr data-id="(\d+)">(.*?)</tr>', page, re.S)
+    assert [int(i) for i, _ in rows] == [pending["id"], done["id"]]
+    assert f'class="cancel secondary"\n          data-id="{pending["id"]}"' in rows[0][1]
+    assert "cancel" not in rows[1][1]
+    assert "student1: starting\nstudent2: starting" in rows[1][1]
+    assert 'id="no-schedules" hidden' in page
+
+
+def test_the_text_of_a_row():
+    assert size(None) == "–"
+    assert size(512 << 20) == "512 MiB"
+    assert size(3 << 29) == "1.5 GiB"
+    assert classes.cpu_text({"cpu": 0.5, "cpu_limit": 0.5}) == "0.50 of 0.5 cores"
+    assert classes.cpu_text({"cpu": 1.0, "cpu_limit": None}) == "1.00 cores"
+    assert ago("2027-01-05T09:00:00.123456Z", 1799139600.0 + 125) == "2 min ago"
+    assert ago(None, 0) == "never"
+    assert USERS  # the fake hub's users, shared by the API's and the pages' tests
+
+
+async def test_refusal_pages_are_titled_by_the_page_refused(site):
+    r = await site.get("classes", "carol")
+    assert r.code == 403 and "<title>Classes</title>" in r.body.decode()
+
+
+async def test_a_schedule_stored_at_an_absurd_time_never_breaks_the_page(site):
+    """Stored before the API checked 'at': the page shows it, and it can be cancelled."""
+    ledger = Ledger(site.url, create=False)
+    planned = schedules.add(ledger.engine, "cs101", "student", "pytorch", 1e18,
+                                   "prof-ada", time.time())
+    ledger.dispose()
+    for who in ("prof-ada", "admin"):
+        r = await site.get("classes/cs101", who)
+        assert r.code == 200, r.body[:300]
+        assert "an invalid time (1e+18)" in r.body.decode()
+    r = await site.client.fetch(
+        f"{site.base}api/classes/cs101/schedules/{planned['id']}", method="DELETE",
+        headers={"X-Test-User": "prof-ada"}, raise_error=False)
+    assert r.code == 200 and json.loads(r.body)["state"] == "cancelled"

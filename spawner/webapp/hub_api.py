@@ -1,0 +1,173 @@
+"""The hub's REST API, as the web app calls it, and the hub's user models.
+
+Calls go with a token: a visitor's own OAuth token for what they do on a page (the
+class dashboard: the hub's RBAC has the last word), or the service's own token
+(``service_token``, JUPYTERHUB_API_TOKEN) for what nobody is there to do: the table
+editor's preview, the requesters' groups, the scheduled pre-warms. Its role
+(``usage_service`` in app.py) holds ``list:users``, ``read:users:groups``,
+``read:servers`` and the classes' ``servers!group=``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
+
+from spawner.webapp.access import Refused
+
+PAGINATION = "application/jupyterhub-pagination+json"
+NO_ANSWER = 599  # as tornado's client says: the hub did not answer
+STARTS_AT_ONCE = 8  # concurrent start requests to the hub
+# The hub refuses a server outside the token's filters with 404 ("No access to resources
+# or resources not found"), not 403, when the token holds the scope for some servers: an
+# instructor's token always does (their own, from "self"), so 404 is how the hub says no
+# to another class's member (checked on a real hub by tests/browser/test_browser_classes.py).
+REFUSALS = {403: "refused", 404: "refused"}
+
+
+class HubRefused(Exception):
+    """The hub answered with an error; ``status`` and its message."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _message(found: Any) -> str:
+    return str(found.get("message", "")) if isinstance(found, dict) else ""
+
+
+@dataclass(frozen=True)
+class HubApi:
+    """The hub's API at ``url`` (JUPYTERHUB_API_URL), and the service's own token."""
+
+    url: str
+    service_token: str = ""
+
+    def require(self, sentence: str) -> HubApi:
+        """This, when the service knows where the hub's API is; else Refused (503) with
+        the caller's sentence. Every caller asks before its first call."""
+        if not self.url:
+            raise Refused(sentence, 503)
+        return self
+
+    async def call(self, token: str, method: str, path: str,
+                   body: Any = None) -> tuple[int, Any]:
+        """One request with ``token``: (status, JSON or None); NO_ANSWER when the hub
+        did not answer."""
+        request = HTTPRequest(
+            f"{self.url.rstrip('/')}/{path.lstrip('/')}", method=method,
+            headers={"Authorization": f"token {token}", "Accept": PAGINATION,
+                     "Content-Type": "application/json"},
+            body=None if method in ("GET", "DELETE") else json.dumps(body or {}),
+            request_timeout=60)
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except (OSError, HTTPClientError):  # refused, unreachable, timed out
+            return NO_ANSWER, None
+        try:
+            found = json.loads(response.body) if response.body else None
+        except ValueError:
+            found = None
+        return response.code, found
+
+    async def users(self, token: str) -> list[dict[str, Any]]:
+        """Every user the token may list, with groups and servers; HubRefused otherwise."""
+        users: list[dict[str, Any]] = []
+        offset = 0
+        while True:
+            code, page = await self.call(
+                token, "GET", "users?" + urlencode({"offset": offset, "limit": 200}))
+            if code != 200:
+                raise HubRefused(code, _message(page))
+            # a hub that ignores the pagination header answers with a plain list
+            items = page if isinstance(page, list) else (page or {}).get("items", [])
+            users += [u for u in items if isinstance(u, dict) and u.get("name")]
+            following = None if isinstance(page, list) else (
+                ((page or {}).get("_pagination") or {}).get("next"))
+            if not following:
+                return users
+            offset = int(following.get("offset", offset + 200))
+
+    async def start_server(self, token: str, name: str, options: dict[str, str]
+                           ) -> dict[str, Any]:
+        """Start ``name``'s default server with ``options``: a result with the outcome
+        in a word (started, starting, skipped, busy, refused, failed)."""
+        code, found = await self.call(token, "POST", _server_path(name), options)
+        return _result(name, code, found, {201: "started", 202: "starting", 400: "skipped",
+                                           429: "busy", **REFUSALS})
+
+    async def stop_server(self, token: str, name: str) -> dict[str, Any]:
+        """Stop ``name``'s default server (stopped, stopping, skipped, refused, failed)."""
+        code, found = await self.call(token, "DELETE", _server_path(name))
+        return _result(name, code, found, {204: "stopped", 202: "stopping", 400: "skipped",
+                                           **REFUSALS})
+
+    async def start_servers(self, token: str, users: Sequence[dict[str, Any]],
+                            options: dict[str, str]) -> list[dict[str, Any]]:
+        """Starts the stopped servers of ``users`` with ``options``, a few at once;
+        running and starting ones are skipped. One result per user, in their order."""
+        gate = asyncio.Semaphore(STARTS_AT_ONCE)
+
+        async def one(user: dict[str, Any]) -> dict[str, Any]:
+            state = server_state(user)
+            if state != "stopped":
+                return {"user": user["name"], "outcome": "skipped",
+                        "message": f"The server is {state} already."}
+            async with gate:
+                return await self.start_server(token, str(user["name"]), options)
+
+        return list(await asyncio.gather(*(one(u) for u in users)))
+
+
+def _server_path(name: str) -> str:
+    return f"users/{quote(name, safe='')}/server"
+
+
+def _result(name: str, code: int, found: Any, outcomes: dict[int, str]) -> dict[str, Any]:
+    message = "The hub did not answer." if code == NO_ANSWER else _message(found)
+    return {"user": name, "outcome": outcomes.get(code, "failed"), "message": message}
+
+
+def summary(results: Sequence[dict[str, Any]]) -> str:
+    """The results of starts or stops, a line per user."""
+    return "\n".join(f"{r['user']}: {r['outcome']}" + (f" ({r['message']})" if r["message"]
+                                                        else "") for r in results)
+
+
+# --- the hub's user models -------------------------------------------------------------------
+
+
+def groups_of(users: Iterable[dict[str, Any]]) -> list[str]:
+    """Every group these users belong to."""
+    return sorted({g for user in users for g in (user.get("groups") or [])})
+
+
+def members(users: Iterable[dict[str, Any]], group: str) -> list[dict[str, Any]]:
+    """The users of ``group``, by name."""
+    return sorted((u for u in users if group in (u.get("groups") or [])),
+                  key=lambda u: str(u.get("name")))
+
+
+def default_server(user: dict[str, Any]) -> dict[str, Any] | None:
+    return (user.get("servers") or {}).get("")
+
+
+def server_state(user: dict[str, Any]) -> str:
+    """"running", "starting", "stopping" or "stopped": the user's default server."""
+    server = default_server(user)
+    if not server:
+        return "stopped"
+    pending = server.get("pending")
+    if pending == "stop":
+        return "stopping"
+    if pending or not server.get("ready"):
+        return "starting"
+    return "running"

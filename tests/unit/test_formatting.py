@@ -1,0 +1,103 @@
+"""One set of formatters for the web app: the service draws a page with formatting.py,
+and the page's script redraws it with static/format.js. Both must write every size,
+duration, share and time alike, so the same table of values goes through both (the
+script in node) and the texts are compared."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+from datetime import timezone
+from pathlib import Path
+
+import pytest
+
+from spawner.quota.units import format_human
+from spawner.webapp import formatting
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "spawner" / "webapp" / "static" / "format.js"
+G = 2**30
+NAN = math.nan
+
+SIZES = [None, NAN, 0, 1, 512, 999.5, 1000, 1023, 1024, 1536, 10**6, 1000 * 2**20, 3 << 29,
+         512 << 20, 8 * G, int(9.96 * G), 9.999 * G, 10**10, 1.125 * G, 14.94 * G, 99.96 * G,
+         123.456789 * 2**20, 2**50, 2**60, -1536]
+DURATIONS = [None, NAN, -3, 0, 0.4, 0.5, 45, 59.5, 60, 200, 3599.5, 3600, 7500, 86400,
+             100800, 10**9]
+PERCENTS = [None, NAN, 0, 0.004, 0.005, 0.125, 0.755, 0.999, 1, 1.5]
+MOMENTS = [None, 0, 1_799_139_600, 1_799_139_659.9, -86400, 253_402_300_799, 1e12, 1e13,
+           1e18, 1.5e300, NAN]
+NOW = 1_799_139_600.0  # 2027-01-05 09:00 UTC
+AGO = [None, "", "not a time", "2027-01-05T09:00:00Z", "2027-01-05T08:59:30.123456Z",
+       "2027-01-05T08:47:00Z", "2027-01-05T05:00:00+00:00", "2027-01-02T09:00:00Z",
+       "2027-01-05T10:00:00Z"]
+
+
+def js_literal(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    return json.dumps(value)
+
+
+def run_script(calls: dict[str, str]) -> dict[str, list[str]]:
+    """Each of ``calls`` (name: a JS expression over QuotaFormat, as F) in node."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed")
+    body = ", ".join(f"{json.dumps(name)}: {expression}" for name, expression in calls.items())
+    code = (f"require({json.dumps(str(SCRIPT))}); const F = globalThis.QuotaFormat;\n"
+            f"process.stdout.write(JSON.stringify({{{body}}}));")
+    # the hub's times carry their zone; a time without one is UTC, in the browser too
+    found = subprocess.run([node, "-e", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "TZ": "UTC"})
+    return json.loads(found.stdout)
+
+
+def each(values: list[object], call: str) -> str:
+    return "[" + ", ".join(call.format(js_literal(v)) for v in values) + "]"
+
+
+def test_the_pages_and_their_scripts_write_alike():
+    script = run_script({
+        "size": each(SIZES, "F.size({})"),
+        "duration": each(DURATIONS, "F.duration({})"),
+        "percent": each(PERCENTS, "F.percent({})"),
+        "moment": each(MOMENTS, 'F.moment({}, "UTC")'),
+        "iso": each(MOMENTS, "F.iso({})"),
+        "ago": each(AGO, f"F.ago({{}}, {NOW})"),
+    })
+    service = {
+        "size": [formatting.size(v) for v in SIZES],
+        "duration": [formatting.duration(v) for v in DURATIONS],
+        "percent": [formatting.percent(v) for v in PERCENTS],
+        "moment": [formatting.moment(v, timezone.utc) for v in MOMENTS],
+        "iso": [formatting.iso(v) for v in MOMENTS],
+        "ago": [formatting.ago(v, NOW) for v in AGO],
+    }
+    for kind, texts in service.items():
+        assert script[kind] == texts, kind
+
+
+def test_sizes_keep_three_digits_and_never_an_exponent():
+    assert [formatting.size(v) for v in SIZES[:13]] == [
+        "–", "–", "0 B", "1 B", "512 B", "1000 B", "1000 B", "1023 B", "1 KiB", "1.5 KiB",
+        "977 KiB", "1000 MiB", "1.5 GiB"]
+    assert [format_human(v) for v in (8 * G, int(9.96 * G), 9.999 * G, 10**10, 1.125 * G,
+                                      14.94 * G, 99.96 * G, 2**50, 2**60, -1536)] == [
+        "8 GiB", "9.96 GiB", "10 GiB", "9.31 GiB", "1.13 GiB", "14.9 GiB", "100 GiB",
+        "1024 TiB", "1048576 TiB", "-1.5 KiB"]
+
+
+def test_unknown_values_are_a_dash_and_odd_times_say_so():
+    assert formatting.duration(None) == formatting.percent(NAN) == formatting.size(None) == "–"
+    assert formatting.moment(None) == "–"
+    assert formatting.moment(1e18) == "an invalid time (1e+18)"
+    assert formatting.iso(1e18) == ""
+    assert formatting.moment(0, timezone.utc, zone=False) == "1970-01-01 00:00"
+    assert formatting.percent(0.755) == "76%"  # half up, as the scripts round
