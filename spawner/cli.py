@@ -10,8 +10,7 @@ from typing import Any
 from spawner.quota.form import describe_limits
 from spawner.quota.loader import load_quota_table, table_duration
 from spawner.quota.model import Budget, GpuCapacity, QuotaTable, QuotaTableError, Role
-from spawner.quota.units import format_size, parse_size
-from spawner.refusals import hours_text
+from spawner.quota.units import format_size, hours_text, parse_size
 
 
 def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:

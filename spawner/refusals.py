@@ -5,15 +5,9 @@ The details for the admin go to the hub's log, next to the refusal.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone, tzinfo
-from typing import TYPE_CHECKING
-
 from spawner.gpu.allocator import NoGpuFree, Usage
-from spawner.quota.model import Budget, Choice, Role
+from spawner.quota.model import Choice, Role
 from spawner.quota.units import human_duration
-
-if TYPE_CHECKING:  # the ledger's package needs SQLAlchemy; the sentences do not
-    from spawner.usage.budgets import BudgetState
 
 SETTING_REFUSED = (
     "Your server cannot start because the hub's configuration asks for a container "
@@ -82,85 +76,6 @@ def _what_now(choices: list[Choice]) -> str:
 
 
 # --- GPU-hour budgets (docs/usage.md#gpu-hour-budgets) ------------------------------------
-
-_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
-           "September", "October", "November", "December")
-_THIS = {"day": "today", "week": "this week", "month": "this month"}
-_RESERVED = "Budgets count the time GPUs were reserved, busy or not."
-
-
-HOURS_PRECISION = 0.001  # the least amount of hours written as a number
-
-
-def hours_text(hours: float) -> str:
-    """Hours (GPU-, CPU- or GiB-hours) for people: '0.005', '4.5', '200.4', '1,234.5',
-    '200' (not '200.0'). Three significant digits below 10, so a small budget or a short
-    session keeps its size; one decimal from 10 up, so large ones stay short. Never an
-    exponent, and never '0' for an amount that is not 0: below 0.001 it is '<0.001'."""
-    if hours < 0:
-        return "-" + hours_text(-hours)
-    if hours == 0:
-        return "0"
-    if hours < HOURS_PRECISION:
-        return f"<{HOURS_PRECISION:g}"
-    # from 0.001 to 10, 'g' with 3 digits writes no exponent and no trailing zeros
-    text = f"{hours:.3g}" if hours < 10 else f"{hours:,.1f}"
-    return text.removesuffix(".0")
-
-
-def local_time(epoch: float, zone: tzinfo) -> str:
-    """'1 December 2026 at 00:00 UTC', '30 March 2026 at 00:00 CEST': a date and time
-    in ``zone``, named by its abbreviation, or by its offset where it has none."""
-    local = datetime.fromtimestamp(epoch, zone)
-    name = "UTC" if zone is timezone.utc else (local.tzname() or "")
-    if not name.isalpha():  # many zones are named '+03': say 'UTC+03:00'
-        offset = int((local.utcoffset() or timedelta()).total_seconds()) // 60
-        sign = "-" if offset < 0 else "+"
-        name = f"UTC{sign}{abs(offset) // 60:02d}:{abs(offset) % 60:02d}"
-    return f"{local.day} {_MONTHS[local.month - 1]} {local.year} at {local:%H:%M} {name}"
-
-
-def _whose(budget: Budget) -> str:
-    if budget.kind == "group":
-        return f"The GPU-hour budget of the group {budget.name}"
-    return "Your GPU-hour budget"
-
-
-def _used(state: BudgetState) -> str:
-    budget = state.budget
-    return (f"{hours_text(state.used)} of {hours_text(budget.gpu_hours)} GPU-hours "
-            f"used {_THIS.get(budget.per, 'this ' + budget.per)}")
-
-
-def budget_spent(state: BudgetState, zone: tzinfo) -> str:
-    """A GPU start refused because a budget of the user is spent."""
-    return (f"{_whose(state.budget)} is spent: {_used(state)}. {_RESERVED} It resets on "
-            f"{local_time(state.resets_at, zone)}. Roles without GPUs can still be started.")
-
-
-def budget_warning(state: BudgetState, zone: tzinfo) -> str:
-    """A running GPU server's user, told that a budget passed its warn_at."""
-    budget = state.budget
-    percent = int(state.used / budget.gpu_hours * 100 + 1e-9)
-    then = ("your running GPU servers are stopped and no new one can start until it resets"
-            if budget.stop else
-            "no new GPU server can start until it resets; running servers keep running")
-    return (f"{_whose(budget)} is {percent}% used: {_used(state)}. {_RESERVED} When it is "
-            f"spent, {then}. It resets on {local_time(state.resets_at, zone)}.")
-
-
-def budget_spent_running(state: BudgetState, zone: tzinfo) -> str:
-    """A running GPU server's user, told that a budget is spent: stopped, when the table
-    says ``stop: true``, else kept running."""
-    budget = state.budget
-    if budget.stop:
-        now = ("Your GPU servers are being stopped now, as the quota table says; "
-               "the home folder is kept.")
-    else:
-        now = "Your running servers keep running, but no new GPU server can start."
-    return (f"{_whose(budget)} is spent: {_used(state)}. {now} {_RESERVED} It resets on "
-            f"{local_time(state.resets_at, zone)}. Roles without GPUs can still be started.")
-
 
 # --- the engine cannot give GPUs (docs/gpus.md#an-engine-without-the-nvidia-runtime) ---
 

@@ -75,14 +75,26 @@ def format_size(num_bytes: int) -> str:
     return str(num_bytes)
 
 
-def format_human(num_bytes: int) -> str:
-    """A rounded form for people: '4 GiB', '1.5 GiB', '512 MiB'."""
+def format_human(num_bytes: float) -> str:
+    """A rounded form for people: '4 GiB', '1.5 GiB', '9.31 GiB', '512 MiB', '1000 MiB'.
+
+    At most three significant digits (two decimals below 10, one below 100, none from
+    100 up), rounded half up, trailing zeros dropped, never an exponent. The web app's
+    scripts write sizes with the same rule (spawner/webapp/static/format.js), in the
+    same float arithmetic, so a page drawn by either reads alike."""
     value = float(num_bytes)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{value:.3g} {unit}"
+    if value < 0:
+        return "-" + format_human(-value)
+    unit = "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            break
         value /= 1024
-    return f"{value:.3g} TiB"
+    decimals = 2 if value < 10 else 1 if value < 100 else 0
+    scaled = math.floor(value * 10**decimals + 0.5)  # half up, as Math.floor in the script
+    whole, part = divmod(scaled, 10**decimals)
+    shown = f"{whole}.{part:0{decimals}d}".rstrip("0").rstrip(".") if decimals else str(whole)
+    return f"{shown} {unit}"
 
 
 def human_duration(seconds: float) -> str:
@@ -127,3 +139,38 @@ def valid_moment(epoch: float) -> bool:
     except (OverflowError, OSError, ValueError, TypeError):
         return False
     return True
+
+
+def rfc3339_time(stamp: str | None) -> float | None:
+    """An RFC 3339 time as the Docker engine and the Kubernetes API write them
+    ("2026-11-30T18:10:01.123456789Z": nanoseconds, Z or an offset) in epoch seconds;
+    None when unset ("0001-01-01T00:00:00Z") or unreadable."""
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    main, _, rest = stamp.partition(".")
+    zone = rest.lstrip("0123456789") if rest else stamp[19:]
+    fraction = float("0." + rest[: len(rest) - len(zone)]) if rest else 0.0
+    zone = "+00:00" if zone in ("Z", "") else zone
+    try:
+        return datetime.fromisoformat(main[:19] + zone).timestamp() + fraction
+    except ValueError:
+        return None
+
+
+HOURS_PRECISION = 0.001  # the least amount of hours written as a number
+
+
+def hours_text(hours: float) -> str:
+    """Hours (GPU-, CPU- or GiB-hours) for people: '0.005', '4.5', '200.4', '1,234.5',
+    '200' (not '200.0'). Three significant digits below 10, so a small budget or a short
+    session keeps its size; one decimal from 10 up, so large ones stay short. Never an
+    exponent, and never '0' for an amount that is not 0: below 0.001 it is '<0.001'."""
+    if hours < 0:
+        return "-" + hours_text(-hours)
+    if hours == 0:
+        return "0"
+    if hours < HOURS_PRECISION:
+        return f"<{HOURS_PRECISION:g}"
+    # from 0.001 to 10, 'g' with 3 digits writes no exponent and no trailing zeros
+    text = f"{hours:.3g}" if hours < 10 else f"{hours:,.1f}"
+    return text.removesuffix(".0")

@@ -23,15 +23,15 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta, tzinfo
+from datetime import date, datetime, time, timedelta, timezone, tzinfo
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, and_, func, select
 
-from spawner import refusals
 from spawner.events import write_atomically
 from spawner.quota.model import Budget, QuotaTable, Role, time_zone
+from spawner.quota.units import hours_text
 from spawner.usage.queries import in_window, seconds_in_window
 from spawner.usage.schema import session_groups, sessions
 
@@ -151,7 +151,7 @@ def check_start(engine: Engine, table: QuotaTable, user: str, groups: Iterable[s
     if not spent:
         return None
     last = max(spent, key=lambda s: s.resets_at)
-    return refusals.budget_spent(last, table.budget_zone)
+    return budget_spent(last, table.budget_zone)
 
 
 # --- running servers --------------------------------------------------------------------
@@ -324,7 +324,7 @@ class BudgetWatch:
                 under = tuple(s for s in theirs
                               if budget.kind == "user" or budget.name in s.groups)
                 if state.spent:
-                    text = refusals.budget_spent_running(state, zone)
+                    text = budget_spent_running(state, zone)
                     if budget.stop:
                         stops.extend(BudgetStop(s, state, text) for s in under)
                     if self._tell(SPENT, state, user):
@@ -333,7 +333,7 @@ class BudgetWatch:
                                                     under))
                 elif state.warned and self._tell(WARNING, state, user):
                     notices.append(BudgetNotice(WARNING, user, state,
-                                                refusals.budget_warning(state, zone),
+                                                budget_warning(state, zone),
                                                 False, under))
         return notices, stops
 
@@ -344,3 +344,65 @@ class BudgetWatch:
             return False
         self._told[key] = state.resets_at
         return True
+
+
+# --- what users are told (spawner/refusals.py has the other refusals) ---------------
+
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
+           "September", "October", "November", "December")
+_THIS = {"day": "today", "week": "this week", "month": "this month"}
+_RESERVED = "Budgets count the time GPUs were reserved, busy or not."
+
+
+def local_time(epoch: float, zone: tzinfo) -> str:
+    """'1 December 2026 at 00:00 UTC', '30 March 2026 at 00:00 CEST': a date and time
+    in ``zone``, named by its abbreviation, or by its offset where it has none."""
+    local = datetime.fromtimestamp(epoch, zone)
+    name = "UTC" if zone is timezone.utc else (local.tzname() or "")
+    if not name.isalpha():  # many zones are named '+03': say 'UTC+03:00'
+        offset = int((local.utcoffset() or timedelta()).total_seconds()) // 60
+        sign = "-" if offset < 0 else "+"
+        name = f"UTC{sign}{abs(offset) // 60:02d}:{abs(offset) % 60:02d}"
+    return f"{local.day} {_MONTHS[local.month - 1]} {local.year} at {local:%H:%M} {name}"
+
+
+def _owner(budget: Budget) -> str:
+    if budget.kind == "group":
+        return f"The GPU-hour budget of the group {budget.name}"
+    return "Your GPU-hour budget"
+
+
+def _used(state: BudgetState) -> str:
+    budget = state.budget
+    return (f"{hours_text(state.used)} of {hours_text(budget.gpu_hours)} GPU-hours "
+            f"used {_THIS.get(budget.per, 'this ' + budget.per)}")
+
+
+def budget_spent(state: BudgetState, zone: tzinfo) -> str:
+    """A GPU start refused because a budget of the user is spent."""
+    return (f"{_owner(state.budget)} is spent: {_used(state)}. {_RESERVED} It resets on "
+            f"{local_time(state.resets_at, zone)}. Roles without GPUs can still be started.")
+
+
+def budget_warning(state: BudgetState, zone: tzinfo) -> str:
+    """A running GPU server's user, told that a budget passed its warn_at."""
+    budget = state.budget
+    percent = int(state.used / budget.gpu_hours * 100 + 1e-9)
+    then = ("your running GPU servers are stopped and no new one can start until it resets"
+            if budget.stop else
+            "no new GPU server can start until it resets; running servers keep running")
+    return (f"{_owner(budget)} is {percent}% used: {_used(state)}. {_RESERVED} When it is "
+            f"spent, {then}. It resets on {local_time(state.resets_at, zone)}.")
+
+
+def budget_spent_running(state: BudgetState, zone: tzinfo) -> str:
+    """A running GPU server's user, told that a budget is spent: stopped, when the table
+    says ``stop: true``, else kept running."""
+    budget = state.budget
+    if budget.stop:
+        now = ("Your GPU servers are being stopped now, as the quota table says; "
+               "the home folder is kept.")
+    else:
+        now = "Your running servers keep running, but no new GPU server can start."
+    return (f"{_owner(budget)} is spent: {_used(state)}. {now} {_RESERVED} It resets on "
+            f"{local_time(state.resets_at, zone)}. Roles without GPUs can still be started.")

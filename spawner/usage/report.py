@@ -19,8 +19,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, and_, case, func, literal, or_, select
 
 from spawner.quota.model import QuotaTable, Role
-from spawner.quota.units import format_human
-from spawner.refusals import hours_text
+from spawner.quota.units import format_human, hours_text
 from spawner.usage.ledger import REASONS
 from spawner.usage.queries import in_window, seconds_in_window
 from spawner.usage.schema import session_groups, sessions

@@ -27,7 +27,7 @@ from spawner.contract import (
     USER_LABEL,
     gpu_memory_limit,
 )
-from spawner.docker.engine import docker_time
+from spawner.quota.units import rfc3339_time as docker_time
 from spawner.watchdog.model import Server
 
 

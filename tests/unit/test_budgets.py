@@ -22,12 +22,15 @@ from harness import line_of
 from spawner.cli import main as cli_main
 from spawner.quota.loader import TOP_FIELDS, parse_quota_table
 from spawner.quota.model import Budget, QuotaTable, QuotaTableError, Role
-from spawner.refusals import budget_spent, budget_warning, hours_text, local_time
+from spawner.quota.units import hours_text
 from spawner.usage.budgets import (
     BudgetCheck,
     BudgetState,
     BudgetWatch,
+    budget_spent,
+    budget_warning,
     check_start,
+    local_time,
     period,
     running_gpu_sessions,
     states_for,
