@@ -1,57 +1,14 @@
-"""Fixtures for the end-to-end tests: a real dockerd, hub and proxy."""
+"""Fixtures for the end-to-end tests: a real dockerd, and the session's shared hubs with
+their proxies (tests/hubs.py says which and why)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+from hubs import TEST_QUOTAS, running_hub, start_gpu_hub, start_hub, start_one_gpu_hub
 
-from harness import Hub, ensure_engine, teardown
-
-# Test roles: small enough for a 2-core CI machine, distinct enough to tell apart.
-TEST_QUOTAS = """\
-images:
-  pytorch:
-    display_name: PyTorch
-    image: quota-spawner/pytorch:latest
-  paddle:
-    display_name: PaddlePaddle
-    image: quota-spawner/paddle:latest
-roles:
-  junior-researcher:
-    description: Data exploration and small models
-    cpus: 2
-    memory: 4G
-    shm: 1G
-    images: [pytorch, paddle]
-  senior-engineer:
-    cpus: 8
-    memory: 32G
-    shm: 8G
-    pids: 4096
-    images: [pytorch, paddle]
-  pipeline:
-    cpus: 1
-    memory: 2G
-    images: [pytorch]
-  tiny:
-    description: For the OOM test
-    cpus: 0.5
-    memory: 256M
-    pids: 256
-    images: [pytorch]
-assignments:
-  default: [junior-researcher]
-  groups:
-    ml-platform: [senior-engineer, pipeline]
-    oom: [tiny]
-    lab1: [pipeline]
-    solo: [pipeline]
-  users:
-    research-lead: [senior-engineer]
-    nobody-here: []
-"""
+from harness import ensure_engine
 
 
 @pytest.fixture(scope="session")
@@ -64,19 +21,23 @@ def docker_client():
 
 @pytest.fixture(scope="session")
 def hub(docker_client, tmp_path_factory):
-    prefix = f"qstest{os.getpid()}"
-    hub = Hub(
-        tmp_path_factory.mktemp("hub"),
-        quota_text=TEST_QUOTAS,
-        prefix=prefix,
-        extra_config=(
-            "from spawner.hubconfig.rbac import instructor_roles\n"
-            "c.JupyterHub.load_roles += instructor_roles({'lab1': ['prof-x']})\n"
-        ),
-    )
-    hub.start()
-    yield hub
-    teardown(hub, docker_client, "e2e")
+    """No GPUs, TEST_QUOTAS, the usage service and the culler (tests/hubs.py)."""
+    yield from running_hub(start_hub, tmp_path_factory.mktemp("hub"), docker_client, "e2e")
+
+
+@pytest.fixture(scope="session")
+def gpu_hub(docker_client, tmp_path_factory):
+    """2 fake GPUs and the FAKE NVML in the containers (tests/hubs.py); a module brings its
+    table with ``hubs.on_hub``."""
+    yield from running_hub(start_gpu_hub, tmp_path_factory.mktemp("gpu-hub"), docker_client,
+                           "gpu")
+
+
+@pytest.fixture(scope="session")
+def one_gpu_hub(docker_client, tmp_path_factory):
+    """1 fake GPU, the culler and the watchdog's token (tests/hubs.py)."""
+    yield from running_hub(start_one_gpu_hub, tmp_path_factory.mktemp("one-gpu-hub"),
+                           docker_client, "one-gpu")
 
 
 @pytest.fixture
@@ -113,3 +74,11 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.e2e)
         if layer == "browser" and "browser" not in item.keywords:
             item.add_marker(pytest.mark.browser)
+
+
+def pytest_make_parametrize_id(config, val, argname):
+    """A parameter computed from the clock (a Unix time, now or some days from now) gets a
+    stable id: pytest-xdist's workers must collect the same test ids (make test-fast)."""
+    if isinstance(val, float) and 1e9 < val < 1e11:
+        return f"{argname}=a-unix-time"
+    return None

@@ -14,7 +14,9 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +104,10 @@ c.JupyterHub.load_roles = [{{
                "list:users", "read:users"],
     "services": ["test-admin"],
 }}]
+# a container that died is noticed within a second (the shipped config's 10 s is
+# c.QuotaSpawner's, which a c.Spawner setting does not override)
 c.Spawner.poll_interval = 1
+c.QuotaSpawner.poll_interval = 1
 c.DockerSpawner.prefix = {prefix!r}
 c.DockerSpawner.volumes = {{"{prefix}-home-{{username}}": "/home/jovyan"}}
 c.DockerSpawner.remove = True
@@ -194,6 +199,12 @@ c.QuotaSpawner.quota_file = {str(self.quota_file)!r}
         assert r.status_code in (201, 202), f"{r.status_code} {r.text}"
         return self.wait_ready(name)
 
+    def start_servers(self, options: dict[str, dict | None]) -> None:
+        """Each user's server started with its options, side by side (the hub starts each
+        in its own task), where the order does not matter; ready when this returns."""
+        with ThreadPoolExecutor(len(options)) as pool:
+            list(pool.map(self.start_server, options, options.values()))
+
     def stop_server(self, name: str, timeout: float = 60) -> None:
         r = self.api("DELETE", f"/users/{requests.utils.quote(name)}/server")
         assert r.status_code in (202, 204), r.text
@@ -201,6 +212,18 @@ c.QuotaSpawner.quota_file = {str(self.quota_file)!r}
         while self.user(name)["servers"] and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not self.user(name)["servers"], f"{name}'s server did not stop"
+
+    def stop_servers(self, names: list[str], timeout: float = 60) -> None:
+        """The running or starting servers of ``names`` stopped side by side (the hub
+        stops each in its own task), and waited for."""
+        asked = []
+        for name in names:
+            user = self.user(name)
+            if user["servers"] or user.get("pending"):
+                self.api("DELETE", f"/users/{requests.utils.quote(name)}/server")
+                asked.append(name)
+        for name in asked:
+            self.wait_stopped(name, timeout)
 
     def wait_stopped(self, name: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -224,6 +247,61 @@ c.QuotaSpawner.quota_file = {str(self.quota_file)!r}
                      json={"expires_in": 3600})
         assert r.status_code == 201, r.text
         return r.json()["token"]
+
+    def events(self) -> list[dict[str, Any]]:
+        """The hub's event log (quota-spawner-events.jsonl in its state folder), oldest
+        first."""
+        path = self.workdir / "quota-spawner-events.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def spawn_in_background(hub: Hub, name: str, options: dict) -> dict[str, Any]:
+    """POST the start in a thread (a queued start answers only when it is served); the
+    dict gets the answer's "status" and "text" (None and the error when the hub went away
+    under it), "at" (monotonic) when it came, and "thread"."""
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            r = hub.spawn(name, options)
+        except requests.RequestException as e:  # the hub restarted under it
+            result["status"], result["text"] = None, str(e)
+        else:
+            result["status"], result["text"] = r.status_code, r.text
+        result["at"] = time.monotonic()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    result["thread"] = thread
+    return result
+
+
+def spawn_outcome(hub: Hub, name: str, timeout: float) -> str:
+    """'ready', or the message of a failed start."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        server = hub.user(name)["servers"].get("")
+        if server and server["ready"]:
+            return "ready"
+        if not server and not hub.user(name).get("pending"):
+            r = hub.session.get(f"{hub.url}/hub/api/users/{name}/server/progress", timeout=10)
+            return r.text if r.status_code == 200 else f"stopped ({r.status_code})"
+        time.sleep(0.2)
+    raise AssertionError(f"{name}'s start had no answer in {timeout}s")
+
+
+def running_gpus(client: docker.DockerClient, prefix: str) -> dict[str, str]:
+    """Running container -> its GPUs label, for the containers named PREFIX-…. One list
+    call (the SDK's containers.list inspects each, and fails on one removed meanwhile)."""
+    found = client.api.containers(filters={"label": "quota-spawner.gpus"})
+    held = {}
+    for c in found:
+        name, label = c["Names"][0].lstrip("/"), (c.get("Labels") or {}).get("quota-spawner.gpus")
+        if name.startswith(f"{prefix}-") and label:
+            held[name] = label
+    return held
 
 
 def containers(client: docker.DockerClient, user: str, all: bool = True) -> list:
@@ -294,12 +372,17 @@ def write_fake_nvml_state(folder: Path, state: dict[str, Any]) -> None:
     tmp.replace(folder / "state.json")  # atomic: a reader never sees half a file
 
 
+def gpu_inventory_config(uuids: tuple[str, ...] | list[str]) -> str:
+    """The hub config line that declares ``uuids`` as the hub's GPUs, 16 GiB fakes."""
+    inventory = [{"uuid": u, "name": "Fake GPU", "memory": "16G"} for u in uuids]
+    return f"c.QuotaSpawner.gpu_inventory = {inventory!r}\n"
+
+
 def fake_nvml_config(folder: Path, prefix: str, activity_interval: int = 2,
                      monitor_args: tuple[str, ...] = (), gpus: tuple[str, ...] = ()) -> str:
     """Hub config lines that mount the fake NVML into every notebook container,
     and declare ``gpus`` (UUIDs of 16 GiB fake GPUs) as the hub's inventory."""
-    inventory = [{"uuid": u, "name": "Fake GPU", "memory": "16G"} for u in gpus]
-    return (f"c.QuotaSpawner.gpu_inventory = {inventory!r}\n" if gpus else "") + f"""
+    return (gpu_inventory_config(gpus) if gpus else "") + f"""
 c.QuotaSpawner.volumes = {{
     "{prefix}-home-{{username}}": "/home/jovyan",
     {str(folder)!r}: {{"bind": "/opt/fake-nvml", "mode": "ro"}},

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from browser import CHROMIUM, CHROMIUM_ARGS, log_in
-from playwright.sync_api import sync_playwright
+from browser import launch, log_in
 
 from harness import ARTIFACTS, container_for
 
@@ -12,13 +11,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 
 
+@pytest.fixture(scope="module")
+def browser():
+    yield from launch()
+
+
 @pytest.fixture
-def page():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        yield page
-        browser.close()
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    yield context.new_page()
+    context.close()
 
 
 def test_login_pick_role_and_image_reach_lab(hub, docker_client, page):

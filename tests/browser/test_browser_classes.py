@@ -14,14 +14,14 @@
 
 from __future__ import annotations
 
-import os
 import re
 from datetime import datetime, timedelta
 
 import pytest
-from browser import Visit, expect, launch, usage_config, visits
+from browser import Visit, expect, launch, visits
+from hubs import on_hub
 
-from harness import Hub, container_for, free_port, teardown
+from harness import Hub, container_for
 from spawner.contract import IMAGE_LABEL, ROLE_LABEL
 from spawner.hubconfig.rbac import USAGE_SCOPE
 from spawner.webapp.classes import NOT_AN_INSTRUCTOR
@@ -45,39 +45,19 @@ assignments:
     cs101-staff: [student]
     cs102-staff: [student]
 """
-CLASSES = {"cs101": ["prof-ada"], "cs102": ["prof-bo"]}
-# A visitor the service lets onto cs101's dashboard (the usage scope names cs101) and
-# whose hub scopes list cs101's members and their servers but may not start or stop them:
-# only the hub can refuse them, which is what this role is here to show.
-OBSERVER = f"""
-c.JupyterHub.load_roles.append({{
-    "name": "cs101-observer",
-    "scopes": ["{USAGE_SCOPE}!group=cs101", "list:users!group=cs101",
-               "read:users!group=cs101", "read:servers!group=cs101",
-               "access:services!service=usage"],
-    "users": ["ta-kim"],
-}})
-"""
 SERVICE_REFUSAL = "You manage the servers of {mine} only, not of {other}."
 WAIT = 180_000  # ms: a container's start on a busy 2-core machine
 
 
 @pytest.fixture(scope="module")
-def hub(docker_client, tmp_path_factory):
-    hub = Hub(tmp_path_factory.mktemp("class-hub"), quota_text=QUOTAS,
-              prefix=f"qsclass{os.getpid()}",
-              extra_config=usage_config(free_port(), CLASSES) + OBSERVER)
-    hub.start()
-    try:
-        hub.create_user("prof-ada", ["cs101-staff"])
-        hub.create_user("prof-bo", ["cs102-staff"])
-        hub.create_user("ta-kim")
-        hub.create_user("ann", ["cs101", "cs101-gpu"])
-        hub.create_user("ben", ["cs101"])
-        hub.create_user("dan", ["cs102"])
+def hub(hub):
+    """The session's hub (tests/hubs.py: cs101's instructor is prof-ada, cs102's prof-bo,
+    and ta-kim is cs101's observer) with this module's table and classes, and a fresh
+    ledger."""
+    people = {"prof-ada": ["cs101-staff"], "prof-bo": ["cs102-staff"], "ta-kim": [],
+              "ann": ["cs101", "cs101-gpu"], "ben": ["cs101"], "dan": ["cs102"]}
+    with on_hub(hub, QUOTAS, people, ledger=True):
         yield hub
-    finally:
-        teardown(hub, docker_client, "classes")
 
 
 @pytest.fixture(scope="module")
@@ -203,7 +183,10 @@ def test_the_instructor_prewarms_opens_and_stops_their_class(make, hub, docker_c
     stop_ben = row(v, "ben").locator("button.stop")
     stop_ben.focus()
     before = sum(1 for u in v.requests if u.endswith("/api/classes/cs101"))
-    page.wait_for_timeout(6500)
+    # the next refresh (every 5 s), and a moment for the page to redraw the table
+    with page.expect_response(lambda r: r.url.endswith("/api/classes/cs101"), timeout=10_000):
+        pass
+    page.wait_for_timeout(500)
     assert sum(1 for u in v.requests if u.endswith("/api/classes/cs101")) > before
     assert page.evaluate("() => document.activeElement.closest('tr').dataset.user") == "ben"
     assert page.evaluate("() => document.activeElement.className") == "stop"

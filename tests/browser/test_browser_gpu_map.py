@@ -15,31 +15,19 @@ the page and at the API.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 import pytest
-from browser import Visit, expect, launch, usage_config
+from browser import Visit, expect, launch
+from hubs import GPU_HUB_GPUS, GPU_HUB_ID, on_hub
 
-from harness import (
-    Hub,
-    WatchdogProcess,
-    container_for,
-    fake_nvml_config,
-    free_port,
-    install_fake_nvml,
-    teardown,
-    write_fake_gpus,
-)
+from harness import Hub, WatchdogProcess, container_for, install_fake_nvml, write_fake_gpus
 from spawner.webapp.gpus import ADMINS_ONLY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
-PREFIX = f"qsgmap{os.getpid()}"
-HUB_ID = f"qsgmap-hub-{os.getpid()}"
-G0 = "GPU-gmap-0000-0000-0000-000000000000"
-G1 = "GPU-gmap-0000-0000-0000-000000000001"
+G0, G1 = GPU_HUB_GPUS  # the shared hub's two fake GPUs (tests/hubs.py)
 GiB = 2**30
 QUOTAS = """\
 images:
@@ -81,33 +69,22 @@ def fake_gpus(processes: dict[str, list[list[int]]] | None = None) -> list[dict]
 
 
 @pytest.fixture(scope="module")
-def setup(docker_client, tmp_path_factory):
-    work = tmp_path_factory.mktemp("gpu-map")
-    (work / "container-nvml").mkdir()
-    (work / "host-nvml").mkdir()
-    container_fake = install_fake_nvml(work / "container-nvml")
-    host_fake = install_fake_nvml(work / "host-nvml")
+def setup(gpu_hub, tmp_path_factory):
+    """The session's 2-GPU hub with this module's table, and the watchdog beside it."""
+    host_fake = install_fake_nvml(tmp_path_factory.mktemp("host-nvml"))
     write_fake_gpus(host_fake, fake_gpus())
-    hub = Hub(work / "hub", quota_text=QUOTAS, prefix=PREFIX,
-              extra_config=fake_nvml_config(container_fake, PREFIX, gpus=(G0, G1))
-              + f"c.QuotaSpawner.hub_id = {HUB_ID!r}\n" + usage_config(free_port()))
-    watchdog = None
-    try:
-        hub.start()
+    users = {name: [] for name in ("carol", "gm-solo", "gm-a", "gm-b", "gm-wait")}
+    with on_hub(gpu_hub, QUOTAS, {"prof-ada": ["cs101-staff"], **users}) as hub:
         # the hub's state folder is the watchdog's too: its usage file lands where the
         # usage service reads it; a short idle hold so the idle GPU is marked in the test
         watchdog = WatchdogProcess(
             hub.workdir, host_fake, "c.WatchdogRules.idle_gpu_hold = 2.0\n", interval=1.0,
-            env={"QUOTA_SPAWNER_HUB_ID": HUB_ID})
+            env={"QUOTA_SPAWNER_HUB_ID": GPU_HUB_ID})
         watchdog.start()
-        hub.create_user("prof-ada", ["cs101-staff"])
-        for name in ("carol", "gm-solo", "gm-a", "gm-b", "gm-wait"):
-            hub.create_user(name)
-        yield hub, watchdog, host_fake
-    finally:
-        if watchdog is not None:
+        try:
+            yield hub, watchdog, host_fake
+        finally:
             watchdog.stop()
-        teardown(hub, docker_client, "gpu-map")
 
 
 @pytest.fixture(scope="module")

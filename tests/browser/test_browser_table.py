@@ -5,16 +5,16 @@ plain users are refused, the page and its API alike."""
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
 import pytest
 from browser import Visit as BrowserVisit
-from browser import launch, usage_config, visits
+from browser import launch, visits
+from hubs import SHIPPED_QUOTAS, on_hub
 from playwright.sync_api import expect
 
-from harness import Hub, free_port, teardown
+from harness import Hub
 from spawner.webapp.table import ADMINS_ONLY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -24,21 +24,15 @@ TYPO = "\nroles_typo: 1\n"
 
 
 @pytest.fixture(scope="module")
-def hub(docker_client, tmp_path_factory):
-    hub = Hub(tmp_path_factory.mktemp("table-hub"), prefix=f"qstable{os.getpid()}",
-              extra_config=usage_config(free_port()))
-    hub.start()
-    try:
-        hub.create_user("prof-ada", ["cs101-staff"])
-        hub.create_user("carol")
+def hub(hub):
+    """The session's hub (tests/hubs.py) with the shipped table, and a fresh ledger."""
+    with on_hub(hub, SHIPPED_QUOTAS, {"prof-ada": ["cs101-staff"], "carol": []}, ledger=True):
         yield hub
-    finally:
-        teardown(hub, docker_client, "table")
 
 
 @pytest.fixture(scope="module")
 def original(hub) -> str:
-    return hub.quota_file.read_text(encoding="utf-8")
+    return SHIPPED_QUOTAS
 
 
 @pytest.fixture

@@ -7,35 +7,29 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 from urllib.parse import quote
 
 import pytest
 from browser import Visit as BrowserVisit
-from browser import launch, usage_config, visits
+from browser import launch, visits
+from hubs import SHIPPED_QUOTAS, on_hub
 from playwright.sync_api import expect
 from test_usage_service import ALL_USERS, CS101, HOSTILE_USER, seed_ledger
 
-from harness import Hub, free_port, teardown
+from harness import Hub
 from spawner.hubconfig.rbac import USAGE_SCOPE
 from spawner.usage.ledger import default_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
 @pytest.fixture(scope="module")
-def hub(docker_client, tmp_path_factory):
-    hub = Hub(tmp_path_factory.mktemp("usage-hub"), prefix=f"qsusage{os.getpid()}",
-              extra_config=usage_config(free_port()))
-    hub.start()
-    try:
-        hub.create_user("prof-ada", ["cs101-staff"])
-        hub.create_user("alice", ["cs101"])
-        hub.create_user("carol")
-        # the hub created its ledger at start; these sessions are what the page shows
+def hub(hub):
+    """The session's hub (tests/hubs.py) with the shipped table, and a ledger of the seeded
+    sessions only: what the page shows."""
+    people = {"prof-ada": ["cs101-staff"], "alice": ["cs101"], "carol": []}
+    with on_hub(hub, SHIPPED_QUOTAS, people, ledger=True):
         seed_ledger(default_url(str(hub.workdir)))
         yield hub
-    finally:
-        teardown(hub, docker_client, "usage")
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -111,12 +112,14 @@ def hostile(docker_client, tmp_path_factory, links):
         docker_client.volumes.create(name, driver="local", driver_opts={
             "type": "none", "o": "bind", "device": device})
     hub = Hub(tmp_path_factory.mktemp("hostile"), QUOTAS, prefix=PREFIX,
-              extra_config=hostile_config(links)).start()
-    yield hub
-    hub.stop()
-    cleanup(docker_client, PREFIX)
-    for name in (f"{PREFIX}-evil", f"{PREFIX}-evil-run"):
-        docker_client.volumes.get(name).remove(force=True)
+              extra_config=hostile_config(links))
+    try:  # the volumes go even when the hub does not start
+        yield hub.start()
+    finally:
+        hub.stop()
+        cleanup(docker_client, PREFIX)
+        for name in (f"{PREFIX}-evil", f"{PREFIX}-evil-run"):
+            docker_client.volumes.get(name).remove(force=True)
 
 
 def refused(hub: Hub, docker_client, name: str, groups: list[str] = ()) -> str:
@@ -249,9 +252,10 @@ def test_a_role_larger_than_the_engine_is_reported_at_load(hostile):
 
 # --- two hubs on one engine -----------------------------------------------------------
 
-TWO_HUBS = """
+ZOMBIE_GRACE = 1  # seconds; each hub checks the engine's containers every second
+TWO_HUBS = f"""
 c.QuotaSpawner.gpu_sync_interval = 1
-c.QuotaSpawner.zombie_grace_period = 2
+c.QuotaSpawner.zombie_grace_period = {ZOMBIE_GRACE}
 """
 
 
@@ -263,15 +267,15 @@ def test_two_hubs_with_defaults_never_reap_each_other(docker_client, tmp_path_fa
     one = Hub(tmp_path_factory.mktemp("one"), quotas, prefix=prefix, extra_config=TWO_HUBS)
     two = Hub(tmp_path_factory.mktemp("two"), quotas, prefix=prefix, extra_config=TWO_HUBS)
     try:
-        one.start()
-        two.start()
+        with ThreadPoolExecutor(2) as pool:  # side by side, as two copies of one config
+            list(pool.map(Hub.start, (one, two)))
         for hub, name in ((one, "alice"), (two, "bob")):
             hub.create_user(name)
             hub.start_server(name)  # also starts each hub's GPU pool and its zombie check
         alice = container_for(docker_client, "alice")
         ids = {c.labels["quota-spawner.hub"] for c in (alice, container_for(docker_client, "bob"))}
         assert len(ids) == 2 and all(i.startswith(prefix + "-") for i in ids)
-        time.sleep(6)  # several syncs past the zombie grace period
+        time.sleep(ZOMBIE_GRACE + 2)  # two syncs past the zombie grace period
         alice.reload()
         assert alice.status == "running"
         assert "Stopping unclaimed container" not in two.log()
@@ -285,8 +289,8 @@ def test_two_hubs_with_defaults_never_reap_each_other(docker_client, tmp_path_fa
         assert alice.status == "running" and one.user("alice")["servers"][""]["ready"]
         assert two.user("alice")["servers"] == {}
     finally:
-        one.stop()
-        two.stop()
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(Hub.stop, (one, two)))
         cleanup(docker_client, prefix)
 
 

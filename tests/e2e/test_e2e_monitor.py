@@ -13,16 +13,9 @@ from datetime import datetime
 
 import pytest
 import requests
+from hubs import GPU_HUB_GPUS, on_hub
 
-from harness import (
-    Hub,
-    container_for,
-    exec_text,
-    fake_nvml_config,
-    install_fake_nvml,
-    teardown,
-    write_fake_gpus,
-)
+from harness import Hub, container_for, exec_text, write_fake_gpus
 
 pytestmark = pytest.mark.e2e
 
@@ -41,8 +34,7 @@ roles:
 assignments:
   default: [gpu]
 """
-PREFIX = "qsmon"
-GPUS = [f"GPU-{PREFIX}-{i}" for i in range(2)]
+GPUS = GPU_HUB_GPUS  # the shared hub's two fake GPUs (tests/hubs.py)
 GiB = 2**30
 
 
@@ -55,21 +47,18 @@ def write_state(folder, used: float, utilization: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def fake_nvml(tmp_path_factory):
-    folder = install_fake_nvml(tmp_path_factory.mktemp("fake-nvml"))
-    write_state(folder, used=1, utilization=0)
-    return folder
+def mon_hub(gpu_hub):
+    """The session's 2-GPU hub, whose containers read the FAKE NVML of
+    ``gpu_hub.fake_nvml`` (the monitor reads every 0.5 s, a 3 s busy window), with this
+    module's table."""
+    write_state(gpu_hub.fake_nvml, used=1, utilization=0)
+    with on_hub(gpu_hub, QUOTAS):
+        yield gpu_hub
 
 
 @pytest.fixture(scope="module")
-def mon_hub(docker_client, tmp_path_factory, fake_nvml):
-    config = fake_nvml_config(
-        fake_nvml, PREFIX, gpus=tuple(GPUS),
-        monitor_args=("--GpuMonitor.interval=0.25", "--GpuMonitor.busy_window=3"))
-    hub = Hub(tmp_path_factory.mktemp("monhub"), quota_text=QUOTAS, prefix=PREFIX,
-              extra_config=config).start()
-    yield hub
-    teardown(hub, docker_client, "monitor")
+def fake_nvml(mon_hub):
+    return mon_hub.fake_nvml
 
 
 @pytest.fixture(scope="module")

@@ -6,30 +6,31 @@
 - scheduled: a pre-warm stored for a few seconds ahead is run by the service's Prewarmer
   (with the service's own token) at its time, not before; a cancelled one never runs.
 
-Short times instead of a lab's: the role's idle timeout is 20 s, the culler looks every
-3 s, servers and proxy report activity every 2 s, the Prewarmer looks every second
-(QUOTA_SPAWNER_PREWARM_INTERVAL in the service's environment). The instructor calls the
+Short times instead of a lab's, all of them the product's own settings: the role's idle
+timeout is 6 s, the culler looks every second, servers and proxy report activity every
+2 s, the Prewarmer looks every second (QUOTA_SPAWNER_PREWARM_INTERVAL in the service's
+environment), and a scheduled pre-warm is 5 s ahead. The instructor calls the
 API with a hub API token of their own (the service takes it as HubOAuth does); the
 browser test checks the same API through the hub's OAuth login.
 """
 
 from __future__ import annotations
 
-import os
+import threading
 import time
 
 import pytest
 import requests
-from browser import usage_config
+from hubs import ACTIVITY, CULL_EVERY, on_hub
 
-from harness import Hub, container_for, containers, free_port, teardown
+from harness import Hub, container_for, containers
 from spawner.contract import IMAGE_LABEL, ROLE_LABEL
 
 pytestmark = pytest.mark.e2e
 
-IDLE = 20
-CULL_EVERY = 3
-ACTIVITY = 2
+IDLE = 6  # the lab role's idle_timeout, seconds: 3 activity intervals
+USED_AFTER = 2  # ben goes on using his server this long after ann's is culled
+AHEAD = 5  # a scheduled pre-warm's time, from now: room for the calls before it
 QUOTAS = f"""\
 images:
   pytorch: {{image: "quota-spawner/pytorch:latest"}}
@@ -43,32 +44,18 @@ assignments:
     cs101: [lab, student]
     cs101-staff: [student]
 """
-EXTRA = f"""
-from spawner.hubconfig.culling import culler_service
-culler, culler_role = culler_service(c.QuotaSpawner.quota_file, timeout=600,
-                                     cull_every={CULL_EVERY})
-c.JupyterHub.services.append(culler)
-c.JupyterHub.load_roles.append(culler_role)
-usage["environment"]["QUOTA_SPAWNER_PREWARM_INTERVAL"] = "1"
-"""
 STUDENTS = ("ann", "ben")
 
 
 @pytest.fixture(scope="module")
-def hub(docker_client, tmp_path_factory):
-    hub = Hub(tmp_path_factory.mktemp("prewarm-hub"), quota_text=QUOTAS,
-              prefix=f"qsprewarm{os.getpid()}",
-              extra_config=usage_config(free_port()) + EXTRA,
-              env={"QUOTA_SPAWNER_ACTIVITY_INTERVAL": str(ACTIVITY)})
-    hub.start()
-    try:
-        hub.create_user("prof-ada", ["cs101-staff"])
-        for name in STUDENTS:
-            hub.create_user(name, ["cs101"])
+def hub(hub):
+    """The session's hub (tests/hubs.py: its culler checks every second, activity every
+    2 s, the Prewarmer looks every second) with this module's table and class, and a fresh
+    ledger."""
+    people = {"prof-ada": ["cs101-staff"], **{name: ["cs101"] for name in STUDENTS}}
+    with on_hub(hub, QUOTAS, people, ledger=True):
         hub.instructor = hub.user_token("prof-ada")
         yield hub
-    finally:
-        teardown(hub, docker_client, "prewarm")
 
 
 def call(hub: Hub, method: str, path: str, body: dict | None = None, token: str = ""):
@@ -95,45 +82,61 @@ def test_prewarm_now_with_the_role_and_image_then_culling_of_the_unused(hub, doc
     asked = time.monotonic()
     code, found = call(hub, "POST", "cs101/prewarm", {"role": "lab", "image": "pytorch"})
     assert code == 200, found
-    assert {r["user"]: r["outcome"] for r in found["results"]}.keys() == set(STUDENTS)
-    assert {r["outcome"] for r in found["results"]} <= {"started", "starting"}, found
-    wait_all_ready(hub)
-    ready = time.monotonic()
-    for name in STUDENTS:
-        labels = container_for(docker_client, name).labels
-        assert (labels[ROLE_LABEL], labels[IMAGE_LABEL]) == ("lab", "pytorch")
-    _, found = call(hub, "GET", "cs101")
-    assert {(m["name"], m["state"], m["role"], m["image"]) for m in found["members"]} == {
-        (name, "running", "lab", "pytorch") for name in STUDENTS}
-    # pre-warming again skips the running servers
-    code, found = call(hub, "POST", "cs101/prewarm", {"role": "lab", "image": "pytorch"})
-    assert code == 200 and {r["outcome"] for r in found["results"]} == {"skipped"}
-
-    # ben comes to the lab and uses his server; nobody comes for ann's
+    # ben comes to the lab and uses his server from the moment it is up (the role's IDLE of
+    # a few seconds leaves no room to wait for the checks below); nobody comes for ann's
+    leave = threading.Event()
+    answers: list[int] = []
     ben = hub.user_token("ben")
-    culled: dict[str, float] = {}
-    stopped_using = None
-    while time.monotonic() - asked < 150 and len(culled) < 2:
-        now = time.monotonic()
-        if "ann" in culled and stopped_using is None and now - culled["ann"] >= 8:
-            stopped_using = now  # ben leaves: his server goes idle from here
-        if stopped_using is None:
-            r = requests.get(f"{hub.url}/user/ben/api/status", timeout=10,
-                             headers={"Authorization": f"token {ben}"})
-            assert r.status_code == 200, r.text
+
+    def use_bens_server() -> None:
+        while not leave.is_set() and not (hub.user("ben")["servers"].get("") or {}).get("ready"):
+            leave.wait(0.2)
+        while not leave.is_set():
+            answers.append(requests.get(f"{hub.url}/user/ben/api/status", timeout=10,
+                                        headers={"Authorization": f"token {ben}"}).status_code)
+            leave.wait(1)
+
+    traffic = threading.Thread(target=use_bens_server, daemon=True)
+    traffic.start()
+    try:
+        assert {r["user"]: r["outcome"] for r in found["results"]}.keys() == set(STUDENTS)
+        assert {r["outcome"] for r in found["results"]} <= {"started", "starting"}, found
+        wait_all_ready(hub)
+        ready = time.monotonic()
         for name in STUDENTS:
-            if name not in culled and not hub.user(name)["servers"]:
-                culled[name] = now
-        time.sleep(1)
+            labels = container_for(docker_client, name).labels
+            assert (labels[ROLE_LABEL], labels[IMAGE_LABEL]) == ("lab", "pytorch")
+        _, found = call(hub, "GET", "cs101")
+        assert {(m["name"], m["state"], m["role"], m["image"]) for m in found["members"]} == {
+            (name, "running", "lab", "pytorch") for name in STUDENTS}
+        # pre-warming again skips the running servers
+        code, found = call(hub, "POST", "cs101/prewarm", {"role": "lab", "image": "pytorch"})
+        assert code == 200 and {r["outcome"] for r in found["results"]} == {"skipped"}
+
+        culled: dict[str, float] = {}
+        stopped_using = None
+        while time.monotonic() - asked < 150 and len(culled) < 2:
+            now = time.monotonic()
+            if "ann" in culled and stopped_using is None and now - culled["ann"] >= USED_AFTER:
+                leave.set()  # ben leaves: his server goes idle from his last request
+                traffic.join(15)
+                stopped_using = time.monotonic()
+            for name in STUDENTS:
+                if name not in culled and not hub.user(name)["servers"]:
+                    culled[name] = now
+            time.sleep(0.5)
+    finally:
+        leave.set()
+    assert answers and set(answers) == {200}, answers
     log = hub.log()
     assert "ann" in culled, f"the unused pre-warmed server was not culled\n{log[-3000:]}"
-    # idle for the role's 20 s from its start, then culled within a check and an activity
+    # idle for the role's IDLE from its start, then culled within a check and an activity
     # report (with slack for a 2-core machine)
     assert culled["ann"] - asked >= IDLE, culled
     assert culled["ann"] - ready <= IDLE + CULL_EVERY + ACTIVITY + 10, culled
     assert "Culling ann (role lab): idle for" in log
     assert containers(docker_client, "ann") == []
-    # ben's server lived while he used it, and went once idle for the role's 20 s
+    # ben's server lived while he used it, and went once idle for the role's IDLE
     assert stopped_using is not None and "ben" in culled, (culled, log[-3000:])
     assert culled["ben"] - stopped_using >= IDLE - ACTIVITY - 1, (culled, stopped_using)
     assert culled["ben"] - stopped_using <= IDLE + CULL_EVERY + 2 * ACTIVITY + 10
@@ -143,7 +146,7 @@ def test_prewarm_now_with_the_role_and_image_then_culling_of_the_unused(hub, doc
 def test_a_scheduled_prewarm_runs_at_its_time(hub, docker_client):
     for name in STUDENTS:
         assert hub.user(name)["servers"] == {}, "the first test left a server running"
-    at = time.time() + 8
+    at = time.time() + AHEAD
     code, planned = call(hub, "POST", "cs101/prewarm",
                          {"role": "student", "image": "paddle", "at": at})
     assert code == 201, planned

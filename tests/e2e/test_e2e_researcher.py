@@ -23,25 +23,16 @@ import time
 
 import pytest
 import requests
-from browser import CHROMIUM, CHROMIUM_ARGS, log_in
-from playwright.sync_api import expect, sync_playwright
+from browser import launch, log_in
+from hubs import GPU_HUB_GPUS, on_hub
+from playwright.sync_api import expect
 
-from harness import (
-    ARTIFACTS,
-    Hub,
-    container_for,
-    exec_text,
-    fake_nvml_config,
-    install_fake_nvml,
-    teardown,
-    write_fake_gpus,
-)
+from harness import ARTIFACTS, Hub, container_for, exec_text, teardown, write_fake_gpus
 
 pytestmark = pytest.mark.e2e
 
-PREFIX = "qsres"
 WARNING = re.compile(r"\bqs-gpu-status-warning\b")  # the GPU item's warning class
-GPUS = [f"GPU-{PREFIX}-{i}" for i in range(2)]
+GPUS = GPU_HUB_GPUS  # the shared hub's two fake GPUs (tests/hubs.py)
 GiB = 2**30
 QUOTAS = """\
 images:
@@ -94,20 +85,17 @@ def gpu_state(used_gib: float, utilization: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def fake_nvml(tmp_path_factory):
-    folder = install_fake_nvml(tmp_path_factory.mktemp("fake-nvml"))
-    write_fake_gpus(folder, gpu_state(2, 37))
-    return folder
+def res_hub(gpu_hub):
+    """The session's 2-GPU hub, whose containers read the FAKE NVML of
+    ``gpu_hub.fake_nvml``, with this module's table."""
+    write_fake_gpus(gpu_hub.fake_nvml, gpu_state(2, 37))
+    with on_hub(gpu_hub, QUOTAS):
+        yield gpu_hub
 
 
 @pytest.fixture(scope="module")
-def res_hub(docker_client, tmp_path_factory, fake_nvml):
-    config = fake_nvml_config(fake_nvml, PREFIX, gpus=tuple(GPUS),
-                              monitor_args=("--GpuMonitor.interval=0.5",))
-    hub = Hub(tmp_path_factory.mktemp("reshub"), quota_text=QUOTAS, prefix=PREFIX,
-              extra_config=config).start()
-    yield hub
-    teardown(hub, docker_client, "researcher")
+def fake_nvml(res_hub):
+    return res_hub.fake_nvml
 
 
 def probe(container, framework: str) -> dict:
@@ -241,13 +229,16 @@ def test_a_refused_update_stops_the_server(docker_client, tmp_path_factory):
 # --- in Chromium, through the hub's login ---------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def browser():
+    yield from launch()
+
+
 @pytest.fixture
-def browser_page():
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 900})
-        yield context.new_page()
-        browser.close()
+def browser_page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    yield context.new_page()
+    context.close()
 
 
 def spawn_from_form(page, role: str, image: str) -> None:

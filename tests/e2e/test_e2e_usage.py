@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from hubs import ONE_GPU, ONE_GPU_HUB_ID, ONE_GPU_PREFIX, on_hub
 from sqlalchemy import insert, select
 
 from harness import (
@@ -23,9 +24,7 @@ from harness import (
     Hub,
     WatchdogProcess,
     container_for,
-    fake_nvml_config,
     install_fake_nvml,
-    teardown,
     write_fake_nvml_state,
 )
 from spawner.usage.ledger import STARTUP_WINDOW, STOPPED, Ledger
@@ -33,56 +32,45 @@ from spawner.usage.schema import session_groups, sessions
 
 pytestmark = pytest.mark.e2e
 
-PREFIX = "qsuse"
-HUB_ID = "qsuse-hub"
-GPU = "GPU-usage-0000-0000-0000-000000000001"
+# the shared one-GPU hub's (tests/hubs.py): its culler checks every second and tells the
+# ledger why, the budgets are checked every second
+PREFIX, HUB_ID, GPU = ONE_GPU_PREFIX, ONE_GPU_HUB_ID, ONE_GPU
 G = 2**30
 M = 2**20
-QUOTAS = """\
+IDLE = 6  # the idle role's idle_timeout, seconds
+MAX_AGE = 8  # the aged role's max_age, seconds
+QUOTAS = f"""\
 images:
-  pytorch: {image: "quota-spawner/pytorch:latest"}
+  pytorch: {{image: "quota-spawner/pytorch:latest"}}
 roles:
-  small: {cpus: 0.5, memory: 512M, images: [pytorch]}
-  idle: {cpus: 0.5, memory: 512M, images: [pytorch], idle_timeout: 12s}
-  aged: {cpus: 0.5, memory: 512M, images: [pytorch], idle_timeout: 10m, max_age: 15s}
-  gpu: {cpus: 1, memory: 768M, images: [pytorch], gpus: 1, queue_timeout: 0}
+  small: {{cpus: 0.5, memory: 512M, images: [pytorch]}}
+  idle: {{cpus: 0.5, memory: 512M, images: [pytorch], idle_timeout: {IDLE}s}}
+  aged: {{cpus: 0.5, memory: 512M, images: [pytorch], idle_timeout: 10m, max_age: {MAX_AGE}s}}
+  gpu: {{cpus: 1, memory: 768M, images: [pytorch], gpus: 1, queue_timeout: 0}}
 assignments:
   default: [small, idle, aged, gpu]
 """
 
 
 @pytest.fixture(scope="module")
-def setup(docker_client, tmp_path_factory):
+def setup(one_gpu_hub, tmp_path_factory):
+    """The session's one-GPU hub with this module's table, and a watchdog beside it that
+    folds its samples into the hub's ledger."""
     work = tmp_path_factory.mktemp("usage")
-    (work / "container-nvml").mkdir()
-    (work / "host-nvml").mkdir()
-    container_fake = install_fake_nvml(work / "container-nvml")
-    host_fake = install_fake_nvml(work / "host-nvml")
+    host_fake = install_fake_nvml(work)
     write_fake_nvml_state(host_fake, {"gpus": [
         {"uuid": GPU, "name": "Fake GPU", "memory": 16 * G, "utilization": 0}]})
-    hub = Hub(work / "hub", quota_text=QUOTAS, prefix=PREFIX,
-              extra_config=fake_nvml_config(container_fake, PREFIX, gpus=(GPU,)) + f"""
-c.QuotaSpawner.hub_id = {HUB_ID!r}
-from spawner.hubconfig.culling import culler_service
-culler, culler_role = culler_service(c.QuotaSpawner.quota_file, timeout=600, cull_every=2,
-                                     usage_db=c.QuotaSpawner.usage_db)
-c.JupyterHub.services.append(culler)
-c.JupyterHub.load_roles.append(culler_role)
-c.JupyterHub.last_activity_interval = 2
-c.QuotaSpawner.usage_check_interval = 1
-""")
-    url = f"sqlite:///{hub.workdir / 'quota-spawner-usage.sqlite'}"
-    watchdog = WatchdogProcess(work, host_fake, "", env={
-        "QUOTA_SPAWNER_HUB_ID": HUB_ID, "QUOTA_SPAWNER_USAGE_DB": url})
-    try:
-        hub.start()
-        watchdog.start()
-        yield hub, watchdog, url, host_fake
-    finally:
-        watchdog.stop()
-        ARTIFACTS.mkdir(exist_ok=True)
-        (ARTIFACTS / "watchdog-usage.log").write_text(watchdog.log())
-        teardown(hub, docker_client, "usage")
+    with on_hub(one_gpu_hub, QUOTAS) as hub:
+        url = f"sqlite:///{hub.workdir / 'quota-spawner-usage.sqlite'}"
+        watchdog = WatchdogProcess(work, host_fake, "", env={
+            "QUOTA_SPAWNER_HUB_ID": HUB_ID, "QUOTA_SPAWNER_USAGE_DB": url})
+        try:
+            watchdog.start()
+            yield hub, watchdog, url, host_fake
+        finally:
+            watchdog.stop()
+            ARTIFACTS.mkdir(exist_ok=True)
+            (ARTIFACTS / "watchdog-usage.log").write_text(watchdog.log())
 
 
 def rows(url: str, user: str) -> list[dict[str, Any]]:
@@ -153,10 +141,10 @@ def test_sessions_end_with_why_they_ended(setup, docker_client):
     assert "killed for memory" in oom["detail"]
     idle = closed(url, "use-idle", timeout=90)[0]
     assert idle["reason"] == "culled", idle
-    assert idle["stopped"] - idle["requested"] >= 12
+    assert idle["stopped"] - idle["requested"] >= IDLE
     aged = closed(url, "use-aged", timeout=90)[0]
     assert aged["reason"] == "max-age", aged
-    assert aged["stopped"] - aged["requested"] >= 15
+    assert aged["stopped"] - aged["requested"] >= MAX_AGE
     # every server's samples were folded while it ran: CPU and memory from its cgroup
     for row in (stop, idle, aged):
         assert row["mem_samples"] > 0 and 0 < row["mem_peak"] <= 512 * M, row
@@ -234,9 +222,10 @@ def test_crashes_lose_no_finished_session(setup, docker_client):
     hub, watchdog, url, host_fake = setup
     write_fake_nvml_state(host_fake, {"gpus": [
         {"uuid": GPU, "name": "Fake GPU", "memory": 16 * G, "utilization": 0}]})
-    for name in ("crash-done", "crash-cut", "crash-kept"):
+    names = ("crash-done", "crash-cut", "crash-kept")
+    for name in names:
         hub.create_user(name)
-        hub.start_server(name, {"profile": "small"})
+    hub.start_servers({name: {"profile": "small"} for name in names})
     time.sleep(3)  # a few samples each
     hub.stop_server("crash-done")
     before = closed(url, "crash-done")[0]

@@ -10,20 +10,17 @@ channel nobody listens on, which must not stop the others.
 
 from __future__ import annotations
 
-import secrets
 import time
 
 import pytest
+from hubs import ONE_GPU, ONE_GPU_HUB_ID, ONE_GPU_PREFIX, WATCHDOG_TOKEN, on_hub
 from receivers import HttpReceiver, SmtpReceiver, refused_url_base
 
 from harness import (
     ARTIFACTS,
-    Hub,
     WatchdogProcess,
     container_for,
-    fake_nvml_config,
     install_fake_nvml,
-    teardown,
     write_fake_nvml_state,
 )
 from spawner.contract import (
@@ -39,11 +36,9 @@ from spawner.watchdog.host import CgroupReader
 
 pytestmark = pytest.mark.e2e
 
-PREFIX = "qswd"
-HUB_ID = "qswd-hub"
-GPU = "GPU-wd-0000-0000-0000-000000000001"
+PREFIX, HUB_ID, GPU = ONE_GPU_PREFIX, ONE_GPU_HUB_ID, ONE_GPU  # the shared hub's (tests/hubs.py)
 G = 2**30
-HOLD = 3.0  # the rules' hold times in this test, seconds
+HOLD = 2.0  # the rules' hold times in this test, seconds (4 watchdog cycles)
 QUOTAS = """\
 images:
   base:
@@ -69,38 +64,20 @@ assignments:
 """
 
 
-TOKEN = secrets.token_hex(32)
-# The watchdog's service and role as the shipped config makes them (external mode):
-# it logs in with exactly the scopes it gets there.
-SERVICE = f"""
-from spawner.watchdog.service import watchdog_service
-_service, _role = watchdog_service("http://127.0.0.1:8000")
-c.JupyterHub.services.append({{"name": _service["name"], "api_token": {TOKEN!r}}})
-c.JupyterHub.load_roles.append(_role)
-"""
-
-
 @pytest.fixture(scope="module")
-def setup(docker_client, tmp_path_factory):
+def setup(one_gpu_hub, tmp_path_factory):
+    """The session's one-GPU hub with this module's table, and the watchdog logged in with
+    the token and the scopes the shipped config gives it (tests/hubs.py)."""
     work = tmp_path_factory.mktemp("watchdog")
-    (work / "container-nvml").mkdir()
-    (work / "host-nvml").mkdir()
-    container_fake = install_fake_nvml(work / "container-nvml")
-    host_fake = install_fake_nvml(work / "host-nvml")
+    host_fake = install_fake_nvml(work)
     gpus = [{"uuid": GPU, "name": "Fake GPU", "memory": 16 * G, "utilization": 50}]
     write_fake_nvml_state(host_fake, {"gpus": gpus})
-    hub = Hub(work / "hub", quota_text=QUOTAS, prefix=PREFIX,
-              extra_config=fake_nvml_config(container_fake, PREFIX, gpus=(GPU,))
-              + f"c.QuotaSpawner.hub_id = {HUB_ID!r}\n" + SERVICE)
-    watchdog = None
-    try:  # whatever fails from here on, the hub and the watchdog are stopped
-        hub.start()
-        # in its group before the watchdog first reads the hub: its directory is read at
-        # most every 30 s, and a read between the user's creation and the group's would
-        # route the memory alert without the group
-        hub.create_user("wd-mem", ["wdclass"])
-        with HttpReceiver(feishu_secrets={"tok": "s3cret"}) as http, SmtpReceiver() as smtp:
-            config = f"""
+    # in its group before the watchdog first reads the hub: its directory is read at most
+    # every 30 s, and a read between the user's creation and the group's would route the
+    # memory alert without the group
+    with on_hub(one_gpu_hub, QUOTAS, {"wd-mem": ["wdclass"]}) as hub, \
+            HttpReceiver(feishu_secrets={"tok": "s3cret"}) as http, SmtpReceiver() as smtp:
+        config = f"""
 c.WatchdogRules.gpu_memory_hold = {HOLD}
 c.WatchdogRules.memory_hold = {HOLD}
 c.Notifier.retry_delay = 0.2
@@ -113,17 +90,16 @@ c.Notifier.channels = [
     {{"name": "class", "url": "json://{http.base[len('http://'):]}/class", "groups": ["wdclass"]}},
 ]
 """
-            watchdog = WatchdogProcess(work, host_fake, config, env={
-                "JUPYTERHUB_API_URL": f"{hub.url}/hub/api", "JUPYTERHUB_API_TOKEN": TOKEN,
-                "JUPYTERHUB_PUBLIC_URL": hub.url, "QUOTA_SPAWNER_HUB_ID": HUB_ID})
+        watchdog = WatchdogProcess(work, host_fake, config, env={
+            "JUPYTERHUB_API_URL": f"{hub.url}/hub/api", "JUPYTERHUB_API_TOKEN": WATCHDOG_TOKEN,
+            "JUPYTERHUB_PUBLIC_URL": hub.url, "QUOTA_SPAWNER_HUB_ID": HUB_ID})
+        try:  # whatever fails from here on, the watchdog is stopped and its log kept
             watchdog.start()
             yield hub, watchdog, http, smtp, host_fake, gpus
-    finally:
-        if watchdog is not None:
+        finally:
             watchdog.stop()
             ARTIFACTS.mkdir(exist_ok=True)
             (ARTIFACTS / "watchdog.log").write_text(watchdog.log())
-        teardown(hub, docker_client, "watchdog")
 
 
 def kind_of(body: dict) -> str:
@@ -207,17 +183,17 @@ def test_gpu_memory_hold_hysteresis_and_restart(setup, docker_client, tmp_path):
     use(0.95)
     time.sleep(HOLD / 2)  # above 90% for less than the hold time: nothing
     use(0.80)
-    time.sleep(HOLD + 2)
+    time.sleep(HOLD + 1)  # an alert would be out a cycle after the hold
     assert hooks(http, "gpu_memory", "open", "wd-gpu", timeout=0) == []
     use(0.95)  # longer than the hold: exactly one message
     opened = hooks(http, "gpu_memory", "open", "wd-gpu")
     assert len(opened) == 1, watchdog.log()[-3000:]
     assert f"{GPU}" in opened[0]["message"]
     use(0.875)  # hovering between 85% and 90%: nothing more
-    time.sleep(HOLD + 2)
+    time.sleep(HOLD + 1)
     watchdog.stop()  # a restart announces nothing again
     watchdog.start()
-    time.sleep(HOLD + 3)
+    time.sleep(HOLD + 2)
     assert len(hooks(http, "gpu_memory", "open", "wd-gpu", timeout=0)) == 1
     assert hooks(http, "gpu_memory", "resolve", "wd-gpu", timeout=0) == []
     use(0.80)

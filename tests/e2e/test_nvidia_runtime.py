@@ -36,18 +36,18 @@ from traitlets.config import Config
 from fake_pynvml import FakeGpu, FakeNvml, NVMLError_LibraryNotFound
 from spawner import QuotaSpawner, refusals
 from spawner.contract import USER_LABEL
+from spawner.docker import runtime as hub_runtime
 from spawner.docker.engine import (
     NO_NVIDIA_DRIVER,
     PROBE_LABEL,
-    FrameworkLabels,
     NvidiaProbe,
     NvidiaRuntime,
     no_nvidia_runtime,
     probe_nvidia_runtime,
 )
+from spawner.docker.gpus import GpuStart
 from spawner.gpu.allocator import GpuRequest, NoGpuFree, Usage
 from spawner.gpu.inventory import Inventory, discover_nvml
-from spawner.policy.choices import ChoicesMixin
 from spawner.quota.model import Choice, ImageSpec, Role
 from spawner.registry import Registry
 
@@ -140,10 +140,12 @@ async def test_a_hub_without_nvml_refuses_in_plain_words_and_logs_the_reason(tmp
     pool = SimpleNamespace(inventory=inventory, allocator=Mock(
         usage=Mock(return_value=Usage(0, 0, 0, 0)), available=Mock(return_value=0)))
     spawner.choice = Choice(GPU_ROLE, IMAGE)
+    gpus = GpuStart(SimpleNamespace(pool=pool, nvidia=None), spawner.user.name,  # type: ignore[arg-type]
+                    spawner._log_name, spawner.log, spawner._progress)
     with caplog.at_level(logging.WARNING, logger=log.name), \
             pytest.raises(web.HTTPError) as refused:
-        await spawner._assign_gpus(pool, "quota-alice", [Choice(GPU_ROLE, IMAGE),
-                                                         Choice(CPU_ROLE, IMAGE)])
+        await gpus.assign("quota-alice", spawner.choice.role, [Choice(GPU_ROLE, IMAGE),
+                                                               Choice(CPU_ROLE, IMAGE)])
     assert refused.value.status_code == 503
     assert refused.value.log_message == (
         f"The role 'gpu-training' needs 1 GPU, but this hub has no GPUs ({NVML_MISSING}). "
@@ -389,18 +391,13 @@ def make_spawner(tmp_path: Path, log: logging.Logger, host: str, gpus: bool = Tr
 
 @pytest.fixture
 def fresh_hub_state(monkeypatch):
-    """The class-level state a hub process keeps (the client, the pools), fresh for one
-    test and put back after it."""
+    """The state a hub process keeps (the engine client, the hub's runtimes), fresh for
+    one test and put back after it."""
     monkeypatch.setattr(QuotaSpawner, "_client", None)
-    monkeypatch.setattr(ChoicesMixin, "_pools", Registry())
-    monkeypatch.setattr(ChoicesMixin, "_engine_info", None)
-    monkeypatch.setattr(ChoicesMixin, "_engine_checked", False)
-    monkeypatch.setattr(ChoicesMixin, "_claimed", set())
-    monkeypatch.setattr(ChoicesMixin, "_frameworks", FrameworkLabels())
+    monkeypatch.setattr(hub_runtime, "RUNTIMES", Registry())
     yield
-    for pool in ChoicesMixin._pools.values():
-        if pool._task is not None:
-            pool._task.cancel()
+    for runtime in hub_runtime.RUNTIMES.values():
+        runtime.close()
 
 
 @pytest.mark.parametrize("found_by", ["the probe", "the start"])
@@ -417,9 +414,10 @@ async def test_a_gpu_start_on_an_engine_without_the_hook_is_refused_plainly(
         await spawner.start()
     assert refused.value.status_code == 503
     assert refused.value.log_message == NO_RUNTIME_WITH_CPU
-    pool = await spawner.gpu_pool()
+    runtime = await spawner.hub_runtime()
+    pool = runtime.pool
     assert pool.allocator.holdings() == {}  # no GPU handed out and left held
-    assert pool.nvidia is not None and NO_NVIDIA_DRIVER in (pool.nvidia.missing or "")
+    assert runtime.nvidia is not None and NO_NVIDIA_DRIVER in (runtime.nvidia.missing or "")
     assert client.containers(all=True, filters={"label": USER_LABEL}) == []
     assert probe_containers(client) == []
     records = [r for r in caplog.records if r.levelno >= logging.WARNING]
