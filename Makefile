@@ -2,7 +2,7 @@
 # containers goes through `setup` first; it is idempotent and skips what is
 # already done (a no-op run takes a second or two).
 
-.PHONY: setup images demo test lint bench labextension editor
+.PHONY: setup images demo test test-fast lint bench labextension editor
 
 setup:
 	scripts/setup.sh
@@ -14,13 +14,28 @@ demo: setup
 	scripts/demo.sh
 
 # The tests and the bench run on a private engine with the fake NVIDIA hook
-# (scripts/test-dockerd.sh); tests/harness.py points DOCKER_HOST at it.
+# (scripts/test-dockerd.sh); tests/harness.py points DOCKER_HOST at it. Two runs: the
+# unit and service layers on every core (pytest-xdist), then the end-to-end and browser
+# layers in one process (their hubs, containers and timings need the CPUs to themselves).
+# Each lists its 25 slowest tests; the last line sums both up.
 test:
 	SETUP_ENGINE=test scripts/setup.sh
-	.venv/bin/python -m pytest -v tests
+	@t0=$$(date +%s); \
+	.venv/bin/python -m pytest -v -n auto --durations=25 tests/unit tests/service; fast=$$?; \
+	.venv/bin/python -m pytest -v --durations=25 tests/e2e tests/browser; slow=$$?; \
+	echo "make test: $$(( $$(date +%s) - t0 )) s in all; unit and service: exit $$fast," \
+	     "e2e and browser: exit $$slow"; \
+	[ $$fast -eq 0 ] && [ $$slow -eq 0 ]
 
+# The unit and service layers only, on every core: no engine, hub or browser (a minute).
+test-fast:
+	.venv/bin/python -m pytest -n auto --durations=25 tests/unit tests/service
+
+# ruff, then the architecture's import contracts (pyproject.toml [tool.importlinter];
+# docs/architecture.md#the-layers)
 lint:
 	.venv/bin/ruff check spawner tests bench hub_config labextension scripts images/common
+	.venv/bin/lint-imports
 
 bench:
 	SETUP_ENGINE=test scripts/setup.sh
@@ -31,6 +46,7 @@ bench:
 	.venv/bin/python bench/preempt_bench.py
 	.venv/bin/python bench/preempt_handover_bench.py
 	.venv/bin/python bench/usage_bench.py
+	.venv/bin/python bench/storm_bench.py
 
 # The JupyterLab status-bar item: builds labextension/ into spawner/labextension/
 # (committed, installed with the package) and stamps it with its sources

@@ -1,6 +1,6 @@
 """A real ``jupyter server`` with the GPU monitor, reading FAKE GPUs from a state file.
 
-Shared by tests/test_monitor.py (handler tests) and tests/test_browser_monitor.py.
+Shared by tests/service/test_monitor.py (handler tests) and tests/browser/test_browser_monitor.py.
 The server imports ``pynvml`` by name; a temporary folder holding
 tests/fake_nvml_container/pynvml.py and a copy of tests/fake_pynvml.py goes
 first on its PYTHONPATH, so it reads the GPUs in ``state.json`` instead (the

@@ -21,7 +21,7 @@ tool is missing: torch, nvidia-smi, a GPU build of PaddlePaddle.
 
 On a GPU machine with this checkout's venv (``-s`` shows the numbers):
 
-    .venv/bin/python -m pytest -m gpu -v -s tests/test_gpu_device.py
+    .venv/bin/python -m pytest -m gpu -v -s tests/e2e/test_gpu_device.py
 
 In the notebook images, for their pinned torch (or paddle). They do not ship
 pytest, so install it first (as root, for the image's /opt/notebook venv; with
@@ -30,7 +30,7 @@ pytest, pluggy and iniconfig put in the checkout):
 
     docker run --rm --gpus all -v "$PWD:/src" -w /src -u root \\
         -e PYTHONDONTWRITEBYTECODE=1 --entrypoint sh quota-spawner/pytorch:latest -c \\
-        'pip install -q pytest && python -m pytest -p no:cacheprovider -m gpu -v -s tests/test_gpu_device.py'
+        'pip install -q pytest && python -m pytest -p no:cacheprovider -m gpu -v -s tests/e2e/test_gpu_device.py'
 
 The same with quota-spawner/paddle:latest for part 5.
 """

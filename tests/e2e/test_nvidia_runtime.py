@@ -347,7 +347,7 @@ assignments:
 
 
 class MockUser(Mock):
-    """As in tests/test_kube_spawner.py (KubeSpawner's own tests' MockUser)."""
+    """As in tests/service/test_kube_spawner.py (KubeSpawner's own tests' MockUser)."""
 
     name = "alice"
     server = Server()

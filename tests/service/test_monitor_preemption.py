@@ -1,7 +1,7 @@
 """The report's ``preemption`` field, built in-process from a notice file in tmp_path.
 
-The same on a real server: tests/test_monitor.py (test_api_preemption_notice);
-the page's banner: tests/test_browser_monitor.py.
+The same on a real server: tests/service/test_monitor.py (test_api_preemption_notice);
+the page's banner: tests/browser/test_browser_monitor.py.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def test_item_writes_no_html():
 
 def test_build_has_the_early_launcher():
     """The second plugin (labextension/src/launcher.ts) is in the build, with the checks
-    that keep it from opening a launcher over a document (tests/test_browser_lab_start.py
+    that keep it from opening a launcher over a document (tests/browser/test_browser_lab_start.py
     runs it)."""
     built = "".join(p.read_text(encoding="utf-8") for p in (BUILD_DIR / "static").glob("*.js"))
     for needle in (f"{NAME}:early-launcher", "launcher:create", "treePath", "isEmpty"):

@@ -2,7 +2,7 @@
 how a server is stopped the hub's way.
 
 The Docker client is a small fake that records exec and remove calls; the
-e2e tests (tests/test_e2e_preemption.py) run the same steps on a real engine.
+e2e tests (tests/e2e/test_e2e_preemption.py) run the same steps on a real engine.
 """
 
 from __future__ import annotations
