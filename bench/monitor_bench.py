@@ -11,7 +11,7 @@ Two parts, both run unless one is chosen:
              interval apart, so the history ring and the busy window hold what
              they hold in steady state. With the fake NVML this is the
              Python-side cost only; what the real NVML calls cost is measured on
-             a GPU machine (tests/test_gpu_device.py compares NVML with an
+             a GPU machine (tests/e2e/test_gpu_device.py compares NVML with an
              ``nvidia-smi`` subprocess). As this machine's side of that
              comparison, it times spawning /bin/true the way a caller of
              nvidia-smi would (subprocess.run, output captured): the floor of
@@ -201,7 +201,7 @@ def collector_bench(gpu_counts: list[int], samples: int, spawns: int) -> dict[st
           f"gauges + activity mark", flush=True)
     print("   The fake NVML answers from Python objects: this is the monitor's Python-side "
           "cost only.\n   The real NVML calls (driver ioctls) come on top; "
-          "tests/test_gpu_device.py measures them\n   on a GPU machine, against an nvidia-smi "
+          "tests/e2e/test_gpu_device.py measures them\n   on a GPU machine, against an nvidia-smi "
           "subprocess.")
     rows = [collector_run(n, samples) for n in gpu_counts]
     print(f"\n    {'GPUs':>4} {'CPU µs/sample':>14} {'µs/GPU':>8} {'wall µs':>8} "
@@ -253,7 +253,7 @@ def collector_bench(gpu_counts: list[int], samples: int, spawns: int) -> dict[st
         result[f"sample/spawn CPU, {row['gpus']} GPU{'s' if row['gpus'] > 1 else ''}"] = (
             f"{row['cpu_us'] / spawn['cpu_us']:.3f} "
             f"(wall {row['wall_us'] / spawn['wall_us']:.3f})")
-    result["scope"] = "Python side only (fake NVML); real NVML: tests/test_gpu_device.py"
+    result["scope"] = "Python side only (fake NVML); real NVML: tests/e2e/test_gpu_device.py"
     return result
 
 

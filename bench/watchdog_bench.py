@@ -32,7 +32,7 @@ Two parts, both run unless one is chosen:
            ``docker ps``/``docker inspect`` such a script needs for the mapping.
 
 --latency  The watchdog as a process (``python -m spawner.watchdog``, as
-           tests/test_e2e_watchdog.py runs it, without a hub), every 1 s, with
+           tests/e2e/test_e2e_watchdog.py runs it, without a hub), every 1 s, with
            ``memory_hold`` 5 s and one json:// channel to a real local HTTP receiver
            (tests/receivers.HttpReceiver); the fake NVML module first on its path,
            with no GPUs. One real container (256 MiB) in which a python3 process
