@@ -5,7 +5,7 @@ empties ``spawner/labextension/`` and writes the build there. This script
 copies ``install.json`` next to the build and writes
 ``spawner/labextension/build-stamp.json``: the sha256 of every source file and
 of the sources together, and the sha256 of every file of the build.
-``tests/test_labextension.py`` recomputes the sources' digest, so a change to
+``tests/unit/test_labextension.py`` recomputes the sources' digest, so a change to
 the sources without a rebuild fails the tests.
 
     python labextension/stamp.py           # copy install.json, write the stamp
