@@ -16,13 +16,14 @@ demo: setup
 # The tests and the bench run on a private engine with the fake NVIDIA hook
 # (scripts/test-dockerd.sh); tests/harness.py points DOCKER_HOST at it. Two runs: the
 # unit and service layers on every core (pytest-xdist), then the end-to-end and browser
-# layers in one process (their hubs, containers and timings need the CPUs to themselves).
-# Each lists its 25 slowest tests; the last line sums both up.
+# layers on two workers, the modules of each shared hub on one of them (--dist loadgroup,
+# groups in tests/conftest.py). Each lists its 25 slowest tests; the last line sums up.
 test:
 	SETUP_ENGINE=test scripts/setup.sh
 	@t0=$$(date +%s); \
 	.venv/bin/python -m pytest -v -n auto --durations=25 tests/unit tests/service; fast=$$?; \
-	.venv/bin/python -m pytest -v --durations=25 tests/e2e tests/browser; slow=$$?; \
+	.venv/bin/python -m pytest -v -n 2 --dist loadgroup --durations=25 tests/e2e tests/browser; \
+	slow=$$?; \
 	echo "make test: $$(( $$(date +%s) - t0 )) s in all; unit and service: exit $$fast," \
 	     "e2e and browser: exit $$slow"; \
 	[ $$fast -eq 0 ] && [ $$slow -eq 0 ]

@@ -65,15 +65,72 @@ def fresh_user(hub, request):
             hub.api("DELETE", f"/users/{name}/server")
 
 
+# The end-to-end and browser modules that use a shared hub, by hub (tests/hubs.py). make test
+# runs those layers on two pytest-xdist workers with --dist loadgroup: the modules of one
+# hub run on one worker, in order, so that each hub is started once and no two copies of
+# a hub run at once (two hubs that declare the same fake GPUs would each count the
+# other's containers as holding them, as hubs that share real GPUs do). Every other
+# module is a group of its own. The groups are named here, not read from the collected
+# tests, because the scheduler sees only test ids; collection checks that they agree.
+HUB_GROUPS: dict[str, tuple[str, ...]] = {
+    "gpu_hub": ("test_e2e_gpus.py", "test_e2e_monitor.py", "test_e2e_preemption.py",
+                "test_e2e_researcher.py", "test_browser_gpu_map.py"),
+    "one_gpu_hub": ("test_e2e_culling.py", "test_e2e_usage.py", "test_e2e_watchdog.py"),
+    "hub": ("test_e2e_guarantees.py", "test_e2e_networks.py", "test_e2e_prewarm.py",
+            "test_e2e_rbac.py", "test_e2e_spawn.py", "test_browser.py",
+            "test_browser_classes.py", "test_browser_lab_start.py",
+            "test_browser_requests.py", "test_browser_table.py", "test_browser_usage.py"),
+}
+GROUP_OF_MODULE = {module: hub for hub, modules in HUB_GROUPS.items() for module in modules}
+SLOW_LAYERS = ("e2e", "browser")
+
+
+def xdist_group(nodeid: str) -> str:
+    """The group of a test id: its module's hub, else its module (slow layers); else the
+    test itself (the unit and service layers spread test by test)."""
+    path = Path(nodeid.split("::", 1)[0])
+    if path.parent.name not in SLOW_LAYERS:
+        return nodeid
+    return GROUP_OF_MODULE.get(path.name, str(path))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup by xdist_group(). pytest-xdist's own loadgroup reads a group from a
+    suffix it writes into each test id, which pytest 9.2 no longer lets it change."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class HubGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return HubGroups(config, log)
+
+
 def pytest_collection_modifyitems(items):
     """The layer is the folder: tests/e2e and tests/browser need the engine, the images
-    and the proxy (marked e2e), tests/browser Chromium too (marked browser)."""
+    and the proxy (marked e2e), tests/browser Chromium too (marked browser). A module of
+    those layers that uses a shared hub must be listed under it in HUB_GROUPS."""
+    uses: dict[Path, set[str]] = {}
     for item in items:
-        layer = Path(item.fspath).parent.name
-        if layer in ("e2e", "browser") and "e2e" not in item.keywords:
+        layer = item.path.parent.name
+        if layer not in SLOW_LAYERS:
+            continue
+        if "e2e" not in item.keywords:
             item.add_marker(pytest.mark.e2e)
         if layer == "browser" and "browser" not in item.keywords:
             item.add_marker(pytest.mark.browser)
+        uses.setdefault(item.path, set()).update(
+            h for h in HUB_GROUPS if h in getattr(item, "fixturenames", ()))
+    for path, hubs in uses.items():
+        listed = GROUP_OF_MODULE.get(path.name)
+        # a module may name "hub" for its own fixture (test_e2e_preemption's is gpu_hub)
+        if listed is None and hubs or listed is not None and listed not in hubs:
+            raise pytest.UsageError(
+                f"{path.name} uses the shared hubs {sorted(hubs)} but tests/conftest.py's "
+                f"HUB_GROUPS lists it under {listed}: list it under the hub it uses")
 
 
 def pytest_make_parametrize_id(config, val, argname):

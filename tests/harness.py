@@ -65,6 +65,11 @@ def default_signals() -> None:
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
+# The name prefixes of the hubs this process made: make test runs the end-to-end layer on
+# two pytest-xdist workers against one engine, and each looks only at its own containers.
+HUB_PREFIXES: set[str] = set()
+
+
 class Hub:
     """One JupyterHub process with its own state dir, ports and name prefix."""
 
@@ -74,6 +79,7 @@ class Hub:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.prefix = prefix
+        HUB_PREFIXES.add(prefix)
         self.pythonpath = pythonpath
         # The shipped config's network (a bridge with inter-container traffic
         # off) unless a test asks for another, such as "host".
@@ -305,7 +311,11 @@ def running_gpus(client: docker.DockerClient, prefix: str) -> dict[str, str]:
 
 
 def containers(client: docker.DockerClient, user: str, all: bool = True) -> list:
-    return client.containers.list(all=all, filters={"label": f"quota-spawner.user={user}"})
+    """The user's containers made by this process's hubs (another worker's hubs may have a
+    user of the same name)."""
+    found = client.containers.list(all=all, filters={"label": f"quota-spawner.user={user}"})
+    mine = tuple(f"{prefix}-" for prefix in HUB_PREFIXES)
+    return [c for c in found if c.name.startswith(mine)]
 
 
 def container_for(client: docker.DockerClient, user: str):

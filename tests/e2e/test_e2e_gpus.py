@@ -396,16 +396,3 @@ def test_hub_restart_rebuilds_holdings_and_stops_zombies(hub2, docker_client):
         if zombie is not None:
             zombie.remove(force=True)
         stop_all(hub2, [a, b, c, d])
-
-
-def test_no_inventory_refuses_gpu_roles_and_keeps_cpu_roles(hub, quotas, fresh_user,
-                                                            docker_client):
-    """The session hub declares no GPUs and this machine has no NVML."""
-    quotas.write_text(GPU_QUOTAS)
-    name = fresh_user("nogpu")
-    message = refused(hub.spawn(name, EXCL))
-    assert "needs 1 GPU, but this hub has no GPUs" in message
-    assert "CPU-only server now with the role 'cpu'" in message
-    assert containers(docker_client, name) == []
-    hub.start_server(name, CPU)
-    assert container_for(docker_client, name).labels["quota-spawner.gpus"] == ""

@@ -21,7 +21,9 @@ from spawner.refusals import TABLE_BROKEN
 
 pytestmark = pytest.mark.e2e
 MiB, GiB = 2**20, 2**30
-PREFIX = f"qsguard{os.getpid()}"
+# the same on every pytest-xdist worker (it is in test ids, which the workers must agree
+# on), and one run's own, so that two runs on one engine never share it
+PREFIX = f"qsguard{os.environ.get('PYTEST_XDIST_TESTRUNUID', str(os.getpid()))[:8]}"
 TEST_SOCKET_DIR = "/run/quota-spawner-test"  # the test engine's own socket folder
 
 QUOTAS = """\

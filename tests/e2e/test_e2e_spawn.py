@@ -239,3 +239,32 @@ def test_refused_options_are_not_kept(hub, docker_client, fresh_user):
     # after a good start and a refusal, a plain start is the good choice again
     assert hub.spawn(name, {"profile": "pipeline", "image": "paddle"}).status_code == 400
     assert hub.start_server(name)["user_options"]["profile"] == "pipeline"
+
+
+# A table with a GPU role, for the session hub, which declares no GPUs (this machine has
+# no NVML either).
+NO_GPU_HUB_QUOTAS = """\
+images:
+  pytorch: {image: "quota-spawner/pytorch:latest"}
+roles:
+  cpu: {cpus: 0.5, memory: 512M, images: [pytorch]}
+  excl: {description: One whole GPU, cpus: 0.5, memory: 512M, gpus: 1, queue_timeout: 0,
+         images: [pytorch]}
+assignments:
+  default: [cpu, excl]
+"""
+
+
+def test_no_inventory_refuses_gpu_roles_and_keeps_cpu_roles(hub, quotas, fresh_user,
+                                                            docker_client):
+    """The session hub declares no GPUs and this machine has no NVML."""
+    quotas.write_text(NO_GPU_HUB_QUOTAS)
+    name = fresh_user("nogpu")
+    r = hub.spawn(name, {"profile": "excl"})
+    assert r.status_code == 503, f"{r.status_code} {r.text}"
+    message = r.json()["message"]
+    assert "needs 1 GPU, but this hub has no GPUs" in message
+    assert "CPU-only server now with the role 'cpu'" in message
+    assert containers(docker_client, name) == []
+    hub.start_server(name, {"profile": "cpu"})
+    assert container_for(docker_client, name).labels["quota-spawner.gpus"] == ""
