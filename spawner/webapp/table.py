@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import cache
@@ -101,6 +102,29 @@ def _version_json(v: Version, full: bool = False) -> dict[str, Any]:
     return found
 
 
+class ServedTables:
+    """The texts this service last showed, by version: a conflict's "what changed since
+    you started" needs the text the admin started from, which the audit trail lacks
+    when that version was written outside the editor (by hand, by a deploy)."""
+
+    KEEP = 16  # versions; an admin who started from an older one gets no "since" diff
+
+    def __init__(self) -> None:
+        self._texts: OrderedDict[str, str] = OrderedDict()
+
+    def remember(self, version: str, text: str) -> None:
+        self._texts[version] = text
+        self._texts.move_to_end(version)
+        while len(self._texts) > self.KEEP:
+            self._texts.popitem(last=False)
+
+    def get(self, version: str) -> str | None:
+        return self._texts.get(version)
+
+
+SERVED = ServedTables()  # one service process, one memory
+
+
 def _lf(text: str) -> str:
     return text.replace("\r\n", "\n")
 
@@ -133,6 +157,7 @@ class TableEditor(BaseHandler):
         """The table's text, version and problems, read on the worker threads."""
         def read() -> dict[str, Any]:
             text, version = table.read()
+            SERVED.remember(version, text)
             return {"text": text, "version": version,
                     "problems": problems_json(table.check(text))}
 
@@ -209,8 +234,9 @@ class TableHandler(TableApi):
         body = self.body("text", "version")
         comment = _comment(body)
         table = self.table
+        started_from = SERVED.get(body["version"])
         result = await self.audit(lambda audit: table.save(
-            _lf(body["text"]), body["version"], who, comment, audit))
+            _lf(body["text"]), body["version"], who, comment, audit, base_text=started_from))
         if result.saved:
             log.info("Table editor: %s saved %s (audit %s)", who, table.path, result.audit_id)
         self.saved(result)

@@ -261,6 +261,22 @@ async def test_a_concurrent_edit_is_refused_with_the_diffs(api):
     assert api.quota.read_text() == first
 
 
+async def test_a_conflict_with_an_edit_outside_the_editor_shows_what_changed(api):
+    """The version the admin opened was never saved through the editor (the trail has no
+    row for it), and the file is then changed by hand: the 409 still says what changed
+    since they started, from the text the service showed them."""
+    _, opened = await api.get()
+    by_hand = opened["text"].replace("cpus: 8", "cpus: 4", 1)
+    api.quota.write_text(by_hand)
+    mine = without_gpu_lab(opened["text"])
+    code, found = await api.post("", {"text": mine, "version": opened["version"],
+                                      "comment": "cs101 loses gpu-lab"})
+    assert code == 409
+    assert "-    cpus: 8" in found["diff"] and "+    cpus: 4" in found["diff"]
+    assert "-    cs101: [student, gpu-lab]" in found["yours"]
+    assert api.quota.read_text() == by_hand
+
+
 async def test_crlf_is_saved_as_lf(api):
     _, current = await api.get()
     edited = without_gpu_lab(current["text"]).replace("\n", "\r\n")
