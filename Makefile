@@ -48,6 +48,7 @@ bench:
 	.venv/bin/python bench/preempt_handover_bench.py
 	.venv/bin/python bench/usage_bench.py
 	.venv/bin/python bench/storm_bench.py
+	.venv/bin/python bench/admission_bench.py
 
 # The JupyterLab status-bar item: builds labextension/ into spawner/labextension/
 # (committed, installed with the package) and stamps it with its sources

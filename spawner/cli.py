@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from typing import Any
 
+from spawner.host.admission import CPU_RATIO, MEMORY_RATIO, RESERVE_CPUS, HostCapacity
 from spawner.quota.form import describe_limits
 from spawner.quota.loader import load_quota_table, table_duration
 from spawner.quota.model import Budget, GpuCapacity, QuotaTable, QuotaTableError, Role
-from spawner.quota.units import format_size, hours_text, parse_size
+from spawner.quota.units import format_human, format_size, hours_text, parse_size
 
 
 def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
@@ -86,6 +88,12 @@ def describe_budget(budget: Budget, zone: str) -> str:
 def cmd_validate(args: argparse.Namespace) -> int:
     status = 0
     gpus = GpuCapacity(args.gpus, args.gpu_memory) if args.gpus is not None else None
+    host = None
+    if args.engine or args.host_cpus is not None or args.host_memory is not None:
+        host = _host_capacity(args)
+        if isinstance(host, str):
+            print(f"quota-spawner validate: {host}", file=sys.stderr)
+            return 2
     for path in args.files:
         try:
             table = load_quota_table(path, gpus)
@@ -95,7 +103,51 @@ def cmd_validate(args: argparse.Namespace) -> int:
             status = 1
         else:
             print(f"{path}: OK ({len(table.images)} images, {len(table.roles)} roles)")
+            if host is not None:
+                for line in describe_fit(table, host):
+                    print(line)
     return status
+
+
+def _host_capacity(args: argparse.Namespace) -> HostCapacity | str:
+    """The host the roles are counted against: the engine's (``--engine``), lowered by
+    ``--host-cpus``/``--host-memory``, or those two alone; a sentence when it cannot be."""
+    settings: dict[str, Any] = {"reserve_cpus": args.reserve_cpus,
+                                "reserve_memory": args.reserve_memory,
+                                "cpu_ratio": args.cpu_ratio, "memory_ratio": args.memory_ratio}
+    try:
+        if args.engine:
+            import docker
+
+            try:
+                info = docker.from_env().info()
+            except Exception as e:
+                return f"cannot read the Docker engine's size (DOCKER_HOST): {e}"
+            return HostCapacity.from_engine(info, args.host_cpus, args.host_memory, **settings)
+        if args.host_cpus is None or args.host_memory is None:
+            return "without --engine, give both --host-cpus and --host-memory"
+        return HostCapacity(args.host_cpus, args.host_memory, **settings)
+    except ValueError as e:
+        return str(e)
+
+
+def describe_fit(table: QuotaTable, host: HostCapacity) -> list[str]:
+    """The host, then a line per role: how many of its servers fit on the host alone."""
+    lines = [f"  The host: {host.describe()}."]
+    for role in table.roles.values():
+        count, limit = host.servers_that_fit(role)
+        size = f"{role.cpus:g} CPU{'s' if role.cpus != 1 else ''}, {format_human(role.memory)}"
+        if count == 0:
+            share = host.share
+            why = (f"one server's {format_human(role.memory)} of memory is more than the "
+                   f"notebooks' {format_human(share.memory)}" if role.memory > share.memory
+                   else f"one server's {role.cpus:g} CPUs are more than the notebooks' "
+                        f"{share.cpus:g}")
+            lines.append(f"  {role.name} ({size}): none fit: {why}")
+        else:
+            runs_out = "the CPUs run" if limit == "CPUs" else "the memory runs"
+            lines.append(f"  {role.name} ({size}): {count} fit ({runs_out} out first)")
+    return lines
 
 
 def _table_or_problems(path: str) -> QuotaTable | None:
@@ -150,6 +202,16 @@ def count_argument(text: str) -> int:
     if not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a whole number, 0 or more, not {text!r}")
     return int(text)
+
+
+def number_argument(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number, 0 or more, not {text!r}")
+    return value
 
 
 def size_argument(text: str) -> int:
@@ -329,6 +391,25 @@ def build_parser() -> argparse.ArgumentParser:
                           help="also check the roles against a hub with N GPUs")
     validate.add_argument("--gpu-memory", metavar="SIZE", type=size_argument,
                           help="with --gpus: the smallest GPU's memory, like 80G")
+    validate.add_argument("--engine", action="store_true",
+                          help="also say how many servers of each role fit on the Docker "
+                               "engine's host (DOCKER_HOST), after the reserve")
+    validate.add_argument("--host-cpus", type=number_argument, metavar="N",
+                          help="count fewer CPUs than the engine has (without --engine: the "
+                               "host's CPUs)")
+    validate.add_argument("--host-memory", type=size_argument, metavar="SIZE",
+                          help="count less memory than the engine has (without --engine: "
+                               "the host's memory)")
+    validate.add_argument("--reserve-cpus", type=number_argument, metavar="N",
+                          default=RESERVE_CPUS,
+                          help=f"CPUs kept for the hub, proxy and system ({RESERVE_CPUS:g})")
+    validate.add_argument("--reserve-memory", type=size_argument, metavar="SIZE",
+                          help="memory kept for the hub, proxy and system (a tenth of the "
+                               "host's, at least 1G)")
+    validate.add_argument("--cpu-ratio", type=number_argument, metavar="R", default=CPU_RATIO,
+                          help=f"CPU overcommit ({CPU_RATIO:g})")
+    validate.add_argument("--memory-ratio", type=number_argument, metavar="R",
+                          default=MEMORY_RATIO, help=f"memory overcommit ({MEMORY_RATIO:g})")
     validate.set_defaults(func=cmd_validate)
     show = sub.add_parser("show", help="show the roles a user would get, with their limits")
     show.add_argument("file", metavar="FILE")

@@ -181,3 +181,36 @@ def test_cli_show_example_gpu_role(capsys):
     code, out = cli(capsys, "show", str(EXAMPLE), "--user", "research-lead")
     assert code == 0
     assert re.search(r"gpu-training: .* · \d+ GPUs?, exclusive", out)
+
+
+# --- how many servers fit on a host ------------------------------------------------
+
+
+def test_cli_validate_says_how_many_servers_of_each_role_fit(capsys):
+    code, out = cli(capsys, "validate", EXAMPLE, "--host-cpus", "32", "--host-memory", "256G")
+    assert code == 0
+    assert ("The host: 32 CPUs and 256 GiB; 1 CPU and 25.6 GiB kept back for the hub, the "
+            "proxy and the system; notebooks may reserve 124 CPUs (4x) and 230 GiB (1x).") in out
+    assert "  junior-researcher (2 CPUs, 4 GiB): 57 fit (the memory runs out first)" in out
+    code, out = cli(capsys, "validate", EXAMPLE, "--host-cpus", "2", "--host-memory", "16G",
+                    "--reserve-cpus", "0", "--reserve-memory", "0", "--cpu-ratio", "1")
+    assert "  junior-researcher (2 CPUs, 4 GiB): 1 fit (the CPUs run out first)" in out
+    assert ("  senior-engineer (8 CPUs, 32 GiB): none fit: one server's 32 GiB of memory is "
+            "more than the notebooks' 16 GiB") in out
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--host-cpus", "4"), "give both --host-cpus and --host-memory"),
+    (("--host-cpus", "4", "--host-memory", "8G", "--cpu-ratio", "0.5"), "at least 1"),
+])
+def test_cli_validate_host_settings_that_cannot_be_used(capsys, args, words):
+    assert cli_main(["validate", EXAMPLE, *args]) == 2
+    assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "inf", "lots"])
+def test_cli_validate_odd_host_numbers_are_usage_errors(capsys, value):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["validate", EXAMPLE, "--host-cpus", value, "--host-memory", "8G"])
+    assert e.value.code == 2
+    assert "expected a number, 0 or more" in capsys.readouterr().err

@@ -1,0 +1,1 @@
+"""The host's CPUs and memory as a resource (docs/deployment.md#host-capacity)."""
