@@ -30,15 +30,15 @@ def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
         "gpu_memory": role.gpu_memory,
         "idle_timeout": role.idle_timeout,
         "max_age": role.max_age,
-        # priority and preemptible hold for any role; the rest only act on GPU roles,
-        # so a CPU-only role has null for them, as for its other GPU fields.
+        # priority, preemptible and queue_timeout hold for any role; the rest only act
+        # on GPU roles, so a CPU-only role has null for them, as for its other GPU fields.
         "priority": role.priority,
         "preempts": ("lower" if role.may_preempt else "never") if role.gpus else None,
         "preemptible": role.preemptible,
         "grace_period": role.grace_period if role.gpus else None,
         "min_runtime": role.min_runtime if role.gpus else None,
         "reclaim_after": role.reclaim_after if role.gpus else None,
-        "queue_timeout": role.queue_timeout if role.gpus else None,
+        "queue_timeout": role.queue_timeout,  # any start may wait for room on the host
         "images": [
             {"key": key, "image": table.images[key].image,
              "display_name": table.images[key].display_name}

@@ -376,12 +376,11 @@ _ROLE_READERS: dict[str, Callable[[_Reader, Node, str], Any]] = {
     "reclaim_after": lambda r, n, w: r.duration(n, w),
 }
 
-# Preemption and the queue are about GPUs: a CPU-only role never waits and never
-# pushes anyone out. priority and preemptible are allowed anywhere (a CPU role's
-# servers hold no GPU, so they are never chosen to be preempted either way).
-_GPU_ONLY_PREEMPTION_FIELDS = (
-    "preempts", "grace_period", "min_runtime", "reclaim_after", "queue_timeout",
-)
+# Preemption is about GPUs: a CPU-only role never pushes anyone out. priority and
+# preemptible are allowed anywhere (a CPU role's servers hold no GPU, so they are never
+# chosen to be preempted either way), and so is queue_timeout: any start may wait in the
+# queue for room on the host (docs/deployment.md#host-capacity).
+_GPU_ONLY_PREEMPTION_FIELDS = ("preempts", "grace_period", "min_runtime", "reclaim_after")
 
 
 def _check_gpu_fields(

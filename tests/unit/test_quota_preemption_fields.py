@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs" / "quota-table.schema.json").read_text())
 NEW_FIELDS = ("priority", "preempts", "preemptible", "grace_period", "min_runtime",
               "reclaim_after", "queue_timeout")
-GPU_ONLY = ("preempts", "grace_period", "min_runtime", "reclaim_after", "queue_timeout")
+GPU_ONLY = ("preempts", "grace_period", "min_runtime", "reclaim_after")
 WHOLE = f"a whole number from {MIN_PRIORITY} to {MAX_PRIORITY}"
 
 
@@ -185,7 +185,7 @@ def test_field_problems_with_file_and_line(fields, expected):
 
 @pytest.mark.parametrize("key, value", [
     ("preempts", "lower"), ("grace_period", "30s"), ("min_runtime", "0"),
-    ("reclaim_after", "1h"), ("queue_timeout", "0"),
+    ("reclaim_after", "1h"),
 ])
 @pytest.mark.parametrize("gpus", ["", "gpus: 0\n"])
 def test_gpu_only_fields_on_a_cpu_role(key, value, gpus):
@@ -206,6 +206,12 @@ def test_every_gpu_only_field_on_a_cpu_role_is_reported():
 def test_priority_and_preemptible_are_allowed_on_a_cpu_role():
     r = role_r("priority: -100\npreemptible: false")
     assert (r.gpus, r.priority, r.preemptible) == (0, -100, False)
+
+
+def test_a_cpu_role_may_set_how_long_it_waits_for_room_on_the_host():
+    assert role_r("queue_timeout: 0").queue_timeout == 0
+    assert role_r("queue_timeout: 2m").queue_timeout == 120
+    assert role_r("").queue_timeout == 600
 
 
 RECLAIM_NEEDS_PROTECTION = (
@@ -232,9 +238,9 @@ def test_reclaim_after_rules_at_its_line(fields, message):
 
 def test_problems_in_several_roles_and_fields_all_reported_in_line_order():
     text = gpu_table("gpus: 1\npriority: high\npreempts: sometimes\npreemptible: 'no'").replace(
-        "  cpu:\n    cpus: 1\n", "  cpu:\n    cpus: 1\n    queue_timeout: 5m\n")
+        "  cpu:\n    cpus: 1\n", "  cpu:\n    cpus: 1\n    grace_period: 5m\n")
     assert problems(text) == [
-        f"q.yaml:{line_of(text, 'queue_timeout')}: role 'cpu': queue_timeout applies only to "
+        f"q.yaml:{line_of(text, 'grace_period')}: role 'cpu': grace_period applies only to "
         "a role with gpus of 1 or more",
         f"q.yaml:{line_of(text, 'priority')}: role 'r': priority must be {WHOLE}, "
         "not text 'high'",
@@ -371,10 +377,11 @@ def test_show_json_has_the_fields(tmp_path, capsys):
         "priority": 0, "preempts": "never", "preemptible": True, "grace_period": 120.0,
         "min_runtime": 600.0, "reclaim_after": None, "queue_timeout": 600.0}
     assert pick["keep"]["preempts"] == "never" and pick["keep"]["preemptible"] is False
-    # a CPU-only role: priority and preemptible as for any role, null for the GPU-only ones
+    # a CPU-only role: priority, preemptible and queue_timeout (it may wait for room on the
+    # host) as for any role, null for the GPU-only ones
     assert pick["cpu"] == {
         "priority": 7, "preempts": None, "preemptible": True, "grace_period": None,
-        "min_runtime": None, "reclaim_after": None, "queue_timeout": None}
+        "min_runtime": None, "reclaim_after": None, "queue_timeout": 600.0}
 
 
 def test_validate_reports_the_rules(tmp_path, capsys):
@@ -424,7 +431,6 @@ def test_schema_is_valid_and_accepts_the_new_fields():
     "gpus: 1\nreclaim_after: 1h",
     "gpus: 1\npreemptible: true\nreclaim_after: 1h",
     "preempts: lower",
-    "gpus: 0\nqueue_timeout: 0",
     "grace_period: 5",
     "min_runtime: 5",
     "preemptible: false\nreclaim_after: 1h",
