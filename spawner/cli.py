@@ -8,7 +8,7 @@ import math
 import sys
 from typing import Any
 
-from spawner.host.admission import CPU_RATIO, MEMORY_RATIO, RESERVE_CPUS, HostCapacity
+from spawner.host.admission import CPU_RATIO, MEMORY_RATIO, HostCapacity
 from spawner.quota.form import describe_limits
 from spawner.quota.loader import load_quota_table, table_duration
 from spawner.quota.model import Budget, GpuCapacity, QuotaTable, QuotaTableError, Role
@@ -401,8 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="count less memory than the engine has (without --engine: "
                                "the host's memory)")
     validate.add_argument("--reserve-cpus", type=number_argument, metavar="N",
-                          default=RESERVE_CPUS,
-                          help=f"CPUs kept for the hub, proxy and system ({RESERVE_CPUS:g})")
+                          help="CPUs kept for the hub, proxy and system (a tenth of the "
+                               "host's, at most 1)")
     validate.add_argument("--reserve-memory", type=size_argument, metavar="SIZE",
                           help="memory kept for the hub, proxy and system (a tenth of the "
                                "host's, at least 1G)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from spawner.gpu.allocator import NoGpuFree, Usage
 from spawner.quota.model import Choice, Role
-from spawner.quota.units import human_duration
+from spawner.quota.units import format_human, human_duration
 
 SETTING_REFUSED = (
     "Your server cannot start because the hub's configuration asks for a container "
@@ -73,6 +73,39 @@ def _what_now(choices: list[Choice]) -> str:
     if cpu_roles:
         return f" You can start a CPU-only server now with the role '{cpu_roles[0]}'."
     return " You have no CPU-only role; try again when a GPU is released."
+
+
+# --- the host's CPUs and memory (docs/deployment.md#host-capacity) -----------------------
+
+
+def _size(role: Role) -> str:
+    return f"{_plural_cpus(role.cpus)}, {format_human(role.memory)}"
+
+
+def _plural_cpus(cpus: float) -> str:
+    return f"{cpus:g} CPU{'' if cpus == 1 else 's'}"
+
+
+def host_never_fits(role: Role, cpus: float, memory: int) -> str:
+    """A role larger than what the host gives all notebooks together (``cpus``,
+    ``memory``): no wait can serve it."""
+    return (f"The role '{role.name}' ({_size(role)}) is larger than what this host gives "
+            f"all notebook servers together ({_plural_cpus(cpus)}, {format_human(memory)}), "
+            "so it can never start here. Ask an admin to change the role or the host's "
+            "settings.")
+
+
+def host_full(role: Role, full: str, waited: float | None, place: int) -> str:
+    """A start that found no room on the host: at once for a role that does not queue
+    (``waited`` None), else after its role's queue_timeout. ``full``: what is full, as
+    'the host's memory is fully reserved: 30 GiB of 22 GiB'."""
+    if waited is None:
+        return (f"Your server cannot start now: {full}, and the role '{role.name}' "
+                f"({_size(role)}) does not wait in the queue. Try again when a server "
+                "stops.")
+    return (f"No room came free on the host for the role '{role.name}' ({_size(role)}) in "
+            f"the {human_duration(waited)} you waited in the queue (you were number "
+            f"{place}): {full}. Try again when a server stops, or ask an admin.")
 
 
 # --- GPU-hour budgets (docs/usage.md#gpu-hour-budgets) ------------------------------------

@@ -284,6 +284,29 @@ def spawn_in_background(hub: Hub, name: str, options: dict) -> dict[str, Any]:
     return result
 
 
+def progress_messages(hub: Hub, name: str, until: str, timeout: float = 5) -> list[str]:
+    """The spawn page's messages (the event stream the page reads), up to one
+    that holds ``until``, or for ``timeout`` seconds."""
+    found: list[str] = []
+    end = time.monotonic() + timeout
+    while time.monotonic() < end and not any(until in m for m in found):
+        found = []
+        try:
+            with hub.session.get(f"{hub.url}/hub/api/users/{name}/server/progress",
+                                 stream=True, timeout=timeout) as r:
+                if r.status_code != 200:  # not pending yet
+                    time.sleep(0.2)
+                    continue
+                for line in r.iter_lines(decode_unicode=True):
+                    if line and line.startswith("data:"):
+                        found.append(json.loads(line[5:]).get("message", ""))
+                    if time.monotonic() > end or any(until in m for m in found):
+                        break
+        except requests.RequestException:
+            pass
+    return found
+
+
 def spawn_outcome(hub: Hub, name: str, timeout: float) -> str:
     """'ready', or the message of a failed start."""
     deadline = time.monotonic() + timeout

@@ -158,10 +158,14 @@ c.JupyterHub.load_roles.append(_role)
 
 
 def start_hub(workdir: Path) -> Hub:
-    """``hub``: see the module's docstring."""
+    """``hub``: see the module's docstring. Host admission is off on it: its table has a
+    role larger than this machine on purpose (senior-engineer, 8 CPUs and 32 GiB), for
+    the tests of limits and of that warning; tests/e2e/test_e2e_host_admission.py has
+    its own hub."""
     return Hub(workdir, quota_text=TEST_QUOTAS, prefix=f"qstest{os.getpid()}",
                extra_config=usage_config(free_port(), CLASSES) + observer() + culler()
-               + 'usage["environment"]["QUOTA_SPAWNER_PREWARM_INTERVAL"] = "1"\n',
+               + 'usage["environment"]["QUOTA_SPAWNER_PREWARM_INTERVAL"] = "1"\n'
+               + "c.QuotaSpawner.host_admission = False\n",
                env={"QUOTA_SPAWNER_ACTIVITY_INTERVAL": str(ACTIVITY)}).start()
 
 

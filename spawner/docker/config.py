@@ -14,6 +14,7 @@ from typing import Any
 
 from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
 
+from spawner.host.admission import CPU_RATIO, MEMORY_RATIO
 from spawner.policy.config import QuotaConfig
 
 
@@ -61,6 +62,38 @@ class QuotaSpawnerConfig(QuotaConfig):
     usage_retention_days = Float(
         400.0, config=True,
         help="Days a finished session stays in the usage ledger; 0: kept forever.",
+    )
+    host_admission = Bool(
+        True, config=True,
+        help="""Admit a start only while the servers of this hub, with it, reserve no more
+        CPUs and memory than the notebooks' share of the host; else it waits in the
+        queue, up to its role's queue_timeout (docs/deployment.md#host-capacity).""",
+    )
+    host_cpus = Float(
+        0.0, config=True,
+        help="CPUs to count for the host; 0: the engine's (docker info). Never more than those.",
+    )
+    host_memory = Unicode(
+        "", config=True,
+        help="Memory to count for the host, like 200G; empty: the engine's. Never more.",
+    )
+    host_reserve_cpus = Float(
+        None, allow_none=True, config=True,
+        help="CPUs kept back for the hub, the proxy, the engine and the system; None: a "
+             "tenth of the host's, at most 1.",
+    )
+    host_reserve_memory = Unicode(
+        "", config=True,
+        help="Memory kept back for the hub, the proxy and the system, like 8G; empty: a "
+             "tenth of the host's, at least 1G.",
+    )
+    cpu_overcommit = Float(
+        CPU_RATIO, config=True,
+        help="How many times the notebooks' CPUs may be reserved (CPU time is shared).",
+    )
+    memory_overcommit = Float(
+        MEMORY_RATIO, config=True,
+        help="How many times the notebooks' memory may be reserved; 1: never overcommitted.",
     )
     cpu_boost = Bool(
         True,

@@ -1,12 +1,14 @@
-"""The GPUs of one start: held at once, after a wait in the GPU queue, or refused.
+"""The GPUs and host room of one start: held at once, after a wait in the queue, or refused.
 
-``GpuStart`` is what QuotaSpawner delegates its GPUs to. It joins the pool's
-queue (gpu/queue.py), and while the start waits it tells the progress page
-where it stands and whom it waits for; a preemption planned for it is carried
-out by the evictor (docker/evictor.py), which this only reads. It refuses, with
-a 503 and one plain sentence (refusals.py), a role the hub could never serve,
-an engine without the NVIDIA runtime, and a wait past the role's
-``queue_timeout`` (docs/preemption.md#the-wait-queue).
+``GpuStart`` is what QuotaSpawner delegates its GPUs, and its room on the host
+(its role's CPUs and memory, when host admission is on), to. It joins the
+pool's queue (gpu/queue.py), and while the start waits it tells the progress
+page where it stands and whom or what it waits for; a preemption planned for it
+is carried out by the evictor (docker/evictor.py), which this only reads. It
+refuses, with a 503 and one plain sentence (refusals.py), a role the hub could
+never serve (more GPUs than it has, more than the host's share), an engine
+without the NVIDIA runtime, and a wait past the role's ``queue_timeout``
+(docs/preemption.md#the-wait-queue, docs/deployment.md#host-capacity).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ def start_time_for(role: Role, runtime: HubRuntime) -> int:
     start_timeout: its queue_timeout, and a preemption's longest course if it may
     preempt. 0 for a role without GPUs."""
     if request_for(role) is None:
-        return 0
+        return int(role.queue_timeout) if runtime.pool.host is not None else 0
     extra = role.queue_timeout
     if role.may_preempt:
         extra += preemption_time(runtime.pool.roles)
@@ -63,15 +65,20 @@ class GpuStart:
         memory. ((), None) for a role without GPUs; a 503 when refused."""
         pool = self.pool
         request = request_for(role)
-        if request is None:
+        if request is None and pool.host is None:
             return (), None
-        if request.count > len(pool.inventory.devices):  # no wait can ever serve it
-            self.refuse_no_gpu(request, role, choices)
-        # an engine that cannot give GPUs: refused before it waits in the queue for one
-        nvidia = self.runtime.nvidia
-        said = await nvidia.missing_now() if nvidia is not None else None
-        if said is not None:
-            self.refuse_no_runtime(said, choices)
+        if request is not None:
+            if request.count > len(pool.inventory.devices):  # no wait can ever serve it
+                self.refuse_no_gpu(request, role, choices)
+            # an engine that cannot give GPUs: refused before it waits in the queue for one
+            nvidia = self.runtime.nvidia
+            said = await nvidia.missing_now() if nvidia is not None else None
+            if said is not None:
+                self.refuse_no_runtime(said, choices)
+        if pool.host is not None:
+            share = pool.host.capacity.share
+            if role.cpus > share.cpus + 1e-9 or role.memory > share.memory:
+                self._refuse(refusals.host_never_fits(role, share.cpus, share.memory))
         ticket = pool.join(owner, Server(self.user, role.name, time.time()), role)
         try:
             if not ticket.grant.done():
@@ -87,6 +94,8 @@ class GpuStart:
         finally:
             pool.leave(owner, f"the start of {self.user}'s server no longer waits "
                               "(stopped, refused or served)")
+        if request is None:  # host room only
+            return (), None
         memory = pool.inventory.smallest_memory(uuids)
         text = f"GPU {','.join(uuids)} assigned ({mode_label(request)})"
         self.log.info("%s: %s", self.who, text)
@@ -103,6 +112,9 @@ class GpuStart:
         pool = self.pool
         arrived = time.monotonic()
         if role.queue_timeout <= 0 and ticket.plan is None:
+            if ticket.short is not None:
+                self._refuse(refusals.host_full(role, ticket.short.sentence(), None, 1))
+            assert ticket.request is not None
             self.refuse_no_gpu(ticket.request, role, choices)
         self._event("queued", ticket, role, position=pool.queue.position(ticket.owner)[0])
         said: tuple[Any, ...] = ()
@@ -117,9 +129,11 @@ class GpuStart:
             if now >= deadline:
                 waited = now - arrived
                 self._event("queue-timeout", ticket, role, waited=round(waited, 1))
-                message = refusals.queue_timeout(role, waited, place, pool.allocator.usage(),
-                                                 choices)
-                self.log.warning("Refused %s after %s in the GPU queue: %s", self.who,
+                message = (refusals.host_full(role, ticket.short.sentence(), waited, place)
+                           if ticket.short is not None else
+                           refusals.queue_timeout(role, waited, place, pool.allocator.usage(),
+                                                  choices))
+                self.log.warning("Refused %s after %s in the queue: %s", self.who,
                                  human_duration(waited), message)
                 raise web.HTTPError(503, message)
             place = pool.queue.position(ticket.owner)[0] or place
@@ -137,11 +151,18 @@ class GpuStart:
         waited = time.monotonic() - arrived
         self._event("queue-granted", ticket, role, waited=round(waited, 1),
                     preempted=bool(ticket.plan))
-        self.progress(f"A GPU is yours after {human_duration(waited)} in the queue", 25)
+        what = "A GPU is" if ticket.request is not None else "Room on the host is"
+        self.progress(f"{what} yours after {human_duration(waited)} in the queue", 25)
 
     def _standing(self, ticket: Ticket, role: Role) -> tuple[tuple[Any, ...], str]:
         """Where this start stands (comparable) and, for the spawn page, whom it waits
         for and how long."""
+        if ticket.short is not None:
+            place, total = self.pool.queue.position(ticket.owner)
+            return (("host", ticket.short.resource, place, total),
+                    f"Waiting for room on the host for the role '{role.name}': "
+                    f"{ticket.short.sentence()}. Number {place} of {total} in the queue "
+                    "(by priority, then arrival); you start when a server stops.")
         wanted = f"{role.gpus} {role.gpu_mode} GPU{'s' if role.gpus != 1 else ''}"
         pending = self.runtime.evictor.waiting_on(ticket.owner)
         if pending:
@@ -170,6 +191,10 @@ class GpuStart:
         else:  # the user reads why in plain words; the admin the technical reason
             self.log.warning("Refused %s: %s (GPU inventory: %s)", self.who, message,
                              pool.inventory.describe())
+        raise web.HTTPError(503, message)
+
+    def _refuse(self, message: str) -> NoReturn:
+        self.log.warning("Refused %s: %s", self.who, message)
         raise web.HTTPError(503, message)
 
     def refuse_no_runtime(self, said: str, choices: list[Choice]) -> NoReturn:

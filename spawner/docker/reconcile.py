@@ -34,6 +34,7 @@ from spawner.contract import (
 from spawner.gpu.allocator import GpuRequest
 from spawner.gpu.inventory import free_memory
 from spawner.gpu.pool import GpuPool, Server
+from spawner.host.admission import Reservation
 from spawner.usage.ledger import ZOMBIE, LedgerWriter
 
 ALIVE_STATES = ("created", "running", "restarting", "paused")
@@ -42,6 +43,15 @@ ALIVE_STATES = ("created", "running", "restarting", "paused")
 def container_name(container: dict[str, Any]) -> str:
     names = container.get("Names") or ["/"]
     return names[0].lstrip("/")
+
+
+def room_of(info: dict[str, Any]) -> Reservation:
+    """The CPUs and memory a container reserves, from ``docker inspect``: its CPU quota
+    (or NanoCpus) and its memory limit."""
+    host = info.get("HostConfig") or {}
+    quota, period = host.get("CpuQuota") or 0, host.get("CpuPeriod") or 100_000
+    cpus = (host.get("NanoCpus") or 0) / 1e9 or (quota / period if quota > 0 else 0.0)
+    return Reservation(cpus, int(host.get("Memory") or 0))
 
 
 def request_from_labels(labels: dict[str, str]) -> tuple[tuple[str, ...], GpuRequest | None]:
@@ -107,7 +117,8 @@ class Reconciler:
             listed_at = time.monotonic()
             containers = await asyncio.to_thread(self.client.containers, all=True,
                                                  filters={"label": GPUS_LABEL})
-            self._reconcile(containers, listed_at)
+            rooms = await self._rooms(containers) if self.pool.host is not None else {}
+            self._reconcile(containers, listed_at, rooms)
             self._ready = True
             zombies = [name for name, seen in self.claims.suspects.items()
                        if time.monotonic() - seen >= self.zombie_grace]
@@ -118,8 +129,29 @@ class Reconciler:
             free = await asyncio.to_thread(free_memory, inventory.uuids)
             self.pool.allocator.set_free_memory(free)
 
-    def _reconcile(self, containers: list[dict[str, Any]], listed_at: float) -> None:
-        """Bring the holdings in line with a container list taken at ``listed_at``."""
+    async def _rooms(self, containers: list[dict[str, Any]]) -> dict[str, Reservation]:
+        """The CPUs and memory of this hub's running containers that the host book does
+        not hold yet (after a restart), read once each from the engine."""
+        pool, host = self.pool, self.pool.host
+        assert host is not None
+        found = {}
+        for c in containers:
+            name = container_name(c)
+            if (c.get("State") not in ALIVE_STATES or name in pool.starting
+                    or (c.get("Labels") or {}).get(HUB_LABEL) != pool.hub_id
+                    or host.holding(name) is not None):
+                continue
+            try:
+                info = await asyncio.to_thread(self.client.inspect_container, name)
+            except Exception:  # gone meanwhile: the next sync sees it gone
+                continue
+            found[name] = room_of(info)
+        return found
+
+    def _reconcile(self, containers: list[dict[str, Any]], listed_at: float,
+                   rooms: dict[str, Reservation] | None = None) -> None:
+        """Bring the holdings in line with a container list taken at ``listed_at``;
+        ``rooms``: the host room of containers the host book lacks."""
         pool, claims = self.pool, self.claims
         alive = {container_name(c): c for c in containers if c.get("State") in ALIVE_STATES}
         changed = pool.changed_since(listed_at)
@@ -131,6 +163,13 @@ class Reconciler:
         for owner in pool.holdings():
             if owner not in alive and settled(owner):
                 pool.release(owner, "its container is gone")
+        if pool.host is not None:
+            for owner in list(pool.host.owners()):
+                if owner not in alive and settled(owner):
+                    pool.release(owner, "its container is gone")
+            for name, room in (rooms or {}).items():
+                if name in alive and settled(name) and pool.host.holding(name) is None:
+                    pool.adopt_room(name, room)
         held = pool.holdings()
         for name, c in alive.items():
             labels = c.get("Labels") or {}

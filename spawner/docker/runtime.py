@@ -47,8 +47,10 @@ from spawner.events import EVENTS_FILE, EventLog
 from spawner.gpu.inventory import Inventory
 from spawner.gpu.pool import GpuPool, hub_inventory
 from spawner.gpu.snapshot import GPUS_FILE
+from spawner.host.admission import HostBook, HostCapacity
 from spawner.quota.model import GpuCapacity, QuotaTable, QuotaTableError
 from spawner.quota.store import QuotaStore
+from spawner.quota.units import parse_size
 from spawner.registry import Registry
 from spawner.usage.budgets import MEMORY_FILE
 from spawner.usage.duties import UsageDuties
@@ -71,6 +73,24 @@ class Settings:
     zombie_grace_period: float
     usage_retention_days: float
     usage_check_interval: float
+    host_admission: bool
+    host_cpus: float
+    host_memory: str
+    host_reserve_cpus: float | None
+    host_reserve_memory: str
+    cpu_overcommit: float
+    memory_overcommit: float
+
+    def host_capacity(self, info: dict[str, Any]) -> HostCapacity:
+        """The notebooks' share of the engine's host, from ``docker info`` and these
+        settings (raises ValueError for one that cannot be used)."""
+        return HostCapacity.from_engine(
+            info, self.host_cpus or None,
+            parse_size(self.host_memory) if self.host_memory else None,
+            reserve_cpus=self.host_reserve_cpus,
+            reserve_memory=parse_size(self.host_reserve_memory) if self.host_reserve_memory
+            else None,
+            cpu_ratio=self.cpu_overcommit, memory_ratio=self.memory_overcommit)
 
     @classmethod
     def of(cls, spawner: Any) -> Settings:
@@ -162,6 +182,7 @@ class HubRuntime:
         self.events = EventLog(settings.path(EVENTS_FILE), log)
         self.pool = GpuPool(self.inventory, self.hub_id, log, events=self.events,
                             gpus_file=settings.path(GPUS_FILE))
+        self.pool.set_host(self._host_book())
         ledger = await self._open_ledger()
         self.usage = LedgerWriter(ledger, log) if ledger is not None else None
         self.reconciler = Reconciler(
@@ -184,6 +205,23 @@ class HubRuntime:
                  len(self.inventory.devices), self.inventory.source,
                  ledger.url_text if ledger is not None else "none", self.events.path,
                  "; the NVIDIA runtime probe is under way" if self.nvidia else "")
+
+    def _host_book(self) -> HostBook | None:
+        """The host's CPUs and memory as this hub counts them; None when admission is off
+        or the engine's size is unknown (said in the log)."""
+        if not self.settings.host_admission:
+            return None
+        if not self.engine_info:
+            self.log.warning("Host admission is off: the engine's size is unknown")
+            return None
+        try:
+            capacity = self.settings.host_capacity(self.engine_info)
+        except ValueError as e:
+            self.log.error("Host admission is off: %s (c.QuotaSpawner.host_* and "
+                           "*_overcommit)", e)
+            return None
+        self.log.info("Host capacity: %s", capacity.describe())
+        return HostBook(capacity)
 
     async def _engine_info(self) -> dict[str, Any] | None:
         try:

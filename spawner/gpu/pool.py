@@ -32,7 +32,9 @@ from spawner.gpu.inventory import (
 from spawner.gpu.preemption import Running
 from spawner.gpu.queue import Dispatched, GpuQueue, Ticket, next_release
 from spawner.gpu.snapshot import SnapshotWriter
+from spawner.host.admission import HostBook, Reservation
 from spawner.quota.model import GpuCapacity, Role
+from spawner.quota.units import format_human
 
 
 def hub_inventory(declared: list[dict[str, Any]], discovery: bool) -> Inventory:
@@ -100,6 +102,12 @@ class GpuPool:
         self.evictions: Evictions | None = None
         self._queue_task: asyncio.Task[None] | None = None
         self._running: tuple[tuple[int, int, int], float, dict[str, Running]] | None = None
+        self.host: HostBook | None = None  # the host's CPUs and memory, when admission is on
+
+    def set_host(self, book: HostBook | None) -> None:
+        """Count the host's CPUs and memory (docs/deployment.md#host-capacity): every
+        start then joins the queue, and waits while the host is full."""
+        self.host = self.queue.host = book
 
     @property
     def capacity(self) -> GpuCapacity:
@@ -126,14 +134,24 @@ class GpuPool:
             self.log.error("GPU double-booked: %s", conflict)
 
     def release(self, owner: str, why: str) -> tuple[str, ...]:
+        """``owner``'s GPUs and host room come free."""
         self._changed[owner] = time.monotonic()
         uuids = self.allocator.release(owner)
+        room = self.host.release(owner) if self.host is not None else None
         if uuids:
             self.log.info("GPU %s released by %s: %s", ",".join(uuids), owner, why)
+        if uuids or room:
             self.servers.pop(owner, None)
             self.queue.victim_gone(owner)
             self.dispatch()
         return uuids
+
+    def adopt_room(self, owner: str, room: Reservation) -> None:
+        """Count the host room of a running container found on the engine (a restart)."""
+        assert self.host is not None
+        self.host.hold(owner, room)
+        self.log.info("Host room %g CPUs, %s held by running container %s", room.cpus,
+                      format_human(room.memory), owner)
 
     def holdings(self) -> dict[str, Holding]:
         return self.allocator.holdings()
@@ -147,14 +165,15 @@ class GpuPool:
     # --- the queue ----------------------------------------------------------------------
 
     def join(self, owner: str, server: Server, role: Role) -> Ticket:
-        """Ask for ``role``'s GPUs for ``owner``: served now, or queued (await
+        """Ask for ``role``'s GPUs and host room for ``owner``: served now, or queued (await
         ``ticket.grant``). Whoever joins must ``leave`` if it stops waiting."""
         request = request_for(role)
-        assert request is not None
+        assert request is not None or self.host is not None
         self._changed[owner] = time.monotonic()
         self.servers[owner] = server
+        room = Reservation.of(role) if self.host is not None else None
         ticket = self.queue.join(owner, server.user, role.name, role.priority,
-                                 role.may_preempt, request, time.monotonic())
+                                 role.may_preempt, request, time.monotonic(), host=room)
         self.dispatch()
         if not ticket.grant.done() and self._queue_task is None:
             self._queue_task = asyncio.ensure_future(self._queue_loop())

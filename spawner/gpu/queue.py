@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from spawner.gpu.allocator import GpuAllocator, GpuRequest
 from spawner.gpu.preemption import Plan, Running, choose_victims
+from spawner.host.admission import HostBook, Reservation, Shortfall
 from spawner.quota.model import Role
 
 # The longest a ticket that found no victims goes without looking again, in case
@@ -36,14 +37,14 @@ RETRY = 5.0
 
 @dataclass(eq=False)
 class Ticket:
-    """One GPU request, from its arrival until it is served or leaves."""
+    """One start's request, from its arrival until it is served or leaves."""
 
     owner: str  # the container name the GPUs are for
     user: str
     role: str
     priority: int
     may_preempt: bool
-    request: GpuRequest
+    request: GpuRequest | None  # None: a CPU-only role, which waits for host room only
     seq: int
     arrived: float  # the queue's clock
     grant: asyncio.Future[tuple[str, ...]] = field(repr=False)
@@ -52,6 +53,8 @@ class Ticket:
     # after a plan found no victims: try again after a release, or at this time (the
     # queue's clock): when a holder passes min_runtime or reclaim_after, or RETRY later
     retry: tuple[int, float] | None = None
+    host: Reservation | None = None  # the CPUs and memory it reserves, when admission is on
+    short: Shortfall | None = None  # what is full on the host, while it waits for room
 
     @property
     def order(self) -> tuple[int, int]:
@@ -68,8 +71,9 @@ class Dispatched:
 
 
 class GpuQueue:
-    def __init__(self, allocator: GpuAllocator):
+    def __init__(self, allocator: GpuAllocator, host: HostBook | None = None):
         self.allocator = allocator
+        self.host = host  # the host's CPUs and memory; None: not counted
         self._tickets: dict[str, Ticket] = {}
         self._seq = itertools.count()
         self.evicting: dict[str, str] = {}  # victim owner -> the owner it is preempted for
@@ -94,11 +98,12 @@ class GpuQueue:
     # --- changing --------------------------------------------------------------
 
     def join(self, owner: str, user: str, role: str, priority: int, may_preempt: bool,
-             request: GpuRequest, now: float) -> Ticket:
+             request: GpuRequest | None, now: float,
+             host: Reservation | None = None) -> Ticket:
         if owner in self._tickets:
             self.leave(owner)
         ticket = Ticket(owner, user, role, priority, may_preempt, request, next(self._seq),
-                        now, asyncio.get_running_loop().create_future())
+                        now, asyncio.get_running_loop().create_future(), host=host)
         self._tickets[owner] = ticket
         return ticket
 
@@ -142,12 +147,24 @@ class GpuQueue:
     def _pass(self, running: _Lazy, now: float, done: Dispatched) -> bool:
         changed = False
         blocked: set[str] = set()  # GPUs someone ahead is waiting for
+        full: Shortfall | None = None  # the host room someone ahead is waiting for
         for ticket in self.waiting():
             if ticket.plan is not None and not self._victims_of(ticket):
                 self.allocator.unreserve(ticket.owner)  # its victims are gone: plan afresh
                 ticket.plan = None
-            uuids, could = self.allocator.try_acquire(ticket.owner, ticket.request, blocked)
+            if self.host is not None and ticket.host is not None:
+                # nobody behind takes host room while someone ahead waits for it
+                ticket.short = self.host.shortfall(ticket.host, ticket.owner) or full
+                if ticket.short is not None:
+                    full = full or ticket.short
+                    continue
+            if ticket.request is None:
+                uuids, could = (), set()
+            else:
+                uuids, could = self.allocator.try_acquire(ticket.owner, ticket.request, blocked)
             if uuids is not None:
+                if self.host is not None and ticket.host is not None:
+                    self.host.hold(ticket.owner, ticket.host)
                 ticket.grant.set_result(uuids)
                 self._tickets.pop(ticket.owner, None)
                 done.granted.append(ticket)
@@ -159,7 +176,7 @@ class GpuQueue:
             if ticket.plan is not None:
                 if ticket.plan_released != self.allocator.released:
                     changed |= self._trim(ticket, running, blocked, done)
-            elif ticket.may_preempt and self._due(ticket, now):
+            elif ticket.may_preempt and ticket.request is not None and self._due(ticket, now):
                 self._plan(ticket, running, blocked, now)
                 if ticket.plan is not None:
                     done.planned.append(ticket)

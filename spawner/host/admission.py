@@ -25,8 +25,10 @@ from spawner.quota.units import format_human
 
 GiB = 2**30
 # The documented defaults (docs/deployment.md#host-capacity).
-RESERVE_CPUS = 1.0  # for the hub, the proxy, the engine and the system
-RESERVE_MEMORY_SHARE = 0.10  # a tenth of the host's memory, and at least
+# for the hub, the proxy, the engine and the system: a tenth of each, at most 1 CPU (CPU
+# time is shared anyway) and at least 1 GiB of memory (what a hub and its proxy take)
+RESERVE_SHARE = 0.10
+RESERVE_CPUS_MAX = 1.0
 RESERVE_MEMORY_MIN = 1 * GiB
 # CPU is compressible: a busy host slows notebooks down, it kills none of them. Memory
 # is not: past the share the kernel's OOM killer chooses what dies.
@@ -49,10 +51,16 @@ class Reservation:
         return Reservation(self.cpus + other.cpus, self.memory + other.memory)
 
 
+def default_reserve_cpus(cpus: float) -> float:
+    """The CPUs kept back for the hub, the proxy and the system on a host of ``cpus``:
+    a tenth, at most 1."""
+    return min(RESERVE_CPUS_MAX, round(cpus * RESERVE_SHARE, 3))
+
+
 def default_reserve_memory(memory: int) -> int:
     """The memory kept back for the hub, the proxy and the system on a host of
     ``memory`` bytes: a tenth, at least 1 GiB, never more than the host."""
-    return min(memory, max(RESERVE_MEMORY_MIN, int(memory * RESERVE_MEMORY_SHARE)))
+    return min(memory, max(RESERVE_MEMORY_MIN, int(memory * RESERVE_SHARE)))
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,7 @@ class HostCapacity:
 
     cpus: float  # the engine's CPUs (docker info NCPU), or fewer
     memory: int  # the engine's memory in bytes (docker info MemTotal), or less
-    reserve_cpus: float = RESERVE_CPUS
+    reserve_cpus: float | None = None  # None: default_reserve_cpus(cpus)
     reserve_memory: int | None = None  # None: default_reserve_memory(memory)
     cpu_ratio: float = CPU_RATIO
     memory_ratio: float = MEMORY_RATIO
@@ -69,6 +77,8 @@ class HostCapacity:
     def __post_init__(self) -> None:
         for name in ("cpus", "reserve_cpus", "cpu_ratio", "memory_ratio"):
             value = getattr(self, name)
+            if value is None:
+                continue
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number, 0 or more (got {value!r})")
         if self.memory < 0 or (self.reserve_memory or 0) < 0:
@@ -89,6 +99,11 @@ class HostCapacity:
         return cls(found_cpus, found_memory, **settings)
 
     @property
+    def kept_cpus(self) -> float:
+        return (default_reserve_cpus(self.cpus) if self.reserve_cpus is None
+                else min(self.cpus, self.reserve_cpus))
+
+    @property
     def kept_memory(self) -> int:
         return (default_reserve_memory(self.memory) if self.reserve_memory is None
                 else min(self.memory, self.reserve_memory))
@@ -96,7 +111,7 @@ class HostCapacity:
     @property
     def share(self) -> Reservation:
         """What the notebooks together may reserve."""
-        cpus = max(0.0, self.cpus - self.reserve_cpus) * self.cpu_ratio
+        cpus = (self.cpus - self.kept_cpus) * self.cpu_ratio
         memory = int((self.memory - self.kept_memory) * self.memory_ratio)
         return Reservation(cpus, memory)
 
@@ -111,12 +126,12 @@ class HostCapacity:
         return int(by_memory), "memory"
 
     def describe(self) -> str:
-        """'2 CPUs and 23.5 GiB; 1 CPU and 2.35 GiB kept back; notebooks may reserve
-        4 CPUs (4x) and 21.2 GiB (1x)'."""
+        """'2 CPUs and 23.5 GiB; 0.2 CPUs and 2.35 GiB kept back for the hub, the proxy
+        and the system; notebooks may reserve 7.2 CPUs (4x) and 21.2 GiB (1x)'."""
         share = self.share
         return (f"{self.cpus:g} CPU{'s' if self.cpus != 1 else ''} and "
-                f"{format_human(self.memory)}; {self.reserve_cpus:g} "
-                f"CPU{'s' if self.reserve_cpus != 1 else ''} and "
+                f"{format_human(self.memory)}; {self.kept_cpus:g} "
+                f"CPU{'s' if self.kept_cpus != 1 else ''} and "
                 f"{format_human(self.kept_memory)} kept back for the hub, the proxy and "
                 f"the system; notebooks may reserve {share.cpus:g} CPUs "
                 f"({self.cpu_ratio:g}x) and {format_human(share.memory)} "

@@ -29,6 +29,7 @@ from harness import (
     container_for,
     containers,
     exec_text,
+    progress_messages,
     running_gpus,
     spawn_in_background,
     spawn_outcome,
@@ -179,29 +180,6 @@ def wait_for(check, timeout: float, what: str, interval: float = 0.2):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def progress_messages(hub: Hub, name: str, until: str, timeout: float = 5) -> list[str]:
-    """The spawn page's messages (the event stream the page reads), up to one
-    that holds ``until``, or for ``timeout`` seconds."""
-    found: list[str] = []
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and not any(until in m for m in found):
-        found = []
-        try:
-            with hub.session.get(f"{hub.url}/hub/api/users/{name}/server/progress",
-                                 stream=True, timeout=timeout) as r:
-                if r.status_code != 200:  # not pending yet
-                    time.sleep(0.2)
-                    continue
-                for line in r.iter_lines(decode_unicode=True):
-                    if line and line.startswith("data:"):
-                        found.append(json.loads(line[5:]).get("message", ""))
-                    if time.monotonic() > end or any(until in m for m in found):
-                        break
-        except requests.RequestException:
-            pass
-    return found
 
 
 def run_in_kernel(hub: Hub, name: str, code: str, timeout: float = 60) -> str:

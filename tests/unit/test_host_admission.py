@@ -13,6 +13,7 @@ from spawner.host.admission import (
     HostCapacity,
     Reservation,
     Shortfall,
+    default_reserve_cpus,
     default_reserve_memory,
 )
 from spawner.quota.model import Role
@@ -26,15 +27,17 @@ def role(cpus: float, memory: int) -> Role:
 
 def test_the_share_is_capacity_less_the_reserve_times_the_ratio():
     host = HostCapacity(cpus=32, memory=256 * GiB)
-    # the documented defaults: 1 CPU and a tenth of the memory kept back; CPUs 4x, memory 1x
-    assert host.kept_memory == int(25.6 * GiB)
+    # the documented defaults: a tenth kept back (at most 1 CPU, at least 1 GiB); CPUs
+    # 4x, memory 1x
+    assert (host.kept_cpus, host.kept_memory) == (1.0, int(25.6 * GiB))
     assert host.share == Reservation(124.0, 256 * GiB - int(25.6 * GiB))
     small = HostCapacity(cpus=2, memory=4 * GiB)
-    assert small.kept_memory == 1 * GiB  # at least 1 GiB
-    assert small.share == Reservation(4.0, 3 * GiB)
+    assert (small.kept_cpus, small.kept_memory) == (0.2, 1 * GiB)
+    assert small.share == Reservation(7.2, 3 * GiB)
     tiny = HostCapacity(cpus=0.5, memory=GiB // 2, reserve_cpus=1)
     assert tiny.share == Reservation(0.0, 0)  # never below nothing
     assert default_reserve_memory(GiB // 2) == GiB // 2
+    assert default_reserve_cpus(1) == 0.1
 
 
 def test_an_admin_sets_the_reserve_and_the_ratios():
@@ -64,7 +67,7 @@ def test_the_engine_gives_the_capacity_and_an_admin_may_only_lower_it():
 
 
 def test_how_many_servers_of_a_role_fit_and_what_runs_out_first():
-    host = HostCapacity(cpus=2, memory=int(23.5 * GiB))  # this machine's engine
+    host = HostCapacity(cpus=2, memory=int(23.5 * GiB), reserve_cpus=1)
     assert host.share.cpus == 4.0
     assert host.servers_that_fit(role(2, 4 * GiB)) == (2, "CPUs")
     assert host.servers_that_fit(role(0.5, 4 * GiB)) == (5, "memory")
@@ -81,7 +84,7 @@ def test_the_sentence_names_what_is_full():
 
 
 def test_a_start_fits_while_the_sums_stay_within_the_share():
-    book = HostBook(HostCapacity(cpus=3, memory=11 * GiB, reserve_memory=GiB))
+    book = HostBook(HostCapacity(cpus=3, memory=11 * GiB, reserve_cpus=1, reserve_memory=GiB))
     assert book.capacity.share == Reservation(8.0, 10 * GiB)
     for n in range(2):
         assert book.shortfall(Reservation(2, 4 * GiB)) is None

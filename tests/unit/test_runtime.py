@@ -55,7 +55,9 @@ def source(tmp_path, client: Any = None, **settings: Any) -> Any:
     values = dict(hub_id=HUB, gpu_inventory=[], gpu_discovery=False,
                   quota_file=str(tmp_path / "quotas.yaml"), state_dir=str(tmp_path),
                   usage_db="none", gpu_sync_interval=3600.0, zombie_grace_period=300.0,
-                  usage_retention_days=0.0, usage_check_interval=3600.0)
+                  usage_retention_days=0.0, usage_check_interval=3600.0,
+                  host_admission=False, host_cpus=0.0, host_memory="", host_reserve_cpus=1.0,
+                  host_reserve_memory="", cpu_overcommit=4.0, memory_overcommit=1.0)
     values.update(settings)
     return Source(client=client if client is not None else FakeDocker(), log=LOG,
                   _log_name="alice", **values)
@@ -153,7 +155,7 @@ def test_outside_a_starting_hub_nothing_is_built():
 def test_a_start_that_may_wait_for_gpus_gets_the_time_to_wait():
     roles = {"low": Role("low", 1, G, ("x",), gpus=1, grace_period=120),
              "high": Role("high", 1, G, ("x",), gpus=1, priority=10, queue_timeout=600)}
-    runtime = SimpleNamespace(pool=SimpleNamespace(roles=roles))
+    runtime = SimpleNamespace(pool=SimpleNamespace(roles=roles, host=None))
     assert start_time_for(Role("cpu", 1, G, ("x",)), runtime) == 0  # type: ignore[arg-type]
     assert start_time_for(roles["low"], runtime) == roles["low"].queue_timeout  # type: ignore[arg-type]
     assert start_time_for(roles["high"], runtime) == 600 + 120 + 60  # type: ignore[arg-type]

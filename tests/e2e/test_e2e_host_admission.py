@@ -1,0 +1,131 @@
+"""End to end: the host's memory as a resource, on a real admit, proxy and engine.
+
+This module's hub counts 2 GiB of memory for its notebooks (``host_memory``, nothing kept
+back), so two servers of 768 MiB fit and a third does not: it waits in the queue with its
+place, starts when one stops, or is refused after its role's queue_timeout; a role that
+does not queue is refused at once; nothing is created for a refused start; a restarted
+hub counts the servers that kept running (docs/deployment.md#host-capacity).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from harness import Hub, containers, progress_messages, spawn_in_background, teardown
+
+pytestmark = pytest.mark.e2e
+PREFIX = "qsadmit"
+
+QUOTAS = """\
+images:
+  pytorch: {image: "quota-spawner/pytorch:latest"}
+roles:
+  small: {cpus: 0.25, memory: 768M, queue_timeout: 60, images: [pytorch]}
+  brief: {cpus: 0.25, memory: 768M, queue_timeout: 3, images: [pytorch]}
+  now: {cpus: 0.25, memory: 768M, queue_timeout: 0, images: [pytorch]}
+  huge: {cpus: 0.25, memory: 3G, images: [pytorch]}
+assignments:
+  default: [small, brief, now, huge]
+"""
+SMALL, BRIEF, NOW, HUGE = ({"profile": p} for p in ("small", "brief", "now", "huge"))
+HOST = """
+c.QuotaSpawner.host_memory = "2G"
+c.QuotaSpawner.host_reserve_memory = "0"
+c.QuotaSpawner.host_reserve_cpus = 0
+c.QuotaSpawner.gpu_sync_interval = 1
+c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart
+"""
+FULL = "the host's memory is fully reserved: 2.25 GiB of 2 GiB"
+
+
+@pytest.fixture(scope="module")
+def admit(docker_client, tmp_path_factory):
+    found = Hub(tmp_path_factory.mktemp(PREFIX), quota_text=QUOTAS, prefix=PREFIX,
+                extra_config=HOST).start()
+    for name in ("ann", "ben", "cal", "dee", "eve", "fay"):
+        found.create_user(name)
+    yield found
+    found.stop_servers(["ann", "ben", "cal", "dee", "eve", "fay"])
+    teardown(found, docker_client, "host-admission")
+
+
+@pytest.fixture
+def full(admit):
+    """ann and ben's servers fill the host's 2 GiB (768 MiB each, 1.5 GiB)."""
+    admit.start_servers({"ann": SMALL, "ben": SMALL})
+    yield
+    admit.stop_servers(["ann", "ben", "cal", "dee", "eve"])
+
+
+def test_the_hub_says_what_it_counts(admit, docker_client):
+    cpus = docker_client.info()["NCPU"]
+    assert (f"Host capacity: {cpus:g} CPU{'s' if cpus != 1 else ''} and 2 GiB; 0 CPUs and "
+            "0 B kept back for the hub, the proxy and the system; notebooks may reserve "
+            f"{cpus * 4:g} CPUs (4x) and 2 GiB (1x)") in admit.log()
+
+
+def test_a_start_that_does_not_fit_waits_its_turn_and_starts_when_one_stops(
+        admit, full, docker_client):
+    cal = spawn_in_background(admit, "cal", SMALL)
+    said = progress_messages(admit, "cal", until="Waiting for room on the host", timeout=20)
+    assert any(f"Waiting for room on the host for the role 'small': {FULL}. Number 1 of 1 "
+               "in the queue" in m for m in said), said
+    assert containers(docker_client, "cal") == []  # nothing made while it waits
+    time.sleep(2)
+    assert not admit.user("cal")["servers"][""]["ready"]
+    admit.stop_server("ann")
+    admit.wait_ready("cal", timeout=60)
+    cal["thread"].join(30)
+    granted = [e for e in admit.events() if e.get("event") == "queue-granted"
+               and e.get("user") == "cal"]
+    assert granted and granted[-1]["waited"] >= 2, admit.events()[-5:]
+    assert "cal: Waiting for room on the host for the role 'small'" in admit.log()
+
+
+def test_a_start_is_refused_after_its_queue_timeout_and_nothing_is_created(
+        admit, full, docker_client):
+    started = time.monotonic()
+    r = admit.spawn("dee", BRIEF)
+    if r.status_code == 202:  # answered before the wait ended: follow the start
+        admit.wait_stopped("dee", timeout=30)
+        message = admit.session.get(f"{admit.url}/hub/api/users/dee/server/progress",
+                                  timeout=10).text
+    else:
+        assert r.status_code == 503, r.text
+        message = r.json()["message"]
+    assert time.monotonic() - started >= 3
+    assert ("No room came free on the host for the role 'brief' (0.25 CPUs, 768 MiB) in "
+            "the 3s you waited in the queue (you were number 1): " + FULL) in message, message
+    assert containers(docker_client, "dee") == []
+    assert not admit.user("dee")["servers"]
+
+
+def test_a_role_that_does_not_queue_is_refused_at_once(admit, full, docker_client):
+    r = admit.spawn("eve", NOW)
+    assert r.status_code == 503, r.text
+    assert r.json()["message"] == (
+        f"Your server cannot start now: {FULL}, and the role 'now' (0.25 CPUs, 768 MiB) does "
+        "not wait in the queue. Try again when a server stops.")
+    assert containers(docker_client, "eve") == []
+
+
+def test_a_role_larger_than_the_notebooks_share_is_refused(admit, docker_client):
+    r = admit.spawn("fay", HUGE)
+    assert r.status_code == 503, r.text
+    assert "is larger than what this host gives all notebook servers together" in \
+        r.json()["message"]
+    assert "so it can never start here" in r.json()["message"]
+    assert containers(docker_client, "fay") == []
+
+
+def test_a_restarted_hub_counts_the_servers_that_kept_running(admit, full, docker_client):
+    admit.stop()
+    admit.start()
+    assert admit.user("ann")["servers"][""]["ready"]  # kept over the restart
+    r = admit.spawn("eve", NOW)
+    assert r.status_code == 503 and FULL in r.json()["message"], r.text
+    log = admit.log()
+    assert "Host room 0.25 CPUs, 768 MiB held by running container qsadmit-ann" in log
+    assert "Host room 0.25 CPUs, 768 MiB held by running container qsadmit-ben" in log
