@@ -190,12 +190,18 @@ c.QuotaSpawner.quota_file = {str(self.quota_file)!r}
                         token=token)
 
     def wait_ready(self, name: str, timeout: float = 120) -> dict:
-        deadline = time.monotonic() + timeout
+        """The server once ready. A start asked for in another thread (spawn_in_background)
+        may not have reached the hub yet: no server is "gone" until it was seen, or until
+        10 s have passed without it."""
+        started = time.monotonic()
+        deadline, seen = started + timeout, False
         while time.monotonic() < deadline:
             server = self.user(name)["servers"].get("")
             if server and server["ready"]:
                 return server
-            if not server:
+            if server:
+                seen = True
+            elif seen or time.monotonic() - started > 10:
                 raise AssertionError(f"{name}'s server went away:\n{self.log()[-3000:]}")
             time.sleep(0.1)
         raise AssertionError(f"{name}'s server not ready in {timeout}s")
