@@ -18,7 +18,7 @@ from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
-from tornado.testing import bind_unused_port
+from webapp_client import PageSite, attribute, serve
 
 from spawner.hubconfig.rbac import CLASS_OAUTH_SCOPES, USAGE_SCOPE, class_service_scopes
 from spawner.usage import schedules
@@ -185,9 +185,7 @@ def fake_hub() -> tuple[Hub, HTTPServer, str]:
     hub = Hub()
     hub_app = web.Application([(r"/hub/api/users", HubUsers),
                                (r"/hub/api/users/([^/]+)/server", HubServer)], hub=hub)
-    hub_sock, hub_port = bind_unused_port()
-    hub_server = HTTPServer(hub_app)
-    hub_server.add_sockets([hub_sock])
+    hub_server, hub_port = serve(hub_app)
     return hub, hub_server, f"http://127.0.0.1:{hub_port}/hub/api"
 
 
@@ -201,9 +199,7 @@ async def api(tmp_path, monkeypatch):
                            service_prefix="/services/usage/", hub_base_url="/",
                            hub_api_url=hub_api, hub_api_token=SERVICE_TOKEN)
     setup = app.settings["usage"]
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
+    server, port = serve(app)
     yield Api(port, hub, Prewarmer(setup.hub, setup.reader), url)
     server.stop()
     hub_server.stop()
@@ -492,17 +488,11 @@ class PageTokens(UserTokens):
     base_url = "/"  # where HubOAuth sets its XSRF cookie
 
 
-class Site:
+class Site(PageSite):
     def __init__(self, port: int, hub: Hub, url: str):
-        self.base = f"http://127.0.0.1:{port}{PREFIX}"
-        self.client = AsyncHTTPClient()
+        super().__init__(port, PREFIX)
         self.hub = hub
         self.url = url
-
-    async def get(self, path: str, who: str = ""):
-        headers = {"X-Test-User": who} if who else {}
-        return await self.client.fetch(self.base + path, headers=headers, raise_error=False,
-                                       follow_redirects=False)
 
 
 @pytest.fixture
@@ -517,19 +507,11 @@ async def site(tmp_path, monkeypatch):
     monkeypatch.setenv("JUPYTERHUB_BASE_URL", "/")
     monkeypatch.setenv("QUOTA_SPAWNER_STATE_DIR", str(tmp_path))
     app = service.make_app(usage_db=url, quota_file=str(quota), service_prefix=PREFIX)
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
+    server, port = serve(app)
     yield Site(port, hub, url)
     server.stop()
     hub_server.stop()
     app.settings["usage"].reader.close()
-
-
-def attribute(page: str, name: str) -> str:
-    found = re.search(rf'\b{name}="([^"]*)"', page)
-    assert found, name
-    return html.unescape(found.group(1))
 
 
 def row(page: str, user: str) -> str:

@@ -15,9 +15,8 @@ import pytest
 from test_gpu_map import G, busy_pool, idle_book, watched
 from test_table import PageHubAuth
 from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, Text
-from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.testing import bind_unused_port
+from webapp_client import PageSite, attribute
+from webapp_client import serve as serve_app
 
 from spawner.gpu.pool import Server
 from spawner.gpu.snapshot import GPUS_FILE, pool_snapshot
@@ -37,16 +36,10 @@ HOSTILE = '<script>alert(1)</script>"&'
 HOSTILE_ROLE = "<img src=x onerror=alert(2)>"
 
 
-class Site:
+class Site(PageSite):
     def __init__(self, port: int, state):
-        self.base = f"http://127.0.0.1:{port}{PREFIX}"
-        self.client = AsyncHTTPClient()
+        super().__init__(port, PREFIX)
         self.state = state
-
-    async def get(self, path: str, who: str = ""):
-        headers = {"X-Test-User": who} if who else {}
-        return await self.client.fetch(self.base + path, headers=headers, raise_error=False,
-                                       follow_redirects=False)
 
     def write(self, name: str, data) -> None:
         text = data if isinstance(data, str) else json.dumps(data)
@@ -60,9 +53,7 @@ async def serve(tmp_path, monkeypatch, state_dir):
                         "finance": VIEWER})
     monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
     app = service.make_app(usage_db=url, service_prefix=PREFIX, state_dir=state_dir)
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
+    server, port = serve_app(app)
     return app, server, port
 
 
@@ -90,12 +81,6 @@ async def write_busy(site: Site, watchdog_age: float | None = 1.0, hostile: bool
         usage = gpu_usage_snapshot(watched(now - watchdog_age), idle_book(), 5.0)
         usage["idle"][0]["since"] = now - 7200
         site.write(GPU_USAGE_FILE_NAME, usage)
-
-
-def attribute(page: str, name: str) -> str:
-    found = re.search(rf'\b{name}="([^"]*)"', page)
-    assert found, name
-    return html.unescape(found.group(1))
 
 
 def row_of(page: str, uuid: str) -> str:

@@ -13,8 +13,7 @@ from test_hub_config import GOOD_ADMIN, GOOD_USER, load_hub_config
 from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.testing import bind_unused_port
+from webapp_client import serve
 
 from harness import shipped_table_without_requests
 from spawner.events import read_events
@@ -105,9 +104,7 @@ async def api(request, tmp_path, monkeypatch):
                         "prof-bo": OTHER_INSTRUCTOR})
     monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
     hub = web.Application([(r"/hub/api/users/([^/]+)", FakeHubUser)])
-    hub_sock, hub_port = bind_unused_port()
-    hub_server = HTTPServer(hub)
-    hub_server.add_sockets([hub_sock])
+    hub_server, hub_port = serve(hub)
     prefix = "/services/usage/"
     state = tmp_path / "state"
     state.mkdir()
@@ -115,9 +112,7 @@ async def api(request, tmp_path, monkeypatch):
                            state_dir=str(state), hub_id=HUB_ID,
                            hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
                            hub_api_token=HUB_TOKEN, clock=lambda: NOW)
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
+    server, port = serve(app)
     yield Api(port, state / "quota-spawner-events.jsonl", quota)
     server.stop()
     hub_server.stop()

@@ -25,9 +25,7 @@ from test_requests_api import (
 )
 from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.testing import bind_unused_port
+from webapp_client import PageSite, attribute, serve
 
 from harness import shipped_table_without_requests
 from spawner.usage.ledger import Ledger
@@ -66,18 +64,12 @@ class FakeHubUser(web.RequestHandler):
         self.finish({"name": name, "groups": GROUPS[name]})
 
 
-class Site:
+class Site(PageSite):
     def __init__(self, port: int, quota: Path, clock: list[float], url: str = ""):
-        self.base = f"http://127.0.0.1:{port}{PREFIX}"
-        self.client = AsyncHTTPClient()
+        super().__init__(port, PREFIX)
         self.quota = quota
         self.clock = clock
         self.url = url
-
-    async def get(self, path: str, who: str = ""):
-        headers = {"X-Test-User": who} if who else {}
-        return await self.client.fetch(self.base + path, headers=headers, raise_error=False,
-                                       follow_redirects=False)
 
     async def page(self, who: str) -> str:
         r = await self.get("requests", who)
@@ -112,9 +104,7 @@ async def site(tmp_path, monkeypatch):
     auth = PageHubAuth(MODELS)
     monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
     hub = web.Application([(r"/hub/api/users/([^/]+)", FakeHubUser)])
-    hub_sock, hub_port = bind_unused_port()
-    hub_server = HTTPServer(hub)
-    hub_server.add_sockets([hub_sock])
+    hub_server, hub_port = serve(hub)
     state = tmp_path / "state"
     state.mkdir()
     clock = [NOW]
@@ -122,19 +112,11 @@ async def site(tmp_path, monkeypatch):
                            state_dir=str(state), hub_id=HUB_ID,
                            hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
                            hub_api_token=HUB_TOKEN, clock=lambda: clock[0])
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
+    server, port = serve(app)
     yield Site(port, quota, clock, url)
     server.stop()
     hub_server.stop()
     app.settings["usage"].reader.close()
-
-
-def attribute(page: str, name: str) -> str:
-    found = re.search(rf'\b{name}="([^"]*)"', page)
-    assert found, name
-    return html.unescape(found.group(1))
 
 
 def section(page: str, name: str) -> str:

@@ -17,8 +17,7 @@ import pytest
 from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.testing import bind_unused_port
+from webapp_client import PageSite, attribute, serve
 
 from spawner.usage.ledger import Ledger
 from spawner.webapp import app as service
@@ -100,15 +99,11 @@ async def api(tmp_path, monkeypatch):
     monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
     seen: list = []
     hub = web.Application([(r"/hub/api/users", FakeHubUsers)], seen_tokens=seen)
-    hub_sock, hub_port = bind_unused_port()
-    hub_server = HTTPServer(hub)
-    hub_server.add_sockets([hub_sock])
+    hub_server, hub_port = serve(hub)
     app = service.make_app(usage_db=url, quota_file=str(quota),
                            hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
                            hub_api_token=HUB_TOKEN)
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
+    server, port = serve(app)
     yield Api(port, quota, seen)
     server.stop()
     hub_server.stop()
@@ -341,16 +336,10 @@ class PageHubAuth(FakeHubAuth):
     base_url = "/"  # where HubOAuth sets its XSRF cookie
 
 
-class Site:
+class Site(PageSite):
     def __init__(self, port: int, quota: Path):
-        self.base = f"http://127.0.0.1:{port}{PREFIX}"
-        self.client = AsyncHTTPClient()
+        super().__init__(port, PREFIX)
         self.quota = quota
-
-    async def get(self, path: str, who: str = ""):
-        headers = {"X-Test-User": who} if who else {}
-        return await self.client.fetch(self.base + path, headers=headers, raise_error=False,
-                                       follow_redirects=False)
 
 
 @pytest.fixture
@@ -359,18 +348,10 @@ async def site(tmp_path, monkeypatch):
     auth = PageHubAuth(MODELS)
     monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
     app = service.make_app(usage_db=url, quota_file=str(quota), service_prefix=PREFIX)
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
+    server, port = serve(app)
     yield Site(port, quota)
     server.stop()
     app.settings["usage"].reader.close()
-
-
-def attribute(page: str, name: str) -> str:
-    found = re.search(rf'\b{name}="([^"]*)"', page)
-    assert found, name
-    return html.unescape(found.group(1))
 
 
 async def test_the_admin_gets_the_editor_with_the_table(site):

@@ -21,9 +21,7 @@ from urllib.parse import quote
 
 import pytest
 from jupyterhub.services.auth import check_scopes
-from tornado.httpclient import AsyncHTTPClient
-from tornado.httpserver import HTTPServer
-from tornado.testing import bind_unused_port
+from webapp_client import PageSite, serve
 
 from spawner.hubconfig.rbac import USAGE_SCOPE, instructor_roles
 from spawner.usage.ledger import Ledger, Sample
@@ -240,15 +238,9 @@ class FakeHubAuth:
         pass
 
 
-class Site:
+class Site(PageSite):
     def __init__(self, port: int):
-        self.base = f"http://127.0.0.1:{port}/services/usage/"
-        self.client = AsyncHTTPClient()
-
-    async def get(self, path: str, who: str = "", **kwargs):
-        headers = {"X-Test-User": who} if who else {}
-        return await self.client.fetch(self.base + path, headers=headers, raise_error=False,
-                                       follow_redirects=False, **kwargs)
+        super().__init__(port)
 
 
 @pytest.fixture
@@ -259,9 +251,7 @@ async def site(tmp_path, monkeypatch):
                         "nobody": {**PLAIN, "scopes": []}})
     monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
     app = service.make_app(usage_db=url, quota_file=str(ROOT / "hub_config" / "quotas.yaml"))
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
+    server, port = serve(app)
     yield Site(port)
     server.stop()
     app.settings["usage"].reader.close()
@@ -397,9 +387,7 @@ async def test_a_ledger_not_there_yet_is_a_sentence(tmp_path, monkeypatch):
     monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
     missing = tmp_path / "state" / "usage.sqlite"
     app = service.make_app(usage_db=f"sqlite:///{missing}")
-    sock, port = bind_unused_port()
-    server = HTTPServer(app)
-    server.add_sockets([sock])
+    server, port = serve(app)
     try:
         r = await Site(port).get("", "admin")
         assert r.code == 503
