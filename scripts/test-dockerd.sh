@@ -30,11 +30,22 @@ BRIDGE_CIDR=172.31.254.1/24
 LOG=${TEST_DOCKERD_LOG:-/var/log/quota-spawner-test-dockerd.log}
 WAIT=${DOCKERD_WAIT:-60}
 HOOK_DIR=$ROOT/scripts/fake-nvidia
+# The engine's own copy of the fake hook: the engine outlives the checkout that started
+# it (a clean clone that CI removes), and must still find its hook afterwards.
+ENGINE_BIN=$RUN/bin
+HOOK=nvidia-container-runtime-hook
 
 SAY_TAG=test-dockerd
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$ROOT/scripts/lib.sh"
 answers() { DOCKER_HOST=$HOST docker info >/dev/null 2>&1; }
+# The running engine has ENGINE_BIN first on its PATH, and the hook is there.
+finds_hook() {
+    local pid
+    pid=$(cat "$RUN/docker.pid" 2>/dev/null) || return 1
+    tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "PATH=$ENGINE_BIN:.*" &&
+        [ -x "$ENGINE_BIN/$HOOK" ]
+}
 
 case "${1:-}" in
     --host) echo "$HOST"; exit 0 ;;
@@ -49,8 +60,13 @@ case "${1:-}" in
 esac
 
 if answers; then
-    say "test engine already running at $HOST"
-    exit 0
+    if finds_hook; then
+        say "test engine already running at $HOST"
+        exit 0
+    fi
+    say "the running test engine cannot find its fake NVIDIA hook (started by an older" \
+        "setup, or from a checkout since removed); restarting it"
+    "$0" --stop
 fi
 [ "$(id -u)" -eq 0 ] || die "starting the test engine needs root"
 
@@ -75,9 +91,11 @@ else
         ip addr add "$BRIDGE_CIDR" dev "$BRIDGE"
     fi
     ip link set "$BRIDGE" up
+    mkdir -p "$ENGINE_BIN"
+    install -m 0755 "$HOOK_DIR/$HOOK" "$ENGINE_BIN/$HOOK"
     say "starting (log: $LOG)"
     # setsid: own session, so the caller's SIGINT/SIGHUP does not reach it.
-    PATH="$HOOK_DIR:$PATH" setsid nohup dockerd \
+    PATH="$ENGINE_BIN:$PATH" setsid nohup dockerd \
         --host "$HOST" \
         --data-root "$DATA/docker" \
         --exec-root "$RUN/exec" \
