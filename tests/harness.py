@@ -327,6 +327,17 @@ def spawn_outcome(hub: Hub, name: str, timeout: float) -> str:
     raise AssertionError(f"{name}'s start had no answer in {timeout}s")
 
 
+def wait_for(check: Any, timeout: float, what: str, interval: float = 0.2) -> Any:
+    """``check()``'s first true value, asked every ``interval`` s up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
 def running_gpus(client: docker.DockerClient, prefix: str) -> dict[str, str]:
     """Running container -> its GPUs label, for the containers named PREFIX-…. One list
     call (the SDK's containers.list inspects each, and fails on one removed meanwhile)."""

@@ -38,8 +38,9 @@ from typing import Any
 from spawner.contract import PREEMPT_DIR, PREEMPT_NOTICE, PREEMPT_PIDS_DIR
 from spawner.gpu.pool import GpuPool
 from spawner.gpu.queue import Ticket
+from spawner.host.admission import Reservation
 from spawner.quota.model import DEFAULT_GRACE_PERIOD, Role
-from spawner.quota.units import human_duration
+from spawner.quota.units import format_human, human_duration
 from spawner.usage.ledger import PREEMPTED, LedgerWriter
 
 PREEMPTIONS_FILE = "quota-spawner-preemptions.json"  # in the hub's state folder
@@ -79,10 +80,21 @@ def preemption_time(roles: Mapping[str, Role]) -> float:
     return max((r.grace_period for r in roles.values()), default=0) + STOP_TIMEOUT
 
 
+def needs(ticket: Ticket) -> str:
+    """What a preempting request needs, for its victims: '1 GPU', or '8 GiB of memory and
+    2 CPUs on the host' when it preempts for host room."""
+    if ticket.plan is not None and ticket.plan.uuids and ticket.request is not None:
+        gpus = ticket.request.count
+        return f"{gpus} GPU{'s' if gpus != 1 else ''}"
+    room = ticket.host or Reservation()
+    return (f"{format_human(room.memory)} of memory and {room.cpus:g} "
+            f"CPU{'s' if room.cpus != 1 else ''} on the host")
+
+
 def reason(by_user: str, by_role: str, by_priority: int, role: str, priority: int,
-           gpus: int) -> str:
-    """The one sentence a victim (and its channels) is told."""
-    return (f"{by_user} needs {gpus} GPU{'s' if gpus != 1 else ''} for the role '{by_role}' "
+           wanted: str) -> str:
+    """The one sentence a victim (and its channels) is told; ``wanted``: ``needs``."""
+    return (f"{by_user} needs {wanted} for the role '{by_role}' "
             f"(priority {by_priority}), which outranks this server's role '{role}' "
             f"(priority {priority}).")
 
@@ -181,7 +193,7 @@ class Evictor:
             ran_for=round(now - server.started, 1) if server else None,
             reason=reason(ticket.user, ticket.role, ticket.priority,
                           server.role if server else "?", role.priority if role else 0,
-                          ticket.request.count),
+                          needs(ticket)),
             server_url=self._server_url(victim),
         )
         written = self.events.append("preemption", **record)

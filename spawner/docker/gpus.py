@@ -157,6 +157,14 @@ class GpuStart:
     def _standing(self, ticket: Ticket, role: Role) -> tuple[tuple[Any, ...], str]:
         """Where this start stands (comparable) and, for the spawn page, whom it waits
         for and how long."""
+        pending = self.runtime.evictor.waiting_on(ticket.owner)
+        if pending:
+            whom = ", ".join(f"{r['user']}'s server (role '{r['role']}')" for r in pending)
+            left = max(0.0, max(r["deadline"] for r in pending) - time.time())
+            kept = "Its room on the host" if ticket.short is not None else "Its GPU"
+            return (("preempting", whom), f"Waiting for {whom} to save its work and stop: it "
+                    f"was preempted for you and stops in {human_duration(left)}. {kept} is "
+                    "kept for you.")
         if ticket.short is not None:
             place, total = self.pool.queue.position(ticket.owner)
             return (("host", ticket.short.resource, place, total),
@@ -164,13 +172,6 @@ class GpuStart:
                     f"{ticket.short.sentence()}. Number {place} of {total} in the queue "
                     "(by priority, then arrival); you start when a server stops.")
         wanted = f"{role.gpus} {role.gpu_mode} GPU{'s' if role.gpus != 1 else ''}"
-        pending = self.runtime.evictor.waiting_on(ticket.owner)
-        if pending:
-            whom = ", ".join(f"{r['user']}'s server (role '{r['role']}')" for r in pending)
-            left = max(0.0, max(r["deadline"] for r in pending) - time.time())
-            return (("preempting", whom), f"Waiting for {whom} to save its work and stop: it "
-                    f"was preempted for you and stops in {human_duration(left)}. Its GPU is "
-                    "kept for you.")
         place, total = self.pool.queue.position(ticket.owner)
         text = (f"Waiting for {wanted} for the role '{role.name}': number {place} of {total} "
                 f"in the queue (by priority, then arrival).")

@@ -178,9 +178,12 @@ class Reconciler:
                 holding = held.get(name)
                 if holding is None or holding.uuids != uuids:
                     pool.adopt(name, uuids, request)
-                if name not in pool.servers and labels.get(ROLE_LABEL):
-                    pool.servers[name] = Server(labels.get(USER_LABEL, ""),
-                                                labels[ROLE_LABEL], float(c.get("Created") or 0))
+            holds_room = pool.host is not None and pool.host.holding(name) is not None
+            # who it is, so a preemption may choose it (its age from its creation)
+            if (request is not None or holds_room) and settled(name) and \
+                    name not in pool.servers and labels.get(ROLE_LABEL):
+                pool.servers[name] = Server(labels.get(USER_LABEL, ""),
+                                            labels[ROLE_LABEL], float(c.get("Created") or 0))
             if labels.get(HUB_LABEL) == pool.hub_id and USER_LABEL in labels:
                 self._check_claimed(name, labels, listed_at)
         for name in list(claims.suspects):

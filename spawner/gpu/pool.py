@@ -101,7 +101,7 @@ class GpuPool:
         self.snapshots = SnapshotWriter(self, gpus_file, self.events.replace)
         self.evictions: Evictions | None = None
         self._queue_task: asyncio.Task[None] | None = None
-        self._running: tuple[tuple[int, int, int], float, dict[str, Running]] | None = None
+        self._running: tuple[tuple[int, ...], float, dict[str, Running]] | None = None
         self.host: HostBook | None = None  # the host's CPUs and memory, when admission is on
 
     def set_host(self, book: HostBook | None) -> None:
@@ -182,7 +182,8 @@ class GpuPool:
     def leave(self, owner: str, why: str) -> None:
         """Take ``owner`` out of the queue (served, refused, timed out or cancelled)."""
         ticket, victims = self.queue.leave(owner)
-        if self.allocator.holding(owner) is None:
+        if self.allocator.holding(owner) is None and \
+                (self.host is None or self.host.holding(owner) is None):
             self.servers.pop(owner, None)
         if ticket is not None and victims and self.evictions is not None:
             self.evictions.call_off(ticket, victims, why)
@@ -199,7 +200,9 @@ class GpuPool:
             for ticket in done.planned:
                 self.evictions.start(ticket)
             for ticket, victims in done.called_off:
-                self.evictions.call_off(ticket, victims, f"{ticket.user} got GPUs without "
+                what = "GPUs" if ticket.request is not None and \
+                    (ticket.plan is None or ticket.plan.uuids) else "room on the host"
+                self.evictions.call_off(ticket, victims, f"{ticket.user} got {what} without "
                                         "needing this server's")
         self.snapshots.changed()
         return done
@@ -218,11 +221,12 @@ class GpuPool:
         return next_release(ticket, self._holders(), time.time())
 
     def running(self) -> dict[str, Running]:
-        """Every GPU holder that a preemption may consider, as it stands now: built
+        """Every GPU or host room holder that a preemption may consider, as it stands now: built
         again when the holdings, the servers or the table change, or a second on
         (ages move; a second is finer than any min_runtime an admin writes)."""
         now = time.time()
-        key = (self.allocator.version, len(self.servers), id(self.roles))
+        key = (self.allocator.version, self.host.version if self.host else 0,
+               len(self.servers), id(self.roles))
         if self._running is not None and self._running[0] == key and \
                 now - self._running[1] < 1.0:
             return self._running[2]
@@ -232,10 +236,14 @@ class GpuPool:
         return found
 
     def _holders(self) -> list[tuple[str, str, Role, float]]:
-        """(owner, user, role, started) of each holder whose role the table knows: the
-        others (another hub's, a role gone from the table) are never victims."""
+        """(owner, user, role, started) of each holder of GPUs or host room whose role
+        the table knows: the others (another hub's, a role gone from the table) are
+        never victims."""
         found = []
-        for owner in self.allocator.holdings():
+        owners = dict.fromkeys(self.allocator.holdings())
+        if self.host is not None:
+            owners.update(dict.fromkeys(self.host.owners()))
+        for owner in owners:
             server = self.servers.get(owner)
             role = self.roles.get(server.role) if server else None
             if server is not None and role is not None:

@@ -16,6 +16,10 @@ preemption), with each GPU in the place of a node:
 - a last pass over the victims of a multi-GPU request spares any that the
   request turns out not to need.
 
+A start waiting for room on the host (its CPUs and memory) is the scheduler's
+single node: every candidate holding room is removed, then as many as possible
+are spared again, the most important first (``choose_host_victims``).
+
 docs/preemption.md#how-victims-are-chosen says the same for admins.
 """
 
@@ -25,6 +29,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from spawner.gpu.allocator import GpuRequest, Slot
+from spawner.host.admission import NOTHING, HostBook, Reservation
 from spawner.quota.model import Role
 
 
@@ -180,3 +185,32 @@ def _spare(request: GpuRequest, holders: Mapping[str, Mapping[str, GpuRequest]],
             del victims[server.owner]
     freed = [u for u, slot in touched.items() if slot.fits(request)]
     return tuple((freed + untouched_fit)[: request.count])
+
+
+def choose_host_victims(want: Reservation, owner: str, priority: int, book: HostBook,
+                        running: Mapping[str, Running]) -> Plan | None:
+    """The servers to preempt so ``owner``'s ``want`` fits on the host: the fewest and
+    least important, as the Kubernetes scheduler picks on a node (all candidates out,
+    then each spared again while the request still fits, the most important first).
+    A plan without victims when it fits already; None when even every candidate's
+    room would not do. ``running``: what is known of each server holding room (one
+    not in it is never a victim)."""
+    if book.shortfall(want, owner) is None:
+        return Plan((), (), cost(()))
+    candidates: list[tuple[Running, Reservation]] = []
+    for o, server in running.items():
+        room = book.holding(o)
+        if room is not None and o != owner and server.eligible(priority):
+            candidates.append((server, room))
+    freed = NOTHING
+    for _, room in candidates:
+        freed = freed + room
+    if book.shortfall(want, owner, freed) is not None:
+        return None
+    victims = []
+    for server, room in sorted(candidates, key=lambda c: _importance(c[0])):
+        if book.shortfall(want, owner, freed - room) is None:
+            freed = freed - room  # spared: the request fits with it running
+        else:
+            victims.append(server)
+    return Plan(tuple(sorted(v.owner for v in victims)), (), cost(victims))

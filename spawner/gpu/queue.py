@@ -9,7 +9,10 @@ for GPUs the large one cannot use anyway).
 A request whose role may preempt, and that cannot be met from free GPUs,
 gets a preemption plan (gpu/preemption.py): the GPUs it will get are
 reserved for it at once, so nobody else takes them during the victims'
-grace period. If it is served some other way first, or leaves, the victims
+grace period. With host admission, the first request waiting for room on
+the host (CPUs and memory) may likewise preempt servers that hold room; the
+room they free goes to it first, since nobody behind takes room while it
+waits. If it is served some other way first, or leaves, the victims
 still in their grace are called off.
 
 Pure bookkeeping on the hub's event loop: no Docker, no sleeping. The pool
@@ -26,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from spawner.gpu.allocator import GpuAllocator, GpuRequest
-from spawner.gpu.preemption import Plan, Running, choose_victims
+from spawner.gpu.preemption import Plan, Running, choose_host_victims, choose_victims
 from spawner.host.admission import HostBook, Reservation, Shortfall
 from spawner.quota.model import Role
 
@@ -154,8 +157,17 @@ class GpuQueue:
                 ticket.plan = None
             if self.host is not None and ticket.host is not None:
                 # nobody behind takes host room while someone ahead waits for it
-                ticket.short = self.host.shortfall(ticket.host, ticket.owner) or full
+                own = self.host.shortfall(ticket.host, ticket.owner)
+                if own is None and ticket.plan is not None and not ticket.plan.uuids:
+                    spared = self._call_off(ticket)  # room came free another way
+                    ticket.plan = None
+                    if spared:
+                        done.called_off.append((ticket, spared))
+                        changed = True
+                ticket.short = own or full
                 if ticket.short is not None:
+                    if own is not None and full is None:  # only the first may preempt for it
+                        changed |= self._make_room(ticket, running, now, done)
                     full = full or ticket.short
                     continue
             if ticket.request is None:
@@ -174,7 +186,7 @@ class GpuQueue:
                 changed = True
                 continue
             if ticket.plan is not None:
-                if ticket.plan_released != self.allocator.released:
+                if ticket.plan.uuids and ticket.plan_released != self._released():
                     changed |= self._trim(ticket, running, blocked, done)
             elif ticket.may_preempt and ticket.request is not None and self._due(ticket, now):
                 self._plan(ticket, running, blocked, now)
@@ -190,9 +202,57 @@ class GpuQueue:
             return []
         return [v for v in ticket.plan.victims if self.evicting.get(v) == ticket.owner]
 
+    def _released(self) -> int:
+        """Grows whenever GPUs or host room come free."""
+        return self.allocator.released + (self.host.released if self.host else 0)
+
     def _due(self, ticket: Ticket, now: float) -> bool:
-        return (ticket.retry is None or ticket.retry[0] != self.allocator.released
+        return (ticket.retry is None or ticket.retry[0] != self._released()
                 or now >= ticket.retry[1])
+
+    def _wait_for_victims(self, ticket: Ticket, candidates: Mapping[str, Running],
+                          now: float) -> None:
+        """No victims now: look again after a release, when a candidate becomes
+        preemptible, or RETRY seconds on."""
+        soonest = min((r.eligible_in for r in candidates.values()
+                       if r.priority < ticket.priority and r.eligible_in > 0), default=RETRY)
+        ticket.retry = (self._released(), now + min(soonest, RETRY))
+
+    def _make_room(self, ticket: Ticket, running: _Lazy, now: float,
+                   done: Dispatched) -> bool:
+        """For the first start waiting for host room: plan a preemption that frees it, or
+        call off the victims it no longer needs once room came free another way.
+        Whether any was called off."""
+        assert self.host is not None and ticket.host is not None
+        if ticket.plan is None:
+            if not ticket.may_preempt or not self._due(ticket, now):
+                return False
+            candidates = {o: r for o, r in running.get().items() if o not in self.evicting}
+            plan = choose_host_victims(ticket.host, ticket.owner, ticket.priority, self.host,
+                                       candidates)
+            if plan is None or not plan.victims:
+                self._wait_for_victims(ticket, candidates, now)
+                return False
+            ticket.plan, ticket.plan_released, ticket.retry = plan, self._released(), None
+            for victim in plan.victims:
+                self.evicting[victim] = ticket.owner
+            done.planned.append(ticket)
+            return False
+        if ticket.plan.uuids or ticket.plan_released == self._released():
+            return False  # a GPU plan, or nothing came free since the plan
+        ticket.plan_released = self._released()
+        victims = self._victims_of(ticket)
+        known = running.get()
+        still = choose_host_victims(ticket.host, ticket.owner, ticket.priority, self.host,
+                                    {v: known[v] for v in victims if v in known})
+        spared = tuple(v for v in victims if still is not None and v not in still.victims)
+        if not spared:
+            return False
+        for victim in spared:
+            del self.evicting[victim]
+        ticket.plan = still
+        done.called_off.append((ticket, spared))
+        return True
 
     def _unavailable(self, ticket: Ticket, blocked: set[str]) -> set[str]:
         reserved = self.allocator.reserved()
@@ -204,12 +264,9 @@ class GpuQueue:
         plan = choose_victims(ticket.request, ticket.priority, holders, candidates,
                               self._unavailable(ticket, blocked))
         if plan is None:
-            soonest = min((r.eligible_in for r in candidates.values()
-                           if r.priority < ticket.priority and r.eligible_in > 0),
-                          default=RETRY)
-            ticket.retry = (self.allocator.released, now + min(soonest, RETRY))
+            self._wait_for_victims(ticket, candidates, now)
             return
-        ticket.plan, ticket.plan_released, ticket.retry = plan, self.allocator.released, None
+        ticket.plan, ticket.plan_released, ticket.retry = plan, self._released(), None
         self.allocator.reserve(ticket.owner, plan.uuids)
         for victim in plan.victims:
             self.evicting[victim] = ticket.owner
@@ -219,7 +276,7 @@ class GpuQueue:
         """After the holdings changed in a grace: call off the victims the ticket no
         longer needs (a GPU came free another way). Whether any was called off."""
         assert ticket.plan is not None
-        ticket.plan_released = self.allocator.released
+        ticket.plan_released = self._released()
         victims = self._victims_of(ticket)
         holders, _ = self.allocator.snapshot()
         still = choose_victims(ticket.request, ticket.priority, holders,

@@ -50,6 +50,12 @@ class Reservation:
     def __add__(self, other: Reservation) -> Reservation:
         return Reservation(self.cpus + other.cpus, self.memory + other.memory)
 
+    def __sub__(self, other: Reservation) -> Reservation:
+        return Reservation(self.cpus - other.cpus, self.memory - other.memory)
+
+
+NOTHING = Reservation()
+
 
 def default_reserve_cpus(cpus: float) -> float:
     """The CPUs kept back for the hub, the proxy and the system on a host of ``cpus``:
@@ -162,6 +168,8 @@ class HostBook:
         self._held: dict[str, Reservation] = {}
         self._cpus = 0.0
         self._memory = 0
+        self.version = 0  # changes with every hold and release
+        self.released = 0  # how many holdings were released: room may have come free
 
     @property
     def reserved(self) -> Reservation:
@@ -173,13 +181,15 @@ class HostBook:
     def owners(self) -> Iterable[str]:
         return self._held.keys()
 
-    def shortfall(self, want: Reservation, owner: str | None = None) -> Shortfall | None:
+    def shortfall(self, want: Reservation, owner: str | None = None,
+                  freed: Reservation = NOTHING) -> Shortfall | None:
         """None when ``want`` fits beside what is held (``owner``'s own holding, if
-        any, counts as free: a restart replaces it); else what is full. Memory is
-        named first: it is what the kernel cannot take back."""
+        any, counts as free: a restart replaces it; so does ``freed``, what servers
+        about to stop hold); else what is full. Memory is named first: it is what the
+        kernel cannot take back."""
         mine = self._held.get(owner) if owner is not None else None
-        cpus = self._cpus - (mine.cpus if mine else 0.0) + want.cpus
-        memory = self._memory - (mine.memory if mine else 0) + want.memory
+        cpus = self._cpus - (mine.cpus if mine else 0.0) - freed.cpus + want.cpus
+        memory = self._memory - (mine.memory if mine else 0) - freed.memory + want.memory
         share = self.capacity.share
         if want.memory and memory > share.memory:
             return Shortfall("memory", memory, share.memory)
@@ -191,6 +201,7 @@ class HostBook:
         """Record ``owner``'s reservation (replacing one it had). Never refuses: a
         container found running is counted as it is."""
         self.release(owner)
+        self.version += 1
         self._held[owner] = reservation
         self._cpus += reservation.cpus
         self._memory += reservation.memory
@@ -198,6 +209,8 @@ class HostBook:
     def release(self, owner: str) -> Reservation | None:
         found = self._held.pop(owner, None)
         if found is not None:
+            self.version += 1
+            self.released += 1
             self._cpus -= found.cpus
             self._memory -= found.memory
             if not self._held:  # no float drift once the host is empty

@@ -376,11 +376,6 @@ _ROLE_READERS: dict[str, Callable[[_Reader, Node, str], Any]] = {
     "reclaim_after": lambda r, n, w: r.duration(n, w),
 }
 
-# Preemption is about GPUs: a CPU-only role never pushes anyone out. priority and
-# preemptible are allowed anywhere (a CPU role's servers hold no GPU, so they are never
-# chosen to be preempted either way), and so is queue_timeout: any start may wait in the
-# queue for room on the host (docs/deployment.md#host-capacity).
-_GPU_ONLY_PREEMPTION_FIELDS = ("preempts", "grace_period", "min_runtime", "reclaim_after")
 
 
 def _check_gpu_fields(
@@ -426,11 +421,8 @@ def _check_preemption_fields(
     def at(key: str, message: str) -> None:
         r.problem(fields[key][0], f"{where}: {message}")
 
-    if not values.get("gpus"):
-        for key in _GPU_ONLY_PREEMPTION_FIELDS:
-            if key in fields:
-                at(key, f"{key} applies only to a role with gpus of 1 or more")
-        return
+    # every field here applies to any role: a start may preempt for GPUs, or for room on
+    # the host (its CPUs and memory; docs/deployment.md#host-capacity)
     reclaim = values.get("reclaim_after")
     if reclaim is None:
         return

@@ -3,17 +3,28 @@
 This module's hub counts 2 GiB of memory for its notebooks (``host_memory``, nothing kept
 back), so two servers of 768 MiB fit and a third does not: it waits in the queue with its
 place, starts when one stops, or is refused after its role's queue_timeout; a role that
-does not queue is refused at once; nothing is created for a refused start; a restarted
-hub counts the servers that kept running (docs/deployment.md#host-capacity).
+does not queue is refused at once; nothing is created for a refused start; a role that
+preempts frees the room it needs, with the notice and grace period; a restarted hub
+counts the servers that kept running (docs/deployment.md#host-capacity).
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
-from harness import Hub, containers, progress_messages, spawn_in_background, teardown
+from harness import (
+    Hub,
+    container_for,
+    containers,
+    exec_text,
+    progress_messages,
+    spawn_in_background,
+    teardown,
+    wait_for,
+)
 
 pytestmark = pytest.mark.e2e
 PREFIX = "qsadmit"
@@ -22,14 +33,17 @@ QUOTAS = """\
 images:
   pytorch: {image: "quota-spawner/pytorch:latest"}
 roles:
-  small: {cpus: 0.25, memory: 768M, queue_timeout: 60, images: [pytorch]}
+  small: {cpus: 0.25, memory: 768M, queue_timeout: 60, images: [pytorch],
+          grace_period: 6s, min_runtime: 0}
+  urgent: {cpus: 0.25, memory: 768M, priority: 100, queue_timeout: 60, images: [pytorch]}
   brief: {cpus: 0.25, memory: 768M, queue_timeout: 3, images: [pytorch]}
   now: {cpus: 0.25, memory: 768M, queue_timeout: 0, images: [pytorch]}
   huge: {cpus: 0.25, memory: 3G, images: [pytorch]}
 assignments:
-  default: [small, brief, now, huge]
+  default: [small, brief, now, huge, urgent]
 """
-SMALL, BRIEF, NOW, HUGE = ({"profile": p} for p in ("small", "brief", "now", "huge"))
+SMALL, BRIEF, NOW, HUGE, URGENT = ({"profile": p}
+                                   for p in ("small", "brief", "now", "huge", "urgent"))
 HOST = """
 c.QuotaSpawner.host_memory = "2G"
 c.QuotaSpawner.host_reserve_memory = "0"
@@ -38,16 +52,17 @@ c.QuotaSpawner.gpu_sync_interval = 1
 c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart
 """
 FULL = "the host's memory is fully reserved: 2.25 GiB of 2 GiB"
+USERS = ("ann", "ben", "cal", "dee", "eve", "fay", "gil")
 
 
 @pytest.fixture(scope="module")
 def admit(docker_client, tmp_path_factory):
     found = Hub(tmp_path_factory.mktemp(PREFIX), quota_text=QUOTAS, prefix=PREFIX,
                 extra_config=HOST).start()
-    for name in ("ann", "ben", "cal", "dee", "eve", "fay"):
+    for name in USERS:
         found.create_user(name)
     yield found
-    found.stop_servers(["ann", "ben", "cal", "dee", "eve", "fay"])
+    found.stop_servers(list(USERS))
     teardown(found, docker_client, "host-admission")
 
 
@@ -56,7 +71,7 @@ def full(admit):
     """ann and ben's servers fill the host's 2 GiB (768 MiB each, 1.5 GiB)."""
     admit.start_servers({"ann": SMALL, "ben": SMALL})
     yield
-    admit.stop_servers(["ann", "ben", "cal", "dee", "eve"])
+    admit.stop_servers(["ann", "ben", "cal", "dee", "eve", "gil"])
 
 
 def test_the_hub_says_what_it_counts(admit, docker_client):
@@ -118,6 +133,40 @@ def test_a_role_larger_than_the_notebooks_share_is_refused(admit, docker_client)
         r.json()["message"]
     assert "so it can never start here" in r.json()["message"]
     assert containers(docker_client, "fay") == []
+
+
+def test_a_preempting_role_frees_memory_with_the_notice_and_grace_period(
+        admit, full, docker_client):
+    """gil's role outranks 'small': the younger of ann's and ben's servers is told, keeps
+    running through its 6 s grace, then stops, and gil starts in the room it held."""
+    started = {u: container_for(docker_client, u).attrs["Created"] for u in ("ann", "ben")}
+    victim = max(started, key=started.get)  # the younger: the least work lost
+    kept = "ben" if victim == "ann" else "ann"
+    gil = spawn_in_background(admit, "gil", URGENT)
+    container = container_for(docker_client, victim)
+    notice = json.loads(wait_for(
+        lambda: exec_text(container, "cat /tmp/quota-spawner/preemption.json")[1]
+        if exec_text(container, "test -s /tmp/quota-spawner/preemption.json")[0] == 0
+        else None, 15, "the preemption notice"))
+    assert notice["by"] == "gil" and notice["by_role"] == "urgent" and notice["gpus"] == []
+    assert notice["reason"] == (
+        "gil needs 768 MiB of memory and 0.25 CPUs on the host for the role 'urgent' "
+        "(priority 100), which outranks this server's role 'small' (priority 0).")
+    assert 5 <= notice["deadline"] - notice["signalled_at"] <= 7
+    said = progress_messages(admit, "gil", until="to save its work and stop", timeout=10)
+    assert any(f"Waiting for {victim}'s server (role 'small') to save its work and stop" in m
+               and "Its room on the host is kept for you." in m for m in said), said
+    time.sleep(2)  # within the grace: the victim still runs, gil has nothing yet
+    assert admit.user(victim)["servers"][""]["ready"]
+    assert containers(docker_client, "gil") == []
+    admit.wait_ready("gil", timeout=60)
+    gil["thread"].join(30)
+    assert time.time() >= notice["deadline"]
+    assert not admit.user(victim)["servers"]  # stopped the hub's way
+    assert admit.user(kept)["servers"][""]["ready"]  # only the room needed was taken
+    (event,) = [e for e in admit.events() if e.get("event") == "preemption"
+                and e.get("by") == "gil"]
+    assert event["user"] == victim and event["for_gpus"] == []
 
 
 def test_a_restarted_hub_counts_the_servers_that_kept_running(admit, full, docker_client):

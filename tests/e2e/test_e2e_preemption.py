@@ -33,6 +33,7 @@ from harness import (
     running_gpus,
     spawn_in_background,
     spawn_outcome,
+    wait_for,
 )
 
 pytestmark = pytest.mark.e2e
@@ -170,16 +171,6 @@ def short_queue(hub: Hub) -> None:
     """experiment waits QUEUE_TIMEOUT seconds in the queue from the next start on (the
     table is read at each start; the module's fixture puts it back after the test)."""
     hub.quota_file.write_text(QUOTAS.replace("queue_timeout: 8s", f"queue_timeout: {QUEUE_TIMEOUT}s"))
-
-
-def wait_for(check, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def run_in_kernel(hub: Hub, name: str, code: str, timeout: float = 60) -> str:

@@ -25,6 +25,7 @@ from harness import (
     WatchdogProcess,
     container_for,
     install_fake_nvml,
+    wait_for,
     write_fake_nvml_state,
 )
 from spawner.usage.ledger import STARTUP_WINDOW, STOPPED, Ledger
@@ -286,14 +287,6 @@ def hub_events(hub: Hub, event: str, user: str) -> list[dict[str, Any]]:
     path = hub.workdir / "quota-spawner-events.jsonl"
     lines = path.read_text().splitlines() if path.exists() else []
     return [e for e in map(json.loads, lines) if e["event"] == event and e.get("user") == user]
-
-
-def wait_for(check, timeout: float, why: str):
-    deadline = time.monotonic() + timeout
-    while not (found := check()):
-        assert time.monotonic() < deadline, why
-        time.sleep(0.5)
-    return found
 
 
 def test_a_gpu_hour_budget_warns_stops_and_refuses(setup, docker_client):

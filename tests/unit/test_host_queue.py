@@ -5,6 +5,7 @@ priority then arrival, while the host is full."""
 from __future__ import annotations
 
 import logging
+import time
 
 from spawner.gpu.inventory import declared_inventory
 from spawner.gpu.pool import GpuPool, Server
@@ -92,3 +93,123 @@ async def test_a_container_found_running_is_counted():
     assert waiting.short.sentence() == "the host's memory is fully reserved: 5 GiB of 4 GiB"
     p.release("found", "its container is gone")
     assert waiting.grant.done()
+
+
+# --- preempting for host room (gpu/preemption.py choose_host_victims) ---------------------
+
+
+class Recorder:
+    """Stands in for the evictor: records what the queue asks it to do."""
+
+    def __init__(self):
+        self.started: list[tuple[str, tuple[str, ...]]] = []
+        self.called_off: list[tuple[str, tuple[str, ...], str]] = []
+
+    def start(self, ticket):
+        self.started.append((ticket.owner, ticket.plan.victims))
+
+    def call_off(self, ticket, victims, why):
+        self.called_off.append((ticket.owner, victims, why))
+
+
+def preempting_pool(memory_gib: int = 8) -> tuple[GpuPool, Recorder]:
+    p = pool(memory_gib=memory_gib)
+    p.evictions = recorder = Recorder()
+    return p, recorder
+
+
+def table(p: GpuPool, *roles: Role) -> None:
+    p.roles = {r.name: r for r in roles}
+
+
+def running_since(p: GpuPool, owner: str, r: Role, started: float) -> None:
+    """A server of ``r`` granted room, started at ``started`` (epoch)."""
+    ticket = join(p, owner, r)
+    assert ticket.grant.done()
+    p.servers[owner] = Server(owner, r.name, started)
+    p.leave(owner, "served")
+
+
+async def test_a_preempting_start_frees_memory_from_the_least_important_servers():
+    p, evictor = preempting_pool(memory_gib=8)
+    low = Role("low", 1, 2 * GiB, ("p",), priority=0, min_runtime=0)
+    mid = Role("mid", 1, 2 * GiB, ("p",), priority=5, min_runtime=0)
+    boss = Role("boss", 1, 4 * GiB, ("p",), priority=10)
+    table(p, low, mid, boss)
+    now = time.time()
+    running_since(p, "old-low", low, now - 300)
+    running_since(p, "new-low", low, now - 60)
+    running_since(p, "mid", mid, now - 60)
+    running_since(p, "mid2", mid, now - 60)
+    ticket = join(p, "boss", boss)  # 8 + 4 of 8 GiB: 4 GiB must go
+    assert not ticket.grant.done()
+    # both low servers go (the lowest priority), not the mid ones; the older is no
+    # more important than the younger, but both are needed
+    assert evictor.started == [("boss", ("new-low", "old-low"))]
+    assert p.queue.evicting == {"new-low": "boss", "old-low": "boss"}
+    p.release("new-low", "preempted")
+    assert not ticket.grant.done()  # 2 GiB more to go
+    p.release("old-low", "preempted")
+    assert ticket.grant.result() == ()
+    assert p.host.holding("boss") == Reservation(1, 4 * GiB)
+
+
+async def test_only_the_servers_needed_are_preempted_and_the_younger_goes_first():
+    p, evictor = preempting_pool(memory_gib=8)
+    low = Role("low", 1, 2 * GiB, ("p",), priority=0, min_runtime=0)
+    boss = Role("boss", 1, 2 * GiB, ("p",), priority=10)
+    table(p, low, boss)
+    now = time.time()
+    for i, age in enumerate((900, 60, 300, 30)):
+        running_since(p, f"low-{i}", low, now - age)
+    join(p, "boss", boss)
+    assert evictor.started == [("boss", ("low-3",))]  # the youngest: the least work lost
+
+
+async def test_protected_young_and_equal_servers_are_never_victims():
+    p, evictor = preempting_pool(memory_gib=4)
+    young = Role("young", 1, 2 * GiB, ("p",), priority=0, min_runtime=3600)
+    kept = Role("kept", 1, 2 * GiB, ("p",), priority=0, preemptible=False)
+    boss = Role("boss", 1, 2 * GiB, ("p",), priority=10)
+    table(p, young, kept, boss)
+    now = time.time()
+    running_since(p, "young", young, now - 60)
+    running_since(p, "kept", kept, now - 60)
+    ticket = join(p, "boss", boss)
+    assert evictor.started == [] and not ticket.grant.done()
+    assert ticket.short.resource == "memory"
+    peer = join(p, "peer", Role("peer", 1, 2 * GiB, ("p",), priority=10))
+    assert evictor.started == [] and not peer.grant.done()
+
+
+async def test_room_that_comes_free_another_way_calls_the_victims_off():
+    p, evictor = preempting_pool(memory_gib=4)
+    low = Role("low", 1, 2 * GiB, ("p",), priority=0, min_runtime=0)
+    boss = Role("boss", 1, 2 * GiB, ("p",), priority=10)
+    table(p, low, boss)
+    now = time.time()
+    running_since(p, "a", low, now - 60)
+    running_since(p, "b", low, now - 30)
+    ticket = join(p, "boss", boss)
+    assert evictor.started == [("boss", ("b",))]
+    p.release("a", "its user stopped it")  # room came free without the victim
+    assert ticket.grant.result() == ()
+    assert evictor.called_off == [
+        ("boss", ("b",), "boss got room on the host without needing this server's")]
+    assert p.queue.evicting == {}
+
+
+async def test_only_the_first_waiting_start_preempts_for_room():
+    p, evictor = preempting_pool(memory_gib=4)
+    low = Role("low", 1, 2 * GiB, ("p",), priority=0, min_runtime=0)
+    boss = Role("boss", 1, 4 * GiB, ("p",), priority=10)
+    second = Role("second", 1, 2 * GiB, ("p",), priority=5)
+    table(p, low, boss, second)
+    now = time.time()
+    running_since(p, "a", low, now - 60)
+    running_since(p, "b", low, now - 30)
+    join(p, "boss", boss)
+    behind = join(p, "second", second)
+    # the room boss's victims free is boss's: the start behind preempts nobody more
+    assert evictor.started == [("boss", ("a", "b"))]
+    assert not behind.grant.done()

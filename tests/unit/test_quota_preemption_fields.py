@@ -29,7 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs" / "quota-table.schema.json").read_text())
 NEW_FIELDS = ("priority", "preempts", "preemptible", "grace_period", "min_runtime",
               "reclaim_after", "queue_timeout")
-GPU_ONLY = ("preempts", "grace_period", "min_runtime", "reclaim_after")
 WHOLE = f"a whole number from {MIN_PRIORITY} to {MAX_PRIORITY}"
 
 
@@ -183,24 +182,12 @@ def test_field_problems_with_file_and_line(fields, expected):
     assert problems(text) == want
 
 
-@pytest.mark.parametrize("key, value", [
-    ("preempts", "lower"), ("grace_period", "30s"), ("min_runtime", "0"),
-    ("reclaim_after", "1h"),
-])
-@pytest.mark.parametrize("gpus", ["", "gpus: 0\n"])
-def test_gpu_only_fields_on_a_cpu_role(key, value, gpus):
-    text = gpu_table(f"{gpus}preemptible: false\n{key}: {value}")
-    assert problems(text) == [
-        f"q.yaml:{line_of(text, key + ':', after='  r:')}: role 'r': {key} applies only to a "
-        "role with gpus of 1 or more"]
-
-
-def test_every_gpu_only_field_on_a_cpu_role_is_reported():
-    text = gpu_table("priority: 10\npreemptible: false\npreempts: lower\ngrace_period: 1\n"
-                     "min_runtime: 1\nreclaim_after: 1\nqueue_timeout: 1")
-    assert problems(text) == [
-        f"q.yaml:{line_of(text, key + ':')}: role 'r': {key} applies only to a role with gpus "
-        "of 1 or more" for key in GPU_ONLY]
+def test_preemption_fields_apply_to_a_cpu_role():
+    """A CPU-only role may preempt, and be preempted, for room on the host."""
+    r = role_r("gpus: 0\npriority: 10\npreemptible: false\npreempts: lower\n"
+               "grace_period: 30s\nmin_runtime: 0\nreclaim_after: 1h\nqueue_timeout: 1")
+    assert (r.gpus, r.may_preempt, r.grace_period, r.min_runtime, r.reclaim_after) == \
+        (0, True, 30, 0, 3600)
 
 
 def test_priority_and_preemptible_are_allowed_on_a_cpu_role():
@@ -238,10 +225,10 @@ def test_reclaim_after_rules_at_its_line(fields, message):
 
 def test_problems_in_several_roles_and_fields_all_reported_in_line_order():
     text = gpu_table("gpus: 1\npriority: high\npreempts: sometimes\npreemptible: 'no'").replace(
-        "  cpu:\n    cpus: 1\n", "  cpu:\n    cpus: 1\n    grace_period: 5m\n")
+        "  cpu:\n    cpus: 1\n", "  cpu:\n    cpus: 1\n    grace_period: -1\n")
     assert problems(text) == [
-        f"q.yaml:{line_of(text, 'grace_period')}: role 'cpu': grace_period applies only to "
-        "a role with gpus of 1 or more",
+        f"q.yaml:{line_of(text, 'grace_period')}: role 'cpu': grace_period must be at least 0 "
+        "seconds, not -1",
         f"q.yaml:{line_of(text, 'priority')}: role 'r': priority must be {WHOLE}, "
         "not text 'high'",
         f"q.yaml:{line_of(text, 'preempts')}: role 'r': preempts must be one of lower, never, "
@@ -430,10 +417,7 @@ def test_schema_is_valid_and_accepts_the_new_fields():
     # the rules between fields the schema can express
     "gpus: 1\nreclaim_after: 1h",
     "gpus: 1\npreemptible: true\nreclaim_after: 1h",
-    "preempts: lower",
-    "grace_period: 5",
-    "min_runtime: 5",
-    "preemptible: false\nreclaim_after: 1h",
+    "reclaim_after: 1h",
 ])
 def test_schema_refuses_what_the_loader_refuses(fields):
     text = gpu_table(fields)
