@@ -87,6 +87,14 @@ class QuotaSpawnerConfig(QuotaConfig):
         help="Memory kept back for the hub, the proxy and the system, like 8G; empty: a "
              "tenth of the host's, at least 1G.",
     )
+    notebooks_cgroup = Bool(
+        True, config=True,
+        help="""Put this hub's notebook containers under one parent cgroup whose memory limit
+        is the notebooks' share of the host (its memory less host_reserve_memory), so the
+        kernel's OOM killer acts inside it and never on the hub or the proxy. The hub sets
+        it up at start where it can, and says so in its log where it cannot
+        (docs/deployment.md#the-notebooks-cgroup).""",
+    )
     cpu_overcommit = Float(
         CPU_RATIO, config=True,
         help="How many times the notebooks' CPUs may be reserved (CPU time is shared).",

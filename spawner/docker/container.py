@@ -93,6 +93,8 @@ class ContainerSpec:
     start_cpus: float | None = None
     # The image's torch reads per_process_memory_fraction (from its label).
     torch_reads_fraction: bool = False
+    # The notebooks' parent cgroup (docker/fence.py); "" where the hub could not set it up.
+    cgroup_parent: str = ""
 
     def __post_init__(self) -> None:
         if self.gpu_mode not in ("", self.notebook.gpu_mode):
@@ -163,7 +165,7 @@ def _quota_host_config(spec: ContainerSpec) -> dict[str, Any]:
 
 # Fields that only the quota decides; set to these, or removed when None.
 _CLEARED_HOST_FIELDS = ("NanoCpus", "CpuCount", "CpuPercent", "CapAdd", "VolumesFrom",
-                        "CgroupParent", "CpuRealtimePeriod", "CpuRealtimeRuntime",
+                        "CpuRealtimePeriod", "CpuRealtimeRuntime",
                         "MaskedPaths", "ReadonlyPaths", "VolumeDriver", "Isolation")
 
 
@@ -179,6 +181,9 @@ def apply_quota(body: dict[str, Any], spec: ContainerSpec) -> dict[str, Any]:
         host.pop("ShmSize", None)  # Docker's default
     for name in _CLEARED_HOST_FIELDS:
         host.pop(name, None)
+    host.pop("CgroupParent", None)  # the engine's default parent, unless the fence's
+    if spec.cgroup_parent:
+        host["CgroupParent"] = spec.cgroup_parent
     security = [o for o in host.get("SecurityOpt") or [] if not NO_NEW_PRIVILEGES.match(o)]
     host["SecurityOpt"] = [*security, "no-new-privileges"]
 
@@ -224,7 +229,8 @@ REFUSED_HOST_SETTINGS = {
     "uts_mode": "the container must not share the host's hostname namespace",
     "volumes_from": "it would copy another container's mounts, such as the hub's Docker socket",
     "volume_driver": "volumes come from the admin's volumes, checked one by one",
-    "cgroup_parent": "the container must stay in the engine's cgroup, where its limits apply",
+    "cgroup_parent": "the spawner puts every notebook in the notebooks' parent cgroup, whose "
+                     "memory limit keeps them off the hub's memory",
     "oom_kill_disable": "a container at its memory limit must be OOM-killed, not hang the host",
     "cpu_rt_period": "real-time scheduling could starve the host",
     "cpu_rt_runtime": "real-time scheduling could starve the host",
@@ -436,6 +442,10 @@ def violations(
     expect("AutoRemove", True, "a fresh container for every start")
     if role.shm:
         expect("ShmSize", role.shm, "the role's shared memory")
+    if (host.get("CgroupParent") or "") != spec.cgroup_parent:
+        problems.append(differs("HostConfig.CgroupParent", host.get("CgroupParent"),
+                                spec.cgroup_parent or None, "the notebooks' parent cgroup, "
+                                "whose memory limit keeps them off the hub's memory"))
     for name in _CLEARED_HOST_FIELDS + ("Devices", "DeviceCgroupRules", "OomKillDisable",
                                         "PublishAllPorts"):
         if host.get(name):

@@ -11,7 +11,9 @@ built once, in this order:
    enforce, and caps the start CPU boost);
 2. the GPU inventory, declared or found with NVML in a thread, logged as
    ``GPU inventory: …``;
-3. the event log and the GPU pool (allocation and the wait queue);
+3. the event log and the GPU pool (allocation and the wait queue), the host's
+   capacity (admission), and the notebooks' parent cgroup, in a thread
+   (docker/fence.py; the log says whether it is in effect);
 4. the usage ledger's writer, the ledger created or upgraded in a thread,
    before any part below writes to it (without one, no session is recorded and
    no budget enforced);
@@ -42,6 +44,7 @@ from sqlalchemy.engine import make_url
 
 from spawner.docker.engine import FrameworkLabels, NvidiaRuntime, check_engine_info
 from spawner.docker.evictor import PREEMPTIONS_FILE, Evictor
+from spawner.docker.fence import Fence, FenceError, is_local, set_up
 from spawner.docker.reconcile import Claims, Reconciler
 from spawner.events import EVENTS_FILE, EventLog
 from spawner.gpu.inventory import Inventory
@@ -80,6 +83,7 @@ class Settings:
     host_reserve_memory: str
     cpu_overcommit: float
     memory_overcommit: float
+    notebooks_cgroup: bool
 
     def host_capacity(self, info: dict[str, Any]) -> HostCapacity:
         """The notebooks' share of the engine's host, from ``docker info`` and these
@@ -131,6 +135,7 @@ class HubRuntime:
     evictor: Evictor
     duties: UsageDuties | None
     nvidia: NvidiaRuntime | None  # whether the engine can give GPUs; None without GPUs
+    fence: Fence | None  # the notebooks' parent cgroup; None where it could not be set up
 
     def __init__(self, settings: Settings, log: Log):
         self.settings = settings
@@ -182,7 +187,10 @@ class HubRuntime:
         self.events = EventLog(settings.path(EVENTS_FILE), log)
         self.pool = GpuPool(self.inventory, self.hub_id, log, events=self.events,
                             gpus_file=settings.path(GPUS_FILE))
-        self.pool.set_host(self._host_book())
+        capacity = self._host_capacity()
+        self.pool.set_host(HostBook(capacity) if capacity and settings.host_admission
+                           else None)
+        self.fence = await self._fence(capacity)
         ledger = await self._open_ledger()
         self.usage = LedgerWriter(ledger, log) if ledger is not None else None
         self.reconciler = Reconciler(
@@ -206,22 +214,48 @@ class HubRuntime:
                  ledger.url_text if ledger is not None else "none", self.events.path,
                  "; the NVIDIA runtime probe is under way" if self.nvidia else "")
 
-    def _host_book(self) -> HostBook | None:
-        """The host's CPUs and memory as this hub counts them; None when admission is off
-        or the engine's size is unknown (said in the log)."""
-        if not self.settings.host_admission:
-            return None
+    def _host_capacity(self) -> HostCapacity | None:
+        """The host's CPUs and memory as this hub counts them; None when the engine's size
+        is unknown or a setting cannot be used (said in the log), which turns host
+        admission off."""
+        admission = self.settings.host_admission
         if not self.engine_info:
-            self.log.warning("Host admission is off: the engine's size is unknown")
+            if admission:
+                self.log.warning("Host admission is off: the engine's size is unknown")
             return None
         try:
             capacity = self.settings.host_capacity(self.engine_info)
         except ValueError as e:
-            self.log.error("Host admission is off: %s (c.QuotaSpawner.host_* and "
-                           "*_overcommit)", e)
+            self.log.error("%s: %s (c.QuotaSpawner.host_* and *_overcommit)",
+                           "Host admission is off" if admission else "The host's size is "
+                           "unknown", e)
             return None
-        self.log.info("Host capacity: %s", capacity.describe())
-        return HostBook(capacity)
+        if admission:
+            self.log.info("Host capacity: %s", capacity.describe())
+        return capacity
+
+    async def _fence(self, capacity: HostCapacity | None) -> Fence | None:
+        """The notebooks' parent cgroup, set up now (docker/fence.py); None, said in the
+        log, where it cannot be."""
+        if not self.settings.notebooks_cgroup:
+            return None
+        if capacity is None:
+            self.log.warning("The notebooks' memory is not fenced: the host's size is "
+                             "unknown (docs/deployment.md#the-notebooks-cgroup)")
+            return None
+        limit = capacity.memory - capacity.kept_memory
+        local = is_local(str(getattr(self.docker_client, "base_url", "")))
+        try:
+            fence = await asyncio.to_thread(set_up, self.engine_info or {}, self.hub_id,
+                                            limit, local=local)
+        except FenceError as e:
+            self.log.warning("The notebooks' memory is not fenced: %s. Nothing keeps the "
+                             "notebooks together from taking the hub's and the proxy's "
+                             "memory beyond admission (docs/deployment.md#the-notebooks-"
+                             "cgroup)", e)
+            return None
+        self.log.info("Notebooks' memory fenced: %s", fence.describe())
+        return fence
 
     async def _engine_info(self) -> dict[str, Any] | None:
         try:

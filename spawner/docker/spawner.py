@@ -75,7 +75,9 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         image's label); the engine's CPUs (docker info) cap the start boost's."""
         assert self.choice is not None
         role = self.choice.role
-        engine_cpus = float((HubRuntime.of(self).engine_info or {}).get("NCPU") or 0)
+        runtime = HubRuntime.of(self)
+        engine_cpus = float((runtime.engine_info or {}).get("NCPU") or 0)
+        fence = getattr(runtime, "fence", None)  # set once the runtime is built
         return ContainerSpec(
             role=role, image_key=self.choice.image.key, image=self.choice.image.image,
             user_name=self.user.name, hub_id=self.hub_id, notebook_user=self.notebook_user,
@@ -85,6 +87,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             gpu_device_memory=self._gpu_memory, extra_labels=dict(self.extra_labels),
             start_cpus=self.start_cpus(engine_cpus),
             torch_reads_fraction=torch_reads_fraction(frameworks),
+            cgroup_parent=fence.parent if fence is not None else "",
         )
 
     async def create_object(self) -> dict[str, Any]:

@@ -554,3 +554,44 @@ def test_create_body_never_changes_its_inputs():
 def test_a_socket_bind_is_refused_on_the_decided_body():
     with pytest.raises(ContainerPolicyError, match="docker.sock"):
         decide(admin_host={"binds": {"/var/run/docker.sock": {"bind": "/d", "mode": "rw"}}})
+
+
+# --- the notebooks' parent cgroup (docker/fence.py) -----------------------------------------
+
+
+FENCED = "/quota_spawner_quota_abc_1a2b3c4d"
+
+
+def test_the_fence_is_the_containers_parent_whatever_the_admin_asked():
+    s = spec(cgroup_parent=FENCED)
+    b = body({"cgroup_parent": "/"})  # what a hook could slip in past the admin checks
+    apply_quota(b, s)
+    assert b["HostConfig"]["CgroupParent"] == FENCED
+    assert violations(b, s) == []
+
+
+@pytest.mark.parametrize("found", [None, "", "/", "/docker", FENCED + "/x"])
+def test_a_body_out_of_the_fence_is_refused(found):
+    s = spec(cgroup_parent=FENCED)
+    b = quota_body(s)
+    if found is None:
+        del b["HostConfig"]["CgroupParent"]
+    else:
+        b["HostConfig"]["CgroupParent"] = found
+    problems = violations(b, s)
+    assert len(problems) == 1 and "HostConfig.CgroupParent" in problems[0], problems
+    assert "the notebooks' parent cgroup" in problems[0]
+
+
+def test_without_a_fence_the_engine_default_parent_is_kept():
+    b = body({"cgroup_parent": "/elsewhere"})
+    apply_quota(b, spec())
+    assert "CgroupParent" not in b["HostConfig"]
+    assert violations(b, spec()) == []
+
+
+def test_an_admin_cannot_choose_the_parent_cgroup():
+    problems = check_admin_host_config({"cgroup_parent": "/"}, spec(cgroup_parent=FENCED))
+    assert problems == ["extra_host_config['cgroup_parent'] = '/' is refused: the spawner puts "
+                        "every notebook in the notebooks' parent cgroup, whose memory limit "
+                        "keeps them off the hub's memory"]

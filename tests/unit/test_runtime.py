@@ -57,7 +57,8 @@ def source(tmp_path, client: Any = None, **settings: Any) -> Any:
                   usage_db="none", gpu_sync_interval=3600.0, zombie_grace_period=300.0,
                   usage_retention_days=0.0, usage_check_interval=3600.0,
                   host_admission=False, host_cpus=0.0, host_memory="", host_reserve_cpus=1.0,
-                  host_reserve_memory="", cpu_overcommit=4.0, memory_overcommit=1.0)
+                  host_reserve_memory="", cpu_overcommit=4.0, memory_overcommit=1.0,
+                  notebooks_cgroup=False)
     values.update(settings)
     return Source(client=client if client is not None else FakeDocker(), log=LOG,
                   _log_name="alice", **values)
@@ -234,3 +235,25 @@ async def test_a_hub_of_another_spawner_builds_nothing(monkeypatch, tmp_path):
     build_at_hub_start(LOG)
     await asyncio.sleep(0.05)
     assert hub_runtime.RUNTIMES.values() == []
+
+
+class RemoteDocker(FakeDocker):
+    base_url = "http://engine.example:2375"
+
+
+async def test_a_hub_that_cannot_fence_its_notebooks_says_so_at_start(tmp_path, caplog):
+    client = RemoteDocker(info={"NCPU": 8, "MemTotal": 16 * G, "CgroupDriver": "cgroupfs",
+                                "CgroupVersion": "2"})
+    spawner = source(tmp_path, client, notebooks_cgroup=True)
+    with caplog.at_level(logging.WARNING, logger=LOG.name):
+        runtime = await HubRuntime.of(spawner).built(spawner)
+    assert runtime.fence is None
+    assert "The notebooks' memory is not fenced: the Docker engine is on another machine, " \
+           "whose cgroups this hub cannot reach." in caplog.text
+
+
+async def test_without_the_setting_no_fence_is_tried(tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(hub_runtime, "set_up", lambda *a, **k: pytest.fail("tried"))
+    spawner = source(tmp_path, FakeDocker(info={"NCPU": 8, "MemTotal": 16 * G}))
+    runtime = await HubRuntime.of(spawner).built(spawner)
+    assert runtime.fence is None and "fenced" not in caplog.text
