@@ -88,6 +88,17 @@ def labelled_gpus(labels: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(u for u in (labels.get(GPUS_LABEL) or "").split(",") if u)
 
 
+def reserved_cpus(env: Mapping[str, str], limit: float | None) -> float | None:
+    """The CPUs a running container reserves: CPU_LIMIT in its environment (its role's,
+    set from the start), else ``limit``, its CPU limit, which the start boost raises
+    for the server's first seconds."""
+    try:
+        found = float(env.get(CPU_LIMIT, ""))
+    except ValueError:
+        return limit
+    return found if 0 < found < float("inf") else limit  # NaN compares false
+
+
 def gpu_memory_limit(env: Mapping[str, str]) -> int | None:
     """GPU_MEMORY_LIMIT in bytes; None when unset, unreadable or not positive."""
     try:

@@ -8,7 +8,7 @@ table (the hub reads it again at every spawn: spawner/quota/store.py):
   and lab1 (prof-x), the idle culler checking every second, activity every 2 s.
 - ``gpu_hub``: 2 fake GPUs (GPU_HUB_GPUS), the FAKE NVML mounted in every notebook
   container, the GPU pool's checks every second, servers kept over a hub restart, and
-  the usage service (the GPU map).
+  the usage service (the host map).
 - ``one_gpu_hub``: 1 fake GPU (ONE_GPU), the FAKE NVML mounted, the culler checking every
   second and telling the usage ledger why, activity every 2 s, the budgets checked every
   second, and the watchdog's service token (WATCHDOG_TOKEN) for a watchdog run by a test.

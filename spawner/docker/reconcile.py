@@ -30,6 +30,7 @@ from spawner.contract import (
     ROLE_LABEL,
     USER_LABEL,
     labelled_gpus,
+    reserved_cpus,
 )
 from spawner.gpu.allocator import GpuRequest
 from spawner.gpu.inventory import free_memory
@@ -46,12 +47,14 @@ def container_name(container: dict[str, Any]) -> str:
 
 
 def room_of(info: dict[str, Any]) -> Reservation:
-    """The CPUs and memory a container reserves, from ``docker inspect``: its CPU quota
-    (or NanoCpus) and its memory limit."""
+    """The CPUs and memory a container reserves, from ``docker inspect``: its role's CPUs
+    (CPU_LIMIT; its CPU quota is the start boost's for its first seconds), else its CPU
+    quota or NanoCpus, and its memory limit."""
     host = info.get("HostConfig") or {}
     quota, period = host.get("CpuQuota") or 0, host.get("CpuPeriod") or 100_000
-    cpus = (host.get("NanoCpus") or 0) / 1e9 or (quota / period if quota > 0 else 0.0)
-    return Reservation(cpus, int(host.get("Memory") or 0))
+    limit = (host.get("NanoCpus") or 0) / 1e9 or (quota / period if quota > 0 else 0.0)
+    env = dict(e.partition("=")[::2] for e in (info.get("Config") or {}).get("Env") or [])
+    return Reservation(reserved_cpus(env, limit) or 0.0, int(host.get("Memory") or 0))
 
 
 def request_from_labels(labels: dict[str, str]) -> tuple[tuple[str, ...], GpuRequest | None]:

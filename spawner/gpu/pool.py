@@ -7,7 +7,7 @@ user, role and start). It keeps no engine: keeping it in step with the running
 containers is the backend's job (spawner/docker/reconcile.py), and so is
 carrying out a preemption (``Evictions``, spawner/docker/evictor.py).
 
-In memory, on the hub's event loop; the only file it writes is the GPU map's
+In memory, on the hub's event loop; the only file it writes is the host map's
 snapshot (gpu/snapshot.py), on the event log's thread.
 """
 
@@ -96,7 +96,7 @@ class GpuPool:
         self.servers: dict[str, Server] = {}  # holder -> who, for preemption
         self.roles: Mapping[str, Role] = {}  # the quota table's roles, as last read
         self.events = events or EventLog("")
-        # the admins' GPU map reads this file (gpu/snapshot.py): every change of the
+        # the admins' host map reads this file (gpu/snapshot.py): every change of the
         # holdings or the queue passes through acquire, dispatch, release or adopt
         self.snapshots = SnapshotWriter(self, gpus_file, self.events.replace)
         self.evictions: Evictions | None = None

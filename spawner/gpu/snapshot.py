@@ -1,11 +1,13 @@
-"""The GPU pool as a JSON document, for the admins' GPU map in another process.
+"""The GPU pool and the host's room as a JSON document, for the admins' host map in
+another process.
 
-The hub holds the GPUs and the queue in memory; the usage service that draws
-the map is another process. So the pool writes ``pool_snapshot`` to
+The hub holds the GPUs, the host's reservations and the queue in memory; the usage
+service that draws the map is another process. So the pool writes ``pool_snapshot`` to
 ``<state_dir>/quota-spawner-gpus.json`` (``GPUS_FILE``) whenever its holdings or
 its queue change, at most once a second (``SnapshotWriter``).
 
-Format (``"version": 1``; times are epoch seconds, memory in bytes):
+Format (``"version": 1``, fields are only ever added; times are epoch seconds, memory
+in bytes, CPUs as numbers of CPUs):
 
 - ``version``, ``time`` (when it was taken), ``hub`` (the hub id);
 - ``inventory``: ``source`` ("nvml", "declared", "none") and ``reason``;
@@ -20,9 +22,20 @@ Format (``"version": 1``; times are epoch seconds, memory in bytes):
   None), ``since`` (the server's start, None when unknown), ``evicting_for``
   (the owner whose preemption stops it, or None);
 - ``queue``: the waiting tickets in order: ``position`` (1-based), ``owner``,
-  ``user``, ``role``, ``priority``, ``since``, ``gpus`` (how many asked),
-  ``mode``, ``preempting`` (a preemption is under way for it), ``victims``
-  (the owners being stopped for it) and ``reserved`` (the GPUs kept for it).
+  ``user``, ``role``, ``priority``, ``since``, ``gpus`` (how many asked; 0 for a
+  CPU-only start, which waits for host room only), ``mode`` ("" for none),
+  ``preempting`` (a preemption is under way for it), ``victims`` (the owners being
+  stopped for it), ``reserved`` (the GPUs kept for it), ``cpus`` and ``memory`` (the
+  host room it asks for; None when host admission is off) and ``waiting_for`` (what
+  is full on the host while it waits for room, as a sentence; else None);
+- ``host``: None when host admission is off, else the host's room
+  (docs/deployment.md#host-capacity): ``cpus`` and ``memory`` (what the hub counts of
+  the engine), ``kept_cpus`` and ``kept_memory`` (kept back for the hub, the proxy and
+  the system), ``cpu_ratio`` and ``memory_ratio`` (the overcommit), ``share``
+  (``cpus``, ``memory``: what the notebooks together may reserve), ``reserved``
+  (``cpus``, ``memory``: what the servers hold now) and ``servers``: one per holder,
+  by owner: ``owner``, ``user`` and ``role`` (None when the pool does not know them),
+  ``cpus``, ``memory``.
 """
 
 from __future__ import annotations
@@ -35,7 +48,8 @@ from typing import Any, Protocol
 
 from spawner.gpu.allocator import GpuAllocator, GpuRequest, Slot
 from spawner.gpu.inventory import Inventory
-from spawner.gpu.queue import GpuQueue
+from spawner.gpu.queue import GpuQueue, Ticket
+from spawner.host.admission import HostBook
 
 SNAPSHOT_VERSION = 1
 GPUS_FILE = "quota-spawner-gpus.json"
@@ -50,10 +64,17 @@ class PoolView(Protocol):
     queue: GpuQueue
     servers: Mapping[str, Any]  # owner -> pool.Server (user, role, started)
     hub_id: str
+    host: HostBook | None  # None: host admission is off
 
 
-def _mode(request: GpuRequest) -> str:
+def _mode(request: GpuRequest | None) -> str:
+    if request is None:
+        return ""
     return f"shared:{request.share}" if request.shared else "exclusive"
+
+
+def _cpus(value: float) -> float:
+    return round(value, 3)  # sums of fractions of CPUs: no float noise in the file
 
 
 def pool_snapshot(pool: PoolView, now: float, monotonic_now: float | None = None) -> dict:
@@ -102,9 +123,11 @@ def pool_snapshot(pool: PoolView, now: float, monotonic_now: float | None = None
             "position": position, "owner": ticket.owner, "user": ticket.user,
             "role": ticket.role, "priority": ticket.priority,
             "since": round(now - (mono - ticket.arrived), 1),
-            "gpus": ticket.request.count, "mode": _mode(ticket.request),
+            "gpus": ticket.request.count if ticket.request is not None else 0,
+            "mode": _mode(ticket.request),
             "preempting": ticket.plan is not None, "victims": victims,
             "reserved": sorted(u for u, o in reserved.items() if o == ticket.owner),
+            **_room(ticket),
         })
     return {
         "version": SNAPSHOT_VERSION,
@@ -115,6 +138,35 @@ def pool_snapshot(pool: PoolView, now: float, monotonic_now: float | None = None
                   "shared": usage.shared, "free": usage.free},
         "gpus": gpus,
         "queue": queue,
+        "host": _host(pool.host, pool.servers) if pool.host is not None else None,
+    }
+
+
+def _room(ticket: Ticket) -> dict[str, Any]:
+    """A queue row's host room, and what is full while it waits for room."""
+    room = ticket.host
+    return {"cpus": _cpus(room.cpus) if room is not None else None,
+            "memory": room.memory if room is not None else None,
+            "waiting_for": ticket.short.sentence() if ticket.short is not None else None}
+
+
+def _host(book: HostBook, servers: Mapping[str, Any]) -> dict[str, Any]:
+    capacity, share, reserved = book.capacity, book.capacity.share, book.reserved
+    rows = []
+    for owner in sorted(book.owners()):
+        room = book.holding(owner)
+        assert room is not None
+        server = servers.get(owner)
+        rows.append({"owner": owner, "user": getattr(server, "user", None),
+                     "role": getattr(server, "role", None),
+                     "cpus": _cpus(room.cpus), "memory": room.memory})
+    return {
+        "cpus": _cpus(capacity.cpus), "memory": capacity.memory,
+        "kept_cpus": _cpus(capacity.kept_cpus), "kept_memory": capacity.kept_memory,
+        "cpu_ratio": capacity.cpu_ratio, "memory_ratio": capacity.memory_ratio,
+        "share": {"cpus": _cpus(share.cpus), "memory": share.memory},
+        "reserved": {"cpus": _cpus(reserved.cpus), "memory": reserved.memory},
+        "servers": rows,
     }
 
 

@@ -48,7 +48,14 @@ from spawner.watchdog.host import CgroupReader, CpuMeter, gpu_memory_by_containe
 from spawner.watchdog.hub_api import HubDirectory
 from spawner.watchdog.hub_events import NOTICE, for_hub, hub_event_messages, read_new
 from spawner.watchdog.metrics import WatchdogMetrics, serve_metrics, write_dcgm_mapping
-from spawner.watchdog.model import GpuProcess, GpuSample, Server, ServerSample, Snapshot
+from spawner.watchdog.model import (
+    GpuProcess,
+    GpuSample,
+    HostFigures,
+    Server,
+    ServerSample,
+    Snapshot,
+)
 from spawner.watchdog.notify import Notifier
 from spawner.watchdog.pods import Pods, kube_api
 from spawner.watchdog.rules import GPU_IDLE, RULES, Event, IncidentBook, WatchdogRules
@@ -56,7 +63,7 @@ from spawner.watchdog.text import name, number, one_line
 
 # The hub's event log, in its state folder unless the hub's config says otherwise.
 EVENTS_FILE_NAME = "quota-spawner-events.jsonl"
-# Each cycle's GPU numbers, for the admins' GPU map (spawner/webapp/gpus.py).
+# Each cycle's GPU and host numbers, for the admins' host map (spawner/webapp/gpus.py).
 GPU_USAGE_FILE_NAME = "quota-spawner-gpu-usage.json"
 GPU_USAGE_VERSION = 1
 # A container is a zombie only if the hub's answer that lacks its server was asked for
@@ -134,8 +141,8 @@ class QuotaWatchdog(Application):
         not recorded.""")
     gpu_usage_file = Unicode(
         config=True,
-        help=f"""Where each cycle's per-GPU and per-server GPU numbers are written, for the
-        admins' GPU map. Default: {GPU_USAGE_FILE_NAME} in $QUOTA_SPAWNER_STATE_DIR when
+        help=f"""Where each cycle's per-GPU, per-server and host numbers are written, for the
+        admins' host map. Default: {GPU_USAGE_FILE_NAME} in $QUOTA_SPAWNER_STATE_DIR when
         set; empty: not written.""")
     host_name = Unicode(socket.gethostname(), config=True, help="This host, in messages.")
     metrics_ip = Unicode(os.environ.get("QUOTA_SPAWNER_METRICS_IP", "127.0.0.1"), config=True,
@@ -267,7 +274,10 @@ class QuotaWatchdog(Application):
             )
         self.cpu.prune(samples)
         self.cgroups.prune(samples)
-        return Snapshot(time=now, host=self.host_name, gpus=gpus, servers=samples)
+        engine = self.containers.engine_size()
+        return Snapshot(time=now, host=self.host_name, gpus=gpus, servers=samples,
+                        engine_cpus=engine[0] if engine else None,
+                        engine_memory=engine[1] if engine else None)
 
     def read_gpus(self, servers: list[Server]) -> dict[str, GpuSample]:
         """Every GPU of the host; the ones a server holds or that were seen before are
@@ -547,20 +557,28 @@ def usage_samples(snapshot: Snapshot) -> list[Sample]:
 
 
 def gpu_usage_snapshot(snapshot: Snapshot, book: IncidentBook, interval: float) -> dict:
-    """One cycle's GPU numbers as JSON (``"version": 1``; epoch seconds, bytes, 0 to 1).
+    """One cycle's GPU and host numbers as JSON (``"version": 1``, fields are only ever
+    added; epoch seconds, bytes, CPUs, 0 to 1).
 
     ``time``, ``host``, ``interval`` (seconds between cycles, to judge freshness);
     ``gpus``: by UUID, ``index``, ``name``, ``utilization``, ``memory_used``,
     ``memory_total``, ``lost`` (NVML's reason, or None); ``servers``: by
-    container name, ``user``, ``role``, ``gpus`` (held) and ``gpu_memory`` (its
-    own processes' memory, by UUID); ``idle``: the open ``gpu_idle`` incidents
-    (a GPU reserved and idle): ``uuid``, ``server``, ``user``, ``since``, ``opened``.
+    container name, ``user``, ``role``, ``gpus`` (held), ``gpu_memory`` (its
+    own processes' memory, by UUID), ``cpus`` and ``memory`` (what it reserves: its
+    role's CPUs and its memory limit), ``cpu_used`` and ``memory_used`` (this cycle's
+    CPUs and memory working set; None when not measured); ``idle``: the open
+    ``gpu_idle`` incidents (a GPU reserved and idle): ``uuid``, ``server``, ``user``,
+    ``since``, ``opened``; ``host_totals``: the servers together (``HostFigures``):
+    ``servers`` (how many), ``cpus`` and ``memory`` (reserved), ``cpu_used`` and
+    ``memory_used``, and the engine's ``engine_cpus`` and ``engine_memory`` (None when
+    unknown).
     """
     idle = sorted(
         ({"uuid": i.gpu_uuid, "server": i.server.name if i.server else None,
           "user": i.server.user if i.server else None, "since": i.since, "opened": i.opened}
          for i in book.open.values() if i.rule == GPU_IDLE and i.gpu_uuid),
         key=lambda d: (d["uuid"], d["server"] or ""))
+    figures = HostFigures.of(snapshot)
     return {
         "version": GPU_USAGE_VERSION,
         "time": snapshot.time,
@@ -574,9 +592,18 @@ def gpu_usage_snapshot(snapshot: Snapshot, book: IncidentBook, interval: float) 
                  for u, g in sorted(snapshot.gpus.items())},
         "servers": {s.server.name: {"user": s.server.user, "role": s.server.role,
                                     "gpus": list(s.server.gpus),
-                                    "gpu_memory": dict(sorted(s.gpu_memory.items()))}
+                                    "gpu_memory": dict(sorted(s.gpu_memory.items())),
+                                    "cpus": s.server.cpus_reserved,
+                                    "memory": s.server.memory_limit,
+                                    "cpu_used": s.cpu_used,
+                                    "memory_used": s.memory_working_set}
                     for s in sorted(snapshot.servers.values(), key=lambda s: s.server.name)},
         "idle": idle,
+        "host_totals": {"servers": figures.servers, "cpus": figures.cpus_reserved,
+                        "memory": figures.memory_reserved, "cpu_used": figures.cpu_used,
+                        "memory_used": figures.memory_used,
+                        "engine_cpus": snapshot.engine_cpus,
+                        "engine_memory": snapshot.engine_memory},
     }
 
 

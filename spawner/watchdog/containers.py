@@ -26,6 +26,7 @@ from spawner.contract import (
     HUB_LABEL,
     USER_LABEL,
     gpu_memory_limit,
+    reserved_cpus,
 )
 from spawner.quota.units import rfc3339_time as docker_time
 from spawner.watchdog.model import Server
@@ -40,13 +41,16 @@ def server_from_inspect(info: Mapping[str, Any]) -> Server | None:
     host = info.get("HostConfig") or {}
     env = dict(e.partition("=")[::2] for e in config.get("Env") or [])
     quota, period = host.get("CpuQuota") or 0, host.get("CpuPeriod") or 100_000
+    cpus = quota / period if quota > 0 else None
+    limit = (host.get("NanoCpus") or 0) / 1e9 or cpus
     state = info.get("State") or {}
     return Server.from_labels(
         labels,
         container_id=str(info.get("Id") or ""),
         name=str(info.get("Name") or "").lstrip("/"),
         memory_limit=host.get("Memory") or None,
-        cpus=quota / period if quota > 0 else None,
+        cpus=cpus,
+        cpus_reserved=reserved_cpus(env, limit),
         gpu_memory_limit=gpu_memory_limit(env),
         pid=int(state.get("Pid") or 0),
         started=docker_time(state.get("StartedAt")),
@@ -84,11 +88,30 @@ class EngineClient:
 class Containers:
     """This host's notebook containers, for one hub (``hub_id``) or for all."""
 
-    def __init__(self, client: Any, hub_id: str = "", refresh: float = 60.0):
+    def __init__(self, client: Any, hub_id: str = "", refresh: float = 60.0,
+                 engine_refresh: float = 300.0):
         self.client = client  # a docker APIClient
         self.hub_id = hub_id
         self.refresh = refresh
         self._seen: dict[str, tuple[float, Server]] = {}  # id -> (when inspected, server)
+        self.engine_refresh = engine_refresh
+        self._engine: tuple[float, tuple[float, int] | None] | None = None  # (when, size)
+
+    def engine_size(self, now: float | None = None) -> tuple[float, int] | None:
+        """The engine's CPUs and memory (docker info NCPU, MemTotal), asked at most every
+        ``engine_refresh`` seconds (they change only with the machine); None when unknown."""
+        now = time.monotonic() if now is None else now
+        if self._engine is not None and now - self._engine[0] < self.engine_refresh:
+            return self._engine[1]
+        size = self._engine[1] if self._engine is not None else None
+        try:
+            info = self.client.info()
+            cpus, memory = float(info.get("NCPU") or 0), int(info.get("MemTotal") or 0)
+            size = (cpus, memory) if cpus > 0 and memory > 0 else None
+        except Exception:  # the engine is down: its container list says so
+            pass
+        self._engine = (now, size)
+        return size
 
     def servers(self, now: float | None = None) -> list[Server]:
         """The running notebook containers; EngineUnreachable when the engine does not

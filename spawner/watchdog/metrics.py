@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from spawner.watchdog.model import Server, Snapshot
+from spawner.watchdog.model import HostFigures, Server, Snapshot
 from spawner.watchdog.rules import gpu_memory_limit
 
 PREFIX = "quota_spawner_"
@@ -68,6 +68,19 @@ SNAPSHOT_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "zombie_server": ("1 for each container of this hub that holds GPUs that no running "
                       "server claims", SERVER_LABELS),
     "watchdog_servers": ("Notebook servers the watchdog saw in its last cycle", ()),
+    # the host: the servers above together, and the engine they run on
+    "host_cpu_reserved_cpus": (
+        "CPUs the servers on this host reserve together: the sum of their roles' CPUs "
+        "(CPU_LIMIT), else of their CPU limits", ()),
+    "host_memory_reserved_bytes": (
+        "Memory the servers on this host reserve together: the sum of their memory limits",
+        ()),
+    "host_cpu_used_cpus": ("CPUs (cores) the servers on this host used together over the "
+                           "last cycle", ()),
+    "host_memory_working_set_bytes": ("Memory working set of the servers on this host "
+                                      "together", ()),
+    "host_cpu_capacity_cpus": ("CPUs of the engine (docker info NCPU)", ()),
+    "host_memory_capacity_bytes": ("Memory of the engine (docker info MemTotal)", ()),
 }
 # Counters (exposed as …_total): the cgroup's own cumulative OOM-kill counter, and the
 # XID errors NVML reported on each GPU since the watchdog started. Both start at 0 with
@@ -153,6 +166,13 @@ class _SnapshotCollector:
         for zombie in snapshot.zombies:
             add("zombie_server", _server_labels(zombie), 1)
         add("watchdog_servers", [], len(snapshot.servers))
+        host = HostFigures.of(snapshot)
+        add("host_cpu_reserved_cpus", [], host.cpus_reserved)
+        add("host_memory_reserved_bytes", [], host.memory_reserved)
+        add("host_cpu_used_cpus", [], host.cpu_used)
+        add("host_memory_working_set_bytes", [], host.memory_used)
+        add("host_cpu_capacity_cpus", [], snapshot.engine_cpus)
+        add("host_memory_capacity_bytes", [], snapshot.engine_memory)
         with self._lock:
             self._families = list(families.values())
 

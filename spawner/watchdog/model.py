@@ -30,6 +30,9 @@ class Server:
     gpu_mode: str = ""  # quota-spawner.gpu-mode: "exclusive", "shared:N" or ""
     memory_limit: int | None = None  # HostConfig.Memory, bytes
     cpus: float | None = None  # HostConfig.CpuQuota / CpuPeriod
+    # what it reserves of the host: the role's CPUs (CPU_LIMIT), which the quota above
+    # exceeds during the start boost; else its CPU limit
+    cpus_reserved: float | None = None
     gpu_memory_limit: int | None = None  # GPU_MEMORY_LIMIT (shared roles), bytes
     pid: int = 0  # the main process's PID on the host
     started: float | None = None  # when the container started, epoch seconds
@@ -90,3 +93,29 @@ class Snapshot:
     servers: dict[str, ServerSample] = field(default_factory=dict)  # by container id
     # Containers of this hub that hold GPUs but that no running hub server claims.
     zombies: list[Server] = field(default_factory=list)
+    engine_cpus: float | None = None  # the engine's CPUs (docker info NCPU); None: unknown
+    engine_memory: int | None = None  # the engine's memory in bytes (docker info MemTotal)
+
+
+@dataclass(frozen=True)
+class HostFigures:
+    """The hub's servers on this host, together: what they reserve (the sum of their
+    limits) and what they used this cycle (the sum of what was measured)."""
+
+    servers: int
+    cpus_reserved: float
+    memory_reserved: int
+    cpu_used: float | None  # None: servers, but none measured yet (a CPU rate needs two)
+    memory_used: int | None
+
+    @classmethod
+    def of(cls, snapshot: Snapshot) -> HostFigures:
+        samples = list(snapshot.servers.values())
+        cpus = [s.cpu_used for s in samples if s.cpu_used is not None]
+        memory = [s.memory_working_set for s in samples if s.memory_working_set is not None]
+        return cls(
+            servers=len(samples),
+            cpus_reserved=round(sum(s.server.cpus_reserved or 0.0 for s in samples), 3),
+            memory_reserved=sum(s.server.memory_limit or 0 for s in samples),
+            cpu_used=round(sum(cpus), 3) if cpus or not samples else None,
+            memory_used=sum(memory) if memory or not samples else None)

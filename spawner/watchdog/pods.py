@@ -30,6 +30,7 @@ from spawner.contract import (
     HUB_LABEL,
     USER_LABEL,
     gpu_memory_limit,
+    reserved_cpus,
 )
 from spawner.kube.pod import contract_labels
 from spawner.kube.quantities import parse_quantity
@@ -75,13 +76,15 @@ def server_from_pod(pod: Mapping[str, Any], pid: int = 0,
     limits = (spec.get("resources") or {}).get("limits") or {}
     env = {e.get("name", ""): str(e.get("value", "")) for e in spec.get("env") or []
            if "value" in e}
+    cpus = _quantity(limits.get("cpu"))
     return Server.from_labels(
         labels,
         container_id=cid,
         name=str(metadata.get("name") or ""),
         gpus=gpus,
         memory_limit=_quantity(limits.get("memory"), whole=True),
-        cpus=_quantity(limits.get("cpu")),
+        cpus=cpus,
+        cpus_reserved=reserved_cpus(env, cpus),
         gpu_memory_limit=gpu_memory_limit(env),
         pid=pid,
         started=docker_time(running.get("startedAt")),
@@ -155,6 +158,10 @@ class Pods:
         # a pod deleted between two lists shows no OOM: the hub's session records it
         self._seen = servers
         return list(servers.values())
+
+    def engine_size(self, now: float | None = None) -> tuple[float, int] | None:
+        """The node's size is the scheduler's business, not read here: unknown."""
+        return None
 
     # --- OomEvents' interface ---------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """The hub's web app for admins, instructors and users (the ``usage`` service): the
-usage report, the quota table editor, the GPU map, the class dashboard and role
+usage report, the quota table editor, the host map, the class dashboard and role
 requests, behind the hub's OAuth (docs/architecture.md#the-web-app).
 
 ``app.py`` is the process and its routes; a module per resource holds its page and its

@@ -5,7 +5,7 @@
 - an instructor holds ``custom:quota-spawner:usage!group=<class>``
   (spawner/hubconfig/rbac.py): the report of those classes, their class dashboard,
   and, when the table lets instructors decide, their members' role requests;
-- the quota table editor and the GPU map are for admins only (``admin`` true, not a
+- the quota table editor and the host map are for admins only (``admin`` true, not a
   scope), since they change or show what everyone runs;
 - everyone else may ask for a bigger role; the hub itself refuses those without
   ``access:services!service=usage`` before they reach this process.
@@ -98,7 +98,7 @@ def nav_for(model: dict[str, Any], prefix: str) -> list[tuple[str, str]]:
     if access is not None:
         links.append(("Usage", prefix))
     if is_admin(model):
-        links += [("Quota table", prefix + "table"), ("GPU map", prefix + "gpus")]
+        links += [("Quota table", prefix + "table"), ("Host map", prefix + "gpus")]
     if class_access(model) is not None:
         links.append(("Classes", prefix + "classes"))
     links.append(("Role requests", prefix + "requests"))

@@ -81,7 +81,7 @@ class UsageService(Application):
 
     name = "quota-spawner-usage"
     description = ("The hub's web app (the managed service 'usage'): the usage report, the "
-                   "quota table editor, the GPU map, the class dashboard and role requests.")
+                   "quota table editor, the host map, the class dashboard and role requests.")
     aliases = {
         "usage-db": "UsageService.usage_db",
         "quota-file": "UsageService.quota_file",
@@ -104,7 +104,7 @@ class UsageService(Application):
     state_dir = Unicode(
         config=True,
         help="""The hub's state folder, where the GPU pool's and the watchdog's files are
-        (the GPU map, the class dashboard's GPU memory) and the hub's event log (role
+        (the host map, the class dashboard's GPU memory) and the hub's event log (role
         requests' changes). Default: $QUOTA_SPAWNER_STATE_DIR; empty: none.""")
     service_prefix = Unicode(
         config=True,

@@ -1,11 +1,14 @@
-"""The admins' live GPU map (docs/gpu-map.md): the page, its JSON API, and the merge of
+"""The admins' live host map (docs/gpu-map.md): the page, its JSON API, and the merge of
 the hub's pool snapshot with the watchdog's numbers behind both.
 
-- ``GET {prefix}gpus``: the page. Every GPU of the host with its state, who holds it
-  (exclusive or shared), each holder's GPU memory, the GPU's utilisation and memory
-  from the watchdog, idle held GPUs marked in words, and the wait queue. It is rendered
-  here first, so it reads without a script; ``static/gpus.js`` then asks the API every
-  ``POLL_SECONDS`` and updates the page in place (keyboard focus stays where it is).
+- ``GET {prefix}gpus``: the page. The host's CPUs and memory: what the servers reserve
+  of the notebooks' share (host admission, docs/deployment.md#host-capacity) and what
+  they use (the watchdog), each server's room; every GPU of the host with its state, who
+  holds it (exclusive or shared), each holder's GPU memory, the GPU's utilisation and
+  memory from the watchdog, idle held GPUs marked in words; and the wait queue, GPU
+  starts and starts waiting for room on the host. It is rendered here first, so it reads
+  without a script; ``static/gpus.js`` then asks the API every ``POLL_SECONDS`` and
+  updates the page in place (keyboard focus stays where it is).
 - ``GET {prefix}api/gpus``: the same as JSON (``map_document``).
 
 Two files in the hub's state folder feed it (state_files.py): the hub's pool snapshot and
@@ -26,10 +29,16 @@ watchdog sees on the host. Each row has the pool's fields (``uuid``, ``index``, 
   this GPU, when fresh: 0 when the watchdog sees the server and no process of it there,
   None when it does not see the server) and ``idle`` (its incident).
 
+``host_view`` gives the host's part: the pool's ``host`` section (``state`` "on"; "off"
+when host admission is off; "missing" without one) with each server's room, and the
+watchdog's figures when fresh (``usage`` says "fresh", "stale" or "missing", as for a
+GPU): ``used`` (the servers' CPUs and memory working set, together), ``engine`` (what
+the engine has) and each server's ``cpu_used`` and ``memory_used``.
+
 Admins only (``admin`` true in the hub's OAuth user model): the map names every user
-holding a GPU, across classes, so the usage page's viewers and instructors are refused,
-on the page and at the API. Holders' names are chosen by users: Jinja autoescapes them
-here, and the script sets them with textContent only.
+holding a GPU or room on the host, across classes, so the usage page's viewers and
+instructors are refused, on the page and at the API. Holders' names are chosen by
+users: Jinja autoescapes them here, and the script sets them with textContent only.
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ from tornado import web
 
 from spawner.gpu.snapshot import GPUS_FILE
 from spawner.webapp.base import FORMAT_SCRIPT, ApiHandler, BaseHandler, PageHandler
-from spawner.webapp.formatting import size
+from spawner.webapp.formatting import half_up, size
 from spawner.webapp.state_files import (
     GPU_USAGE_FILE_NAME,
     VERSION,
@@ -55,11 +64,11 @@ from spawner.webapp.state_files import (
 )
 
 POLL_SECONDS = 2.0
-ADMINS_ONLY = ("The GPU map is for admins only: it names everyone who holds a GPU. "
-               "Your own server's GPU is shown on the hub's home page.")
+ADMINS_ONLY = ("The host map is for admins only: it names everyone who holds a GPU or "
+               "room on the host. Your own server's GPU is shown on the hub's home page.")
 NO_STATE = ("This service was not given the hub's state folder (QUOTA_SPAWNER_STATE_DIR), "
-            "where the hub and the watchdog write the GPU map's files.")
-FAILED = ("The GPU map could not be read because of an error; the service's log has the "
+            "where the hub and the watchdog write the host map's files.")
+FAILED = ("The host map could not be read because of an error; the service's log has the "
           "details.")
 
 
@@ -145,6 +154,65 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _number(value: Any) -> float | None:
+    return value if number(value) else None
+
+
+def _pair(value: Any) -> dict[str, Any] | None:
+    """A ``{"cpus", "memory"}`` object; None when it is not one."""
+    if not isinstance(value, dict):
+        return None
+    return {"cpus": _number(value.get("cpus")), "memory": _number(value.get("memory"))}
+
+
+def host_view(pool: dict[str, Any] | None, usage: dict[str, Any] | None,
+              now: float) -> dict[str, Any]:
+    """The host's CPUs and memory: the hub's reservations, the watchdog's use (module doc)."""
+    pool = pool if isinstance(pool, dict) and pool.get("version") == VERSION else {}
+    section = pool.get("host", "")  # an older hub writes none
+    state = "off" if section is None else "on" if isinstance(section, dict) else "missing"
+    host = section if isinstance(section, dict) else {}
+    usage_seen = usage_state(usage, now)
+    fresh = usage if usage_seen == "fresh" and usage else {}
+    totals = _dict(fresh.get("host_totals")) if "host_totals" in fresh else None
+    watched = _dict(fresh.get("servers"))
+    servers = []
+    for row in _list(host.get("servers")):
+        if not isinstance(row, dict):
+            continue
+        owner = _text(row.get("owner"))
+        seen = _dict(watched.get(owner)) if owner is not None else {}
+        servers.append({
+            "owner": owner,
+            # a server adopted after a hub restart is named by its labels, as the
+            # watchdog reads them
+            "user": _text(row.get("user")) or _text(seen.get("user")),
+            "role": _text(row.get("role")) or _text(seen.get("role")),
+            "cpus": _number(row.get("cpus")), "memory": _number(row.get("memory")),
+            "cpu_used": _number(seen.get("cpu_used")),
+            "memory_used": _number(seen.get("memory_used")),
+        })
+    engine = None
+    if totals is not None and number(totals.get("engine_cpus")):
+        engine = {"cpus": totals["engine_cpus"], "memory": _number(totals.get("engine_memory"))}
+    return {
+        "state": state,
+        "cpus": _number(host.get("cpus")), "memory": _number(host.get("memory")),
+        "kept_cpus": _number(host.get("kept_cpus")),
+        "kept_memory": _number(host.get("kept_memory")),
+        "cpu_ratio": _number(host.get("cpu_ratio")),
+        "memory_ratio": _number(host.get("memory_ratio")),
+        "share": _pair(host.get("share")), "reserved": _pair(host.get("reserved")),
+        "usage": usage_seen if usage_seen != "fresh" or totals is not None else "missing",
+        "used": None if totals is None else {
+            "cpus": _number(totals.get("cpu_used")),
+            "memory": _number(totals.get("memory_used")),
+            "servers": _number(totals.get("servers"))},
+        "engine": engine,
+        "servers": servers,
+    }
+
+
 def _index_key(sample: Any) -> tuple[int, str]:
     index = sample.get("index") if isinstance(sample, dict) else None
     return (index if isinstance(index, int) else 1 << 30, str(index))
@@ -171,6 +239,7 @@ def map_document(pool: dict[str, Any] | None, usage: dict[str, Any] | None, now:
     queue = [_ticket(t) for t in _list(pool.get("queue")) if isinstance(t, dict)]
     inventory = pool.get("inventory") if isinstance(pool.get("inventory"), dict) else {}
     in_pool = [r for r in rows if r["in_pool"]]
+    for_room = sum(t["waiting_for"] is not None for t in queue)
     return {
         "generated_at": now,
         "poll_seconds": POLL_SECONDS,
@@ -188,8 +257,13 @@ def map_document(pool: dict[str, Any] | None, usage: dict[str, Any] | None, now:
             "free": sum(r["state"] == "free" for r in in_pool),
             "idle": sum(bool(r["idle"]) for r in rows),
             "waiting": len(queue),
+            # a GPU start waiting for room on the host waits for the room first
+            "waiting_for_gpu": sum(number(t["gpus"]) and t["gpus"] > 0
+                                   and t["waiting_for"] is None for t in queue),
+            "waiting_for_room": for_room,
             "other": len(rows) - len(in_pool),
         },
+        "host": host_view(pool, usage, now),
         "gpus": rows,
         "queue": queue,
     }
@@ -210,6 +284,9 @@ def _ticket(ticket: dict[str, Any]) -> dict[str, Any]:
     found = {k: ticket.get(k) for k in keys}
     found["victims"] = [v for v in _list(ticket.get("victims")) if isinstance(v, str)]
     found["reserved"] = [u for u in _list(ticket.get("reserved")) if isinstance(u, str)]
+    found["cpus"] = _number(ticket.get("cpus"))
+    found["memory"] = _number(ticket.get("memory"))
+    found["waiting_for"] = _text(ticket.get("waiting_for"))
     return found
 
 
@@ -219,6 +296,60 @@ def _ticket(ticket: dict[str, Any]) -> dict[str, Any]:
 
 def plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def cpus_text(value: Any) -> str:
+    """CPUs to two decimals at most, half up: '0.25', '1.5', '60'; '–' when unknown."""
+    if not number(value):
+        return "–"
+    return f"{half_up(value * 100) / 100:.2f}".rstrip("0").rstrip(".")
+
+
+def amount_text(key: str, value: Any) -> str:
+    """A host figure: CPUs for "cpus", a size for "memory"."""
+    return cpus_text(value) if key == "cpus" else size(value)
+
+
+def attr_number(value: Any) -> str:
+    """A number as the script's String(number) writes it, for a meter's attributes."""
+    return str(int(value)) if number(value) and value == int(value) else str(value)
+
+
+def host_text(host: dict[str, Any], waiting: int) -> str:
+    """The host section's first line."""
+    if host["state"] == "off":
+        return ("Host admission is off: the hub starts servers without counting the host's "
+                "CPUs and memory, so nothing is reserved; what the servers use is the "
+                "watchdog's.")
+    if host["state"] != "on":
+        return ("No host figures from the hub yet: it writes them with its pool once it "
+                "counts the host's CPUs and memory.")
+    n = len(host["servers"])
+    return (f"{plural(n, 'server')} {'holds' if n == 1 else 'hold'} room on the host; "
+            f"{plural(waiting, 'start')} waiting for room.")
+
+
+def room_text(cpus: Any, memory: Any) -> str:
+    """'0.5 CPUs, 512 MiB', or '–'."""
+    if not number(cpus):
+        return "–"
+    return f"{cpus_text(cpus)} CPU{'' if cpus == 1 else 's'}, {size(memory)}"
+
+
+def waiting_for_text(ticket: dict[str, Any]) -> str:
+    """'room on the host (the host's memory is fully reserved: …)', '2 GPUs' or '–'."""
+    if ticket.get("waiting_for"):
+        return f"room on the host ({ticket['waiting_for']})"
+    gpus = ticket.get("gpus")
+    return plural(gpus, "GPU") if number(gpus) and gpus > 0 else "–"
+
+
+def gpus_text(ticket: dict[str, Any]) -> str:
+    """'2 GPUs, exclusive', or 'none' for a CPU-only start."""
+    gpus = ticket.get("gpus")
+    if not number(gpus) or gpus <= 0:
+        return "none"
+    return f"{plural(gpus, 'GPU')}, {mode_text(ticket.get('mode'), None)}"
 
 
 def mode_text(mode: Any, cap: Any) -> str:
@@ -275,20 +406,22 @@ class GpuMap(BaseHandler):
 class GpuPage(GpuMap, PageHandler):
     """GET {prefix}gpus: the map, drawn here, kept live by static/gpus.js."""
 
-    page_title = "GPU map"
+    page_title = "Host map"
     scripts = (FORMAT_SCRIPT, "gpus.js")
 
     @web.authenticated
     async def get(self) -> None:
-        self.require_admin(ADMINS_ONLY, "GPU map page")
+        self.require_admin(ADMINS_ONLY, "host map page")
         doc = await self.document()
         users = holder_users(doc)
         indexes = {r["uuid"]: str(r["index"]) for r in doc["gpus"]
                    if isinstance(r.get("uuid"), str) and r.get("index") is not None}
         self.render_page(
-            "gpus.html", title="GPU map", doc=doc, now=doc["generated_at"],
+            "gpus.html", title="Host map", doc=doc, now=doc["generated_at"],
             no_state=NO_STATE, gpus_file=GPUS_FILE, usage_file=GPU_USAGE_FILE_NAME,
-            plural=plural, mode_text=mode_text,
+            plural=plural, mode_text=mode_text, cpus_text=cpus_text,
+            amount_text=amount_text, attr_number=attr_number, host_text=host_text,
+            room_text=room_text, waiting_for_text=waiting_for_text, gpus_text=gpus_text,
             user_link=lambda user: user_link(self.prefix, user), holder_users=users,
             preemption_text=lambda t: preemption_text(t, users, indexes), xsrf=self.xsrf(),
             api=self.prefix + "api/gpus", user_page=self.prefix + "user?name=")
@@ -301,7 +434,7 @@ class GpuApi(GpuMap, ApiHandler):
 
     @web.authenticated
     async def get(self) -> None:
-        self.require_admin(ADMINS_ONLY, "GPU map API")
+        self.require_admin(ADMINS_ONLY, "host map API")
         self.reply(await self.document())
 
 

@@ -1,8 +1,9 @@
-"""The files the hub and the watchdog write in the hub's state folder, as the GPU map
+"""The files the hub and the watchdog write in the hub's state folder, as the host map
 and the class dashboard read them: the hub's ``quota-spawner-gpus.json`` (who holds which
-GPU, the queue: spawner/gpu/snapshot.py) and the watchdog's
+GPU, the host room reserved, the queue: spawner/gpu/snapshot.py) and the watchdog's
 ``quota-spawner-gpu-usage.json`` (each GPU's utilisation and memory, each server's GPU
-memory, the idle incidents: spawner/watchdog/app.py).
+memory, CPUs and memory reserved and used, the host's totals, the idle incidents:
+spawner/watchdog/app.py).
 
 Either may be missing, half-written, old, or from another version: that reads as
 missing or stale, never as an error, so a page never fails on one odd file.

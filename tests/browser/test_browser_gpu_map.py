@@ -1,4 +1,4 @@
-"""The admins' GPU map in Chromium, reached through a real hub login, with real servers.
+"""The admins' host map in Chromium, reached through a real hub login, with real servers.
 
 A real hub, proxy, dockerd (with the fake NVIDIA hook) and the real watchdog process;
 only NVML is FAKE, at the host's boundary: the hub declares two fake GPUs, and the
@@ -6,15 +6,19 @@ watchdog reads them from tests/fake_nvml_container/pynvml.py, whose process list
 the host PIDs of the real notebook containers. The hub and the watchdog share the state
 folder, as in production, and write the two files the map merges.
 
-The admin sees one GPU held exclusively (idle: the fake GPU shows 0% utilisation) and one
-shared by two servers, each holder's GPU memory, and a start waiting in the queue; the
-page follows a server's stop, the queue's end and a GPU coming free without a reload,
-and keyboard focus stays where it was. An instructor and a plain user are refused, on
-the page and at the API.
+The shared hub counts the host's CPUs and memory (host admission is on by default), so
+the admin sees what its servers reserve of the notebooks' share of this machine, what
+they use (the watchdog's cgroup figures), and each server's room; one GPU held
+exclusively (idle: the fake GPU shows 0% utilisation) and one shared by two servers,
+each holder's GPU memory; a GPU start waiting in the queue, and a CPU-only start waiting
+for room on the host. The page follows a server's stop, the queue's end and a GPU coming
+free without a reload, and keyboard focus stays where it was. An instructor and a plain
+user are refused, on the page and at the API.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -23,7 +27,9 @@ from browser import Visit, expect, launch
 from hubs import GPU_HUB_GPUS, GPU_HUB_ID, on_hub
 
 from harness import Hub, WatchdogProcess, container_for, install_fake_nvml, write_fake_gpus
-from spawner.webapp.gpus import ADMINS_ONLY
+from spawner.host.admission import HostCapacity
+from spawner.webapp.formatting import size
+from spawner.webapp.gpus import ADMINS_ONLY, cpus_text
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -51,11 +57,20 @@ roles:
     gpu_share: 2
     gpu_memory: 4G
     images: [pytorch]
+  hog:
+    description: All of the notebooks' memory, CPU-only
+    cpus: 0.5
+    memory: {hog_memory}
+    queue_timeout: 5m
+    images: [pytorch]
 assignments:
   default: [solo, pair]
+  users:
+    gm-hog: [hog]
 """
 SOLO = {"profile": "solo"}
 PAIR = {"profile": "pair"}
+HOG = {"profile": "hog"}
 WAIT = 60_000  # ms: what the page may take to show a change (a watchdog cycle, a poll)
 
 
@@ -68,13 +83,22 @@ def fake_gpus(processes: dict[str, list[list[int]]] | None = None) -> list[dict]
             for uuid, busy in ((G0, 0), (G1, 40))]
 
 
+def notebooks_share(docker_client) -> HostCapacity:
+    """What the hub counts of this machine: the engine's, with the default reserve and
+    ratios (the shared hub sets none)."""
+    return HostCapacity.from_engine(docker_client.info())
+
+
 @pytest.fixture(scope="module")
-def setup(gpu_hub, tmp_path_factory):
+def setup(gpu_hub, tmp_path_factory, docker_client):
     """The session's 2-GPU hub with this module's table, and the watchdog beside it."""
     host_fake = install_fake_nvml(tmp_path_factory.mktemp("host-nvml"))
     write_fake_gpus(host_fake, fake_gpus())
-    users = {name: [] for name in ("carol", "gm-solo", "gm-a", "gm-b", "gm-wait")}
-    with on_hub(gpu_hub, QUOTAS, {"prof-ada": ["cs101-staff"], **users}) as hub:
+    users = {name: [] for name in ("carol", "gm-solo", "gm-a", "gm-b", "gm-wait", "gm-hog")}
+    # hog fits only on an empty host: beside any server it waits for room
+    hog = f"{notebooks_share(docker_client).share.memory // 2**20}M"
+    table = QUOTAS.replace("{hog_memory}", hog)
+    with on_hub(gpu_hub, table, {"prof-ada": ["cs101-staff"], **users}) as hub:
         # the hub's state folder is the watchdog's too: its usage file lands where the
         # usage service reads it; a short idle hold so the idle GPU is marked in the test
         watchdog = WatchdogProcess(
@@ -123,8 +147,9 @@ def holder(row, user: str):
     return row.locator("ul.holders li").filter(has=row.page.locator("a", has_text=user))
 
 
-# #live without whitespace-only text, numbers as N (ages move on between two loads)
-DRAWING = """() => {
+# #live without whitespace-only text, numbers as N (ages and the CPUs and memory used
+# move on between two loads)
+DRAWING = r"""() => {
   const copy = document.getElementById("live").cloneNode(true);
   const walk = (node) => {
     for (const child of Array.from(node.childNodes)) {
@@ -133,7 +158,7 @@ DRAWING = """() => {
     }
   };
   walk(copy);
-  return copy.outerHTML.replace(/[0-9]+/g, "N");
+  return copy.outerHTML.replace(/[0-9]+(\.[0-9]+)?/g, "N");
 }"""
 
 
@@ -143,6 +168,7 @@ def drawing(page) -> str:
 
 def test_the_admin_sees_the_map_follow_the_servers(setup, visit, docker_client):
     hub, watchdog, host_fake = setup
+    share = notebooks_share(docker_client).share
     hub.start_server("gm-solo", SOLO)
     hub.start_server("gm-a", PAIR)
     hub.start_server("gm-b", PAIR)
@@ -156,7 +182,33 @@ def test_the_admin_sees_the_map_follow_the_servers(setup, visit, docker_client):
     v.log_in("admin")
     v.open_service_page("gpus")
     page = v.page
-    expect(page.locator("header nav a[aria-current=page]")).to_have_text("GPU map")
+    queued = page.locator("#queue tbody tr").filter(has_text="gm-wait")
+    expect(queued).to_contain_text("gm-wait", timeout=WAIT)
+    # behind gm-wait: a start ahead of it waiting for room would hold gm-wait up too
+    hogging = spawn_in_background(hub, "gm-hog", HOG)  # no room is free for it
+    expect(page.locator("header nav a[aria-current=page]")).to_have_text("Host map")
+    expect(page).to_have_title("Host map")
+    # the host: the three servers' 0.5 CPUs and 512 MiB each, of the notebooks' share
+    cpus, memory = page.locator('#host tr[data-key="cpus"]'), \
+        page.locator('#host tr[data-key="memory"]')
+    expect(cpus.locator("td.reserved")).to_have_text(f"1.5 of {cpus_text(share.cpus)}",
+                                                     timeout=WAIT)
+    expect(memory.locator("td.reserved")).to_have_text(f"1.5 GiB of {size(share.memory)}")
+    expect(cpus.locator("td.share")).to_have_text(f"{cpus_text(share.cpus)} (4x)")
+    expect(memory.locator("td.reserved meter")).to_have_attribute("value", str(3 * 2**29))
+    servers = page.locator("#host-servers tbody tr")
+    expect(servers.locator("td:first-child")).to_have_text(["gm-a", "gm-b", "gm-solo"])
+    # what they use: the watchdog's cgroup figures, once it has measured twice
+    expect(cpus.locator("td.used")).to_have_text(re.compile(r"^[0-9.]+$"), timeout=WAIT)
+    expect(memory.locator("td.used")).to_have_text(re.compile(r"^[0-9.]+ [KMG]iB$"))
+    expect(servers.filter(has_text="gm-solo")).to_contain_text(
+        re.compile(r"0\.5 reserved · [0-9.]+ used"), timeout=WAIT)
+    expect(page.locator("#host-summary")).to_have_text(
+        "3 servers hold room on the host; 1 start waiting for room.", timeout=WAIT)
+    # the CPU-only start waits for room, and says what is full
+    hog_row = page.locator("#queue tbody tr").filter(has_text="gm-hog")
+    expect(hog_row.locator("td").nth(3)).to_have_text("none", timeout=WAIT)
+    expect(hog_row).to_contain_text("room on the host (the host's memory is fully reserved:")
     g0, g1 = gpu_row(page, G0), gpu_row(page, G1)
     expect(g0).to_contain_text("Exclusive")
     expect(g0.locator("ul.holders li")).to_have_count(1)
@@ -177,9 +229,8 @@ def test_the_admin_sees_the_map_follow_the_servers(setup, visit, docker_client):
     expect(page.locator("#freshness")).to_contain_text("The watchdog's figures are")
     expect(page.locator("#freshness")).to_have_class("freshness fresh")
     # the queue: gm-wait asks for a whole GPU
-    queued = page.locator("#queue tbody tr").filter(has_text="gm-wait")
-    expect(queued).to_contain_text("gm-wait", timeout=WAIT)
     expect(queued).to_contain_text("1 GPU, exclusive")
+    expect(queued).to_contain_text("0.5 CPUs, 512 MiB")
     expect(page.locator("#summary")).to_contain_text(
         "2 GPUs in the hub's pool: 1 exclusive, 1 shared, 0 free; 1 idle; "
         "1 start waiting for a GPU.")
@@ -199,16 +250,22 @@ def test_the_admin_sees_the_map_follow_the_servers(setup, visit, docker_client):
     hub.stop_server("gm-b")
     expect(g1.locator("ul.holders a")).to_have_text(["gm-a"], timeout=WAIT)
     expect(g1).to_contain_text("Shared · 1 of 2 places taken")
+    expect(cpus.locator("td.reserved")).to_have_text(f"1 of {cpus_text(share.cpus)}",
+                                                     timeout=WAIT)
+    expect(servers.locator("td:first-child")).to_have_text(["gm-a", "gm-solo"])
     assert page.evaluate("() => window.__sameVisit === true")
     assert page.evaluate("""(uuid) => document.querySelector(
         `#gpus tr[data-key="${uuid}"]`).__sameRow === true""", G1)
     expect(focus).to_be_focused()  # the update kept the keyboard where it was
 
-    hub.api("DELETE", "/users/gm-wait/server")  # leaves the queue
+    hub.api("DELETE", "/users/gm-wait/server")  # leave the queue
+    hub.api("DELETE", "/users/gm-hog/server")
     waiting.join(60)
-    expect(page.locator("#queue-empty")).to_have_text("Nobody is waiting for a GPU.",
-                                                      timeout=WAIT)
+    hogging.join(60)
+    expect(page.locator("#queue-empty")).to_have_text(
+        "Nobody is waiting for a GPU or for room on the host.", timeout=WAIT)
     hub.wait_stopped("gm-wait")
+    hub.wait_stopped("gm-hog")
     hub.stop_server("gm-solo")
     expect(g0).to_contain_text("Free", timeout=WAIT)
     expect(g0).to_contain_text("nobody")
@@ -230,7 +287,7 @@ def test_the_admin_sees_the_map_follow_the_servers(setup, visit, docker_client):
     hub.stop_server("gm-a")
 
 
-def test_the_api_gives_the_admin_the_map(setup, visit):
+def test_the_api_gives_the_admin_the_map(setup, visit, docker_client):
     v = visit()
     v.log_in("admin")
     v.open_service_page("gpus")
@@ -240,6 +297,11 @@ def test_the_api_gives_the_admin_the_map(setup, visit):
     assert [g["uuid"] for g in doc["gpus"]] == [G0, G1]
     assert doc["pool"]["state"] == "ok" and doc["watchdog"]["state"] == "fresh"
     assert abs(doc["generated_at"] - time.time()) < 30
+    # the watchdog read the engine's size from docker info, as the hub did
+    info = docker_client.info()
+    assert doc["host"]["engine"] == {"cpus": info["NCPU"], "memory": info["MemTotal"]}
+    assert doc["host"]["state"] == "on" and doc["host"]["usage"] == "fresh"
+    assert doc["host"]["cpus"] == info["NCPU"]
 
 
 @pytest.mark.parametrize("who", ["prof-ada", "carol"])
@@ -249,7 +311,7 @@ def test_instructors_and_users_are_refused(setup, visit, who):
     v.open_service_page("gpus", status=403)
     expect(v.page.locator("#message")).to_have_text(ADMINS_ONLY)
     expect(v.page.locator("#gpus")).to_have_count(0)
-    expect(v.page.locator("header nav")).not_to_contain_text("GPU map")
+    expect(v.page.locator("header nav")).not_to_contain_text("Host map")
     r = v.api("GET", "api/gpus")
     assert r.status == 403, r.text()
     assert r.json() == {"message": ADMINS_ONLY}

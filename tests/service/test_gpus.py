@@ -1,4 +1,4 @@
-"""The admins' GPU map page and its JSON API without a hub or a browser: the OAuth user is
+"""The admins' host map page and its JSON API without a hub or a browser: the OAuth user is
 faked as in test_usage_service.py, the hub's pool file and the watchdog's usage file are
 written into a state folder as the hub and the watchdog write them. What the page does
 in a browser, live, is for test_browser_gpu_map.py."""
@@ -10,6 +10,8 @@ import json
 import re
 import threading
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 from test_gpu_map import G, busy_pool, idle_book, watched
@@ -57,14 +59,23 @@ async def serve(tmp_path, monkeypatch, state_dir):
     return app, server, port
 
 
-@pytest.fixture
-async def site(tmp_path, monkeypatch):
+@asynccontextmanager
+async def state_site(tmp_path, monkeypatch) -> AsyncIterator[Site]:
+    """The service with a state folder of its own, where a test writes the two files."""
     state = tmp_path / "state"
     state.mkdir()
     app, server, port = await serve(tmp_path, monkeypatch, str(state))
-    yield Site(port, state)
-    server.stop()
-    app.settings["usage"].reader.close()
+    try:
+        yield Site(port, state)
+    finally:
+        server.stop()
+        app.settings["usage"].reader.close()
+
+
+@pytest.fixture
+async def site(tmp_path, monkeypatch):
+    async with state_site(tmp_path, monkeypatch) as found:
+        yield found
 
 
 async def write_busy(site: Site, watchdog_age: float | None = 1.0, hostile: bool = False):
@@ -102,7 +113,7 @@ async def test_the_admin_gets_every_gpu_with_its_holders_and_the_queue(site):
     assert r.code == 200 and r.headers["Content-Type"].startswith("text/html")
     page = r.body.decode()
     assert re.findall(r'<tr data-key="([^"]*)"', page) == [
-        "GPU-0", "GPU-1", "GPU-2", "GPU-9", "quota-dave"]
+        "cpus", "memory", "GPU-0", "GPU-1", "GPU-2", "GPU-9", "quota-dave"]
     g0 = words(row_of(page, "GPU-0"))
     assert "Exclusive" in g0 and "alice" in g0 and "Idle held, no utilisation for 2h" in g0
     assert "1 GiB on this GPU" in g0 and "0%" in g0 and "1 GiB of 80 GiB" in g0
@@ -116,7 +127,8 @@ async def test_the_admin_gets_every_gpu_with_its_holders_and_the_queue(site):
     assert "Free" in g2 and "nobody" in g2 and "Lost GPU is lost" in g2
     assert "Not in the hub's pool" in words(row_of(page, "GPU-9"))
     dave = words(row_of(page, "quota-dave"))
-    assert dave.startswith("1 dave train 2 GPUs, exclusive 10")
+    assert dave.startswith("1 dave train 2 GPUs, exclusive – 10")
+    assert dave.endswith("2 GPUs –")  # waiting for GPUs; no preemption
     text = words(page)
     assert ("3 GPUs in the hub's pool: 1 exclusive, 1 shared, 1 free; 1 idle; 1 start "
             "waiting for a GPU. 1 other GPU on the host, outside the pool.") in text
@@ -142,7 +154,8 @@ async def test_the_api_gives_the_same_map_as_json(site):
     assert doc["watchdog"]["interval"] == 5.0 and doc["watchdog"]["host"] == "gpu-host-1"
     assert doc["pool"]["state"] == "ok" and doc["pool"]["hub"] == "hub-1"
     assert doc["summary"] == {"total": 3, "exclusive": 1, "shared": 1, "free": 1, "idle": 1,
-                              "waiting": 1, "other": 1}
+                              "waiting": 1, "waiting_for_gpu": 1, "waiting_for_room": 0,
+                              "other": 1}
     g0, g1, g2, g9 = doc["gpus"]
     assert g0["idle"] and g0["holders"][0]["user"] == "alice"
     assert g0["holders"][0]["gpu_memory"] == G
@@ -216,8 +229,9 @@ async def test_stale_watchdog_figures_are_named_and_left_out(site):
     await write_busy(site, watchdog_age=60)
     page = (await site.get("gpus", "admin")).body.decode()
     assert 'class="freshness stale"' in page
-    assert ("The watchdog's figures are 1m old, too old to trust (more than 15s): "
-            "utilisation, memory and idle marks are left out") in words(page)
+    assert ("The watchdog's figures are 1m old, too old to trust (more than 15s): the "
+            "CPUs and memory used, utilisation, GPU memory and idle marks are left out") \
+        in words(page)
     g0 = words(row_of(page, "GPU-0"))
     assert "Idle" not in g0 and "– of 80 GiB" in g0 and "on this GPU" not in g0
     assert "GPU-9" not in page  # other GPUs come from fresh figures only
@@ -241,8 +255,9 @@ async def test_no_files_at_all(site):
     r = await site.get("gpus", "admin")
     assert r.code == 200
     text = words(r.body.decode())
-    assert "No GPU to show." in text and "No GPU pool from the hub yet" in text
-    assert "Nobody is waiting for a GPU." in text
+    assert "No GPU to show." in text and "No pool from the hub yet" in text
+    assert "Nobody is waiting for a GPU or for room on the host." in text
+    assert "No host figures from the hub yet" in text
     doc = json.loads((await site.get("api/gpus", "admin")).body)
     assert doc["gpus"] == [] and doc["queue"] == [] and doc["pool"]["state"] == "missing"
 
@@ -251,7 +266,7 @@ async def test_half_written_or_foreign_files_are_missing_not_errors(site):
     site.write(GPUS_FILE, '{"version": 1, "gpus": [')
     site.write(GPU_USAGE_FILE_NAME, json.dumps({"version": 99, "time": time.time()}))
     r = await site.get("gpus", "admin")
-    assert r.code == 200 and "No GPU pool from the hub yet" in words(r.body.decode())
+    assert r.code == 200 and "No pool from the hub yet" in words(r.body.decode())
     doc = json.loads((await site.get("api/gpus", "admin")).body)
     assert doc["pool"]["state"] == "missing" and doc["watchdog"]["state"] == "missing"
 

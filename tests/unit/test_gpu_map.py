@@ -1,4 +1,4 @@
-"""The data behind the admins' GPU map: the pool's snapshot file, the watchdog's usage
+"""The data behind the admins' host map: the pool's snapshot file, the watchdog's usage
 file, and their merge."""
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ async def test_pool_snapshot_lists_gpus_holders_and_queue():
     assert snap["queue"] == [{
         "position": 1, "owner": "quota-dave", "user": "dave", "role": "train",
         "priority": 10, "since": T + 6, "gpus": 2, "mode": "exclusive",
-        "preempting": False, "victims": [], "reserved": []}]
+        "preempting": False, "victims": [], "reserved": [],
+        "cpus": None, "memory": None, "waiting_for": None}]  # no host admission here
+    assert snap["host"] is None
     pool.leave("quota-dave", "test")
     assert pool_snapshot(pool, T)["queue"] == []
 
@@ -184,7 +186,9 @@ def test_the_watchdog_usage_snapshot():
                                      "lost": None}
     assert data["gpus"]["GPU-2"]["lost"] == "GPU is lost"
     assert data["servers"]["quota-bob"] == {"user": "bob", "role": "lab", "gpus": ["GPU-1"],
-                                            "gpu_memory": {"GPU-1": 6 * G}}
+                                            "gpu_memory": {"GPU-1": 6 * G}, "cpus": None,
+                                            "memory": None, "cpu_used": None,
+                                            "memory_used": None}
     assert data["idle"] == [{"uuid": "GPU-0", "server": "quota-alice", "user": "alice",
                              "since": T - 7200, "opened": T - 3600}]
 

@@ -273,3 +273,17 @@ async def test_sync_samples_free_memory_for_an_nvml_inventory(monkeypatch):
     assert rec.pool.allocator.acquire("a", GpuRequest(1)) == ("GPU-1",)  # the most free memory
     assert rec.pool.allocator.acquire("b", GpuRequest(1)) == ("GPU-0",)
     assert nvml.initialized == 0
+
+
+def test_a_container_in_its_start_boost_reserves_its_roles_cpus():
+    from spawner.docker.reconcile import room_of
+    from spawner.host.admission import Reservation
+
+    boosted = {"HostConfig": {"CpuQuota": 1_600_000, "CpuPeriod": 100_000, "Memory": 2**30},
+               "Config": {"Env": ["CPU_LIMIT=0.5", "MEM_LIMIT=1073741824"]}}
+    assert room_of(boosted) == Reservation(0.5, 2**30)
+    without = {"HostConfig": {"NanoCpus": 2 * 10**9, "Memory": 2**30}, "Config": {"Env": []}}
+    assert room_of(without) == Reservation(2.0, 2**30)
+    odd = {"HostConfig": {"CpuQuota": 50_000, "CpuPeriod": 100_000}, "Config": {
+        "Env": ["CPU_LIMIT=nan"]}}
+    assert room_of(odd) == Reservation(0.5, 0)

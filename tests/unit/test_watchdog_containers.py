@@ -38,12 +38,49 @@ def test_server_from_inspect():
     assert abs(s.started - 1796062201.123456) < 1e-3
 
 
+def test_a_server_reserves_its_roles_cpus_also_in_its_start_boost():
+    """CPU_LIMIT is the role's from the start; the quota is the boost's until the server
+    answers, and the watchdog inspects a container again only a minute later."""
+    boosted = {**INSPECT, "Config": {**INSPECT["Config"], "Env": ["CPU_LIMIT=0.5"]},
+               "HostConfig": {"Memory": 2**30, "CpuQuota": 1_600_000, "CpuPeriod": 100_000}}
+    s = server_from_inspect(boosted)
+    assert (s.cpus, s.cpus_reserved, s.memory_limit) == (16.0, 0.5, 2**30)
+    assert server_from_inspect(INSPECT).cpus_reserved == 1.5  # no CPU_LIMIT: the quota
+    nano = {**INSPECT, "HostConfig": {"NanoCpus": 2_500_000_000},
+            "Config": {**INSPECT["Config"], "Env": ["CPU_LIMIT=lots"]}}
+    assert server_from_inspect(nano).cpus_reserved == 2.5
+
+
+class InfoClient:
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.asked = 0
+
+    def info(self):
+        self.asked += 1
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_the_engine_size_is_asked_rarely_and_kept_when_the_engine_is_away():
+    client = InfoClient({"NCPU": 16, "MemTotal": 64 * 2**30}, OSError("down"), {"NCPU": 0})
+    found = containers.Containers(client, engine_refresh=300)
+    assert found.engine_size(now=0) == (16.0, 64 * 2**30)
+    assert found.engine_size(now=299) == (16.0, 64 * 2**30) and client.asked == 1
+    assert found.engine_size(now=300) == (16.0, 64 * 2**30)  # down: the last answer
+    assert found.engine_size(now=600) is None and client.asked == 3  # no size: unknown
+    assert containers.Containers(InfoClient(OSError("down"))).engine_size(now=0) is None
+
+
 def test_a_container_without_the_labels_or_limits():
     assert server_from_inspect({"Config": {"Labels": {"other": "x"}}}) is None
     bare = server_from_inspect({"Id": "x", "Config": {"Labels": {USER_LABEL: "bo"}},
                                 "State": {"StartedAt": "0001-01-01T00:00:00Z"}})
     assert (bare.gpus, bare.memory_limit, bare.cpus, bare.gpu_memory_limit, bare.started) == (
         (), None, None, None, None)
+    assert bare.cpus_reserved is None
 
 
 def test_oom_events_become_servers():

@@ -37,7 +37,7 @@ def server(name: str, user: str, gpus: tuple[str, ...] = (), mode: str = "",
            gpu_limit: int | None = None, role: str = "researcher") -> Server:
     return Server(container_id=f"id-{name}", name=name, user=user, role=role, image="pytorch",
                   hub_id="hub", gpus=gpus, gpu_mode=mode, memory_limit=8 * GiB, cpus=2.0,
-                  gpu_memory_limit=gpu_limit)
+                  cpus_reserved=2.0, gpu_memory_limit=gpu_limit)
 
 
 ALICE = server("quota-alice", "alice", (EXCLUSIVE,), "exclusive")
@@ -174,13 +174,41 @@ def test_series_of_gone_servers_and_gpus_are_removed():
     assert value(metrics, "gpu_holders", {"gpu_uuid": SHARED, "gpu_index": "1"}) == 1
     assert value(metrics, "gpu_holders", {"gpu_uuid": LOST, "gpu_index": "2"}) == 0
     assert value(metrics, "server_gpu_memory_used_bytes", labels(ALICE, EXCLUSIVE, 0)) == GiB
-    # and an empty host: only the watchdog's own series stay
+    # and an empty host: only the watchdog's own series and the host's zeros stay
     metrics.update(Snapshot(time=2000.0, host="gpu-host-1"))
     samples = [s for f in text_string_to_metric_families(generate_latest(metrics.registry)
                                                          .decode()) for s in f.samples]
+    host = {"host_cpu_reserved_cpus", "host_memory_reserved_bytes", "host_cpu_used_cpus",
+            "host_memory_working_set_bytes"}
     assert {s.name for s in samples} <= {
         m.PREFIX + "watchdog_last_cycle_timestamp_seconds",
-        m.PREFIX + "watchdog_cycle_duration_seconds", m.PREFIX + "watchdog_servers"}
+        m.PREFIX + "watchdog_cycle_duration_seconds", m.PREFIX + "watchdog_servers",
+        *(m.PREFIX + name for name in host)}
+    assert all(s.value == 0 for s in samples if s.name.removeprefix(m.PREFIX) in host)
+
+
+def test_the_host_gauges_sum_the_servers_and_give_the_engine():
+    metrics = WatchdogMetrics()
+    metrics.update(full_snapshot())
+    # five servers of 2 CPUs and 8 GiB each; carol's use is not measured yet
+    assert value(metrics, "host_cpu_reserved_cpus") == 10.0
+    assert value(metrics, "host_memory_reserved_bytes") == 40 * GiB
+    assert value(metrics, "host_cpu_used_cpus") == 2.25
+    assert value(metrics, "host_memory_working_set_bytes") == 12 * GiB
+    assert value(metrics, "host_cpu_capacity_cpus") is None  # the engine was not read
+    # a server in its start boost reserves its role's CPUs, not the boost's
+    boosted = Server(container_id="id-f", name="quota-fay", user="fay", role="r",
+                     image="pytorch", hub_id="hub", memory_limit=GiB, cpus=16.0,
+                     cpus_reserved=0.5)
+    first = Snapshot(time=1.0, host="h", engine_cpus=16.0, engine_memory=64 * GiB,
+                     servers={"id-f": ServerSample(boosted)})  # nothing measured yet
+    metrics.update(first)
+    assert value(metrics, "host_cpu_reserved_cpus") == 0.5
+    assert value(metrics, "host_memory_reserved_bytes") == GiB
+    assert value(metrics, "host_cpu_used_cpus") is None
+    assert value(metrics, "host_memory_working_set_bytes") is None
+    assert value(metrics, "host_cpu_capacity_cpus") == 16.0
+    assert value(metrics, "host_memory_capacity_bytes") == 64 * GiB
 
 
 def test_hostile_user_names_are_escaped_and_parse_back():

@@ -199,6 +199,7 @@ def test_a_pod_is_the_server_the_rules_know():
         "o'brien", "gpu-lab", "pytorch", HUB)  # the exact names, from the annotations
     assert server.gpus == (GPU,) and server.gpu_mode == "shared:4" and server.shared_gpu
     assert server.memory_limit == role.memory and server.cpus == role.cpus
+    assert server.cpus_reserved == role.cpus  # the host room it counts for
     assert server.gpu_memory_limit == role.gpu_memory
     assert server.started == pytest.approx(1796115600.0)
 
@@ -309,6 +310,7 @@ def test_a_cycle_reads_pods_as_it_reads_containers(tmp_path, node):
     assert sample.server.user == "ann" and sample.server.gpus == (GPU,)
     assert sample.gpu_memory == {GPU: 2 * G}  # its kernel's, mapped by PID
     assert sample.memory_working_set == 800 * MiB
+    assert snapshot.engine_cpus is None  # the node's size is not read
     (ledger,) = usage_samples(snapshot)
     # the sample goes to the session QuotaKubeSpawner opened, keyed by the pod's name
     assert (ledger.hub, ledger.container) == (HUB, sample.server.name)

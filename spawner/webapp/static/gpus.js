@@ -1,4 +1,4 @@
-// The admins' live GPU map (spawner/webapp/gpus.py, templates/gpus.html), after
+// The admins' live host map (spawner/webapp/gpus.py, templates/gpus.html), after
 // format.js.
 //
 // Every few seconds: GET api/gpus (with the XSRF token, which JupyterHub's HubOAuth asks
@@ -37,6 +37,43 @@
       return text + (isNumber(cap) ? `, cap ${size(cap)}` : "");
     }
     return String(mode || "exclusive");
+  }
+
+  // CPUs to two decimals at most, half up, as gpus.py's cpus_text
+  function cpusText(value) {
+    if (!isNumber(value)) return "–";
+    return (Math.floor(value * 100 + 0.5) / 100).toFixed(2).replace(/\.?0+$/, "");
+  }
+
+  const amountText = (key, value) => (key === "cpus" ? cpusText(value) : size(value));
+
+  function hostText(host, waiting) {
+    if (host.state === "off") {
+      return "Host admission is off: the hub starts servers without counting the host's " +
+        "CPUs and memory, so nothing is reserved; what the servers use is the watchdog's.";
+    }
+    if (host.state !== "on") {
+      return "No host figures from the hub yet: it writes them with its pool once it " +
+        "counts the host's CPUs and memory.";
+    }
+    const n = host.servers.length;
+    return `${plural(n, "server")} ${n === 1 ? "holds" : "hold"} room on the host; ` +
+      `${plural(waiting, "start")} waiting for room.`;
+  }
+
+  function roomText(cpus, memory) {
+    if (!isNumber(cpus)) return "–";
+    return `${cpusText(cpus)} CPU${cpus === 1 ? "" : "s"}, ${size(memory)}`;
+  }
+
+  function waitingForText(ticket) {
+    if (ticket.waiting_for) return `room on the host (${ticket.waiting_for})`;
+    return isNumber(ticket.gpus) && ticket.gpus > 0 ? plural(ticket.gpus, "GPU") : "–";
+  }
+
+  function gpusText(ticket) {
+    if (!isNumber(ticket.gpus) || ticket.gpus <= 0) return "none";
+    return `${plural(ticket.gpus, "GPU")}, ${modeText(ticket.mode, null)}`;
   }
 
   function preemptionText(ticket, users, indexes) {
@@ -79,7 +116,7 @@
     if (s.total === 0 && s.other === 0) return "No GPU to show.";
     let text = `${plural(s.total, "GPU")} in the hub's pool: ${s.exclusive} exclusive, ` +
       `${s.shared} shared, ${s.free} free; ${s.idle} idle; ` +
-      `${plural(s.waiting, "start")} waiting for a GPU.`;
+      `${plural(s.waiting_for_gpu, "start")} waiting for a GPU.`;
     if (s.other) text += ` ${plural(s.other, "other GPU")} on the host, outside the pool.`;
     return text;
   }
@@ -91,20 +128,78 @@
     }
     if (w.state === "stale") {
       return `The watchdog's figures are ${duration(w.age)} old, too old to trust (more ` +
-        `than ${duration(w.stale_after)}): utilisation, memory and idle marks are left out ` +
-        "until it measures again. Is the watchdog running?";
+        `than ${duration(w.stale_after)}): the CPUs and memory used, utilisation, GPU ` +
+        "memory and idle marks are left out until it measures again. Is the watchdog running?";
     }
     return `No figures from the watchdog (${usageFile} in the state folder is missing or ` +
-      "unreadable): utilisation, memory and idle marks are left out.";
+      "unreadable): the CPUs and memory used, utilisation, GPU memory and idle marks are " +
+      "left out.";
   }
 
   function poolText(doc, gpusFile) {
     if (doc.pool.state === "ok") {
       const age = isNumber(doc.pool.time) ? duration(doc.generated_at - doc.pool.time) : "–";
-      return `Holders and queue: the hub's GPU pool as it last changed, ${age} ago.`;
+      return `Reservations, holders and queue: the hub's pool as it last changed, ${age} ago.`;
     }
-    return `No GPU pool from the hub yet (${gpusFile} in the state folder): the hub writes ` +
-      "it once it has read its GPUs and whenever a holder or the queue changes.";
+    return `No pool from the hub yet (${gpusFile} in the state folder): the hub writes it ` +
+      "once it has read its GPUs and whenever a reservation, a holder or the queue changes.";
+  }
+
+  function hostRow(host, key, label) {
+    const reserved = host.reserved ? host.reserved[key] : null;
+    const share = host.share ? host.share[key] : null;
+    const ratio = key === "cpus" ? host.cpu_ratio : host.memory_ratio;
+    const has = host.state === "on" ? host[key] : (host.engine ? host.engine[key] : null);
+    const reservedCell = isNumber(reserved) && share
+      ? [h("meter", {min: "0", max: String(share), value: String(reserved)}),
+        h("span", {}, `${amountText(key, reserved)} of ${amountText(key, share)}`)]
+      : h("span", {}, "–");
+    return h("tr", {"data-key": key},
+      h("th", {scope: "row", class: "text"}, label),
+      h("td", {class: "reserved"}, reservedCell),
+      h("td", {class: "used"}, host.used ? amountText(key, host.used[key]) : "–"),
+      h("td", {class: "share"},
+        isNumber(share) ? `${amountText(key, share)} (${cpusText(ratio)}x)` : "–"),
+      h("td", {class: "capacity"}, amountText(key, has)),
+      h("td", {class: "kept"}, amountText(key, host[`kept_${key}`])));
+  }
+
+  function serverRow(r) {
+    let cpus = `${cpusText(r.cpus)} reserved`;
+    if (isNumber(r.cpu_used)) cpus += ` · ${cpusText(r.cpu_used)} used`;
+    let memory = `${size(r.memory)} reserved`;
+    if (isNumber(r.memory_used)) memory += ` · ${size(r.memory_used)} used`;
+    return h("tr", {"data-key": r.owner},
+      h("td", {class: "text"}, userLink(r.user, r.owner)),
+      h("td", {class: "text"}, r.role || "?"),
+      h("td", {class: "text"}, cpus),
+      h("td", {class: "text"}, memory));
+  }
+
+  function hostSection(doc) {
+    const host = doc.host;
+    const parts = [
+      h("h2", {id: "host-label", tabindex: "-1"}, "Host"),
+      h("p", {id: "host-summary"}, hostText(host, doc.summary.waiting_for_room)),
+      h("div", {class: "wide"}, h("table", {id: "host"},
+        h("thead", {}, h("tr", {},
+          h("th", {class: "text"}, "Resource"), h("th", {}, "Reserved"), h("th", {}, "Used"),
+          h("th", {}, "Notebooks may reserve"), h("th", {}, "The host has"),
+          h("th", {}, "Kept back"))),
+        h("tbody", {}, hostRow(host, "cpus", "CPUs"), hostRow(host, "memory", "Memory")))),
+    ];
+    if (host.state === "on") {
+      parts.push(h("h3", {id: "host-servers-label"}, "Room held by each server"));
+      parts.push(host.servers.length
+        ? h("div", {class: "wide"}, h("table", {id: "host-servers",
+          "aria-labelledby": "host-servers-label"},
+        h("thead", {}, h("tr", {},
+          h("th", {class: "text"}, "Who"), h("th", {class: "text"}, "Role"),
+          h("th", {class: "text"}, "CPUs"), h("th", {class: "text"}, "Memory"))),
+        h("tbody", {}, host.servers.map(serverRow))))
+        : h("p", {id: "host-servers-empty"}, "No server holds room on the host."));
+    }
+    return h("section", {"aria-labelledby": "host-label"}, parts);
   }
 
   function stateCell(g, now, users) {
@@ -178,17 +273,20 @@
       ? h("div", {class: "wide"}, h("table", {id: "queue"},
         h("thead", {}, h("tr", {},
           h("th", {}, "#"), h("th", {class: "text"}, "Who"), h("th", {class: "text"}, "Role"),
-          h("th", {class: "text"}, "Asks for"), h("th", {}, "Priority"), h("th", {}, "Waiting"),
-          h("th", {class: "text"}, "Preemption"))),
+          h("th", {class: "text"}, "GPUs"), h("th", {class: "text"}, "Host room"),
+          h("th", {}, "Priority"), h("th", {}, "Waiting"),
+          h("th", {class: "text"}, "Waiting for"), h("th", {class: "text"}, "Preemption"))),
         h("tbody", {}, doc.queue.map((t) => h("tr", {"data-key": t.owner},
           h("td", {}, String(t.position)),
           h("td", {class: "text"}, userLink(t.user, t.owner)),
           h("td", {class: "text"}, t.role || "?"),
-          h("td", {class: "text"}, `${plural(t.gpus || 0, "GPU")}, ${modeText(t.mode, null)}`),
+          h("td", {class: "text"}, gpusText(t)),
+          h("td", {class: "text"}, roomText(t.cpus, t.memory)),
           h("td", {}, t.priority === null || t.priority === undefined ? "–" : String(t.priority)),
           h("td", {}, isNumber(t.since) ? duration(now - t.since) : "–"),
+          h("td", {class: "text"}, waitingForText(t)),
           h("td", {class: "text"}, preemptionText(t, users, indexes)))))))
-      : h("p", {id: "queue-empty"}, "Nobody is waiting for a GPU.");
+      : h("p", {id: "queue-empty"}, "Nobody is waiting for a GPU or for room on the host.");
     return h("section", {"aria-labelledby": "queue-label"},
       h("h2", {id: "queue-label"}, "Wait queue"), body);
   }
@@ -204,12 +302,13 @@
     }
     const w = doc.watchdog;
     return h("div", {id: "live"},
+      h("p", {id: "freshness", class: `freshness ${w.state}`},
+        freshnessText(w, root.dataset.usageFile || "")),
+      h("p", {id: "pool-note", class: "note"}, poolText(doc, root.dataset.gpusFile || "")),
+      hostSection(doc),
       h("section", {"aria-labelledby": "gpus-label"},
         h("h2", {id: "gpus-label", tabindex: "-1"}, "GPUs of the host"),
         h("p", {id: "summary"}, summaryText(doc, root.dataset.noState || "")),
-        h("p", {id: "freshness", class: `freshness ${w.state}`},
-          freshnessText(w, root.dataset.usageFile || "")),
-        h("p", {id: "pool-note", class: "note"}, poolText(doc, root.dataset.gpusFile || "")),
         h("div", {class: "wide"}, h("table", {id: "gpus"},
           h("thead", {}, h("tr", {},
             h("th", {class: "text"}, "GPU"), h("th", {class: "text"}, "State"),
@@ -284,10 +383,14 @@
   function patch(doc) {
     const focused = document.activeElement;
     const wasInside = focused && live.contains(focused) && focused !== live;
+    // the heading of the section it was in: where focus goes if its line goes
+    const section = wasInside ? focused.closest("section") : null;
+    const heading = (section && section.querySelector("h2[tabindex]")) ||
+      document.getElementById("gpus-label");
     update(live, render(doc));
     if (wasInside && document.activeElement !== focused) {
       // moved (a reorder) or gone (its holder left): back to it, else to the heading
-      const target = focused.isConnected ? focused : document.getElementById("gpus-label");
+      const target = focused.isConnected ? focused : heading;
       if (target) target.focus({preventScroll: true});
     }
   }
