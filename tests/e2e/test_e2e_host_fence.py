@@ -44,7 +44,7 @@ c.QuotaSpawner.memory_overcommit = 2
 """
 USERS = ("ann", "ben")
 ALLOCATE = ("import time; x = b'1' * (600 << 20); print('allocated', flush=True); "
-            "time.sleep(20)")
+            "time.sleep(8)")
 CGROUP = Path("/sys/fs/cgroup")
 
 
