@@ -14,12 +14,14 @@ demo: setup
 	scripts/demo.sh
 
 # The tests and the bench run on a private engine with the fake NVIDIA hook
-# (scripts/test-dockerd.sh); tests/harness.py points DOCKER_HOST at it. Two runs: the
+# (scripts/test-dockerd.sh); tests/harness.py points DOCKER_HOST at it, and the ledger's
+# tests also run on a private PostgreSQL (scripts/test-postgres.sh). Two runs: the
 # unit and service layers on every core (pytest-xdist), then the end-to-end and browser
 # layers on two workers, the modules of each shared hub on one of them (--dist loadgroup,
 # groups in tests/conftest.py). Each lists its 25 slowest tests; the last line sums up.
 test:
 	SETUP_ENGINE=test scripts/setup.sh
+	scripts/test-postgres.sh
 	@t0=$$(date +%s); \
 	.venv/bin/python -m pytest -v -n auto --durations=25 tests/unit tests/service; fast=$$?; \
 	.venv/bin/python -m pytest -v -n 2 --dist loadgroup --durations=25 tests/e2e tests/browser; \
@@ -28,8 +30,10 @@ test:
 	     "e2e and browser: exit $$slow"; \
 	[ $$fast -eq 0 ] && [ $$slow -eq 0 ]
 
-# The unit and service layers only, on every core: no engine, hub or browser (a minute).
+# The unit and service layers only, on every core: no engine, hub or browser (a minute);
+# the private PostgreSQL (scripts/test-postgres.sh) for the ledger's tests on a server.
 test-fast:
+	scripts/test-postgres.sh
 	.venv/bin/python -m pytest -n auto --durations=25 tests/unit tests/service
 
 # ruff, then the architecture's import contracts (pyproject.toml [tool.importlinter];

@@ -203,6 +203,7 @@ def upgrade(engine: Engine, log: logging.Logger | logging.LoggerAdapter) -> None
 
     head = head_revision()
     with engine.begin() as connection:
+        _one_at_a_time(connection)
         found = current_revision(connection)
         if found == head:
             return
@@ -217,8 +218,24 @@ def upgrade(engine: Engine, log: logging.Logger | logging.LoggerAdapter) -> None
         shutil.copy2(database, backup)
         log.info("Usage ledger backed up to %s before its upgrade", backup)
     with engine.begin() as connection:
+        _one_at_a_time(connection)
+        if current_revision(connection) == head:
+            return  # another process upgraded it meanwhile
         command.upgrade(_alembic_config(connection), head)
     log.info("Usage ledger upgraded from %s to %s", found, head)
+
+
+# pg_advisory_xact_lock's key for creating or upgrading the ledger ("quota" in ASCII)
+UPGRADE_LOCK = 0x71756F7461
+
+
+def _one_at_a_time(connection: Connection) -> None:
+    """On a server, one process at a time creates or upgrades the ledger (the hub, the
+    usage service and each watchdog may start together): two CREATE TABLEs of the same
+    table at once fail there. The lock ends with the transaction. A SQLite file is
+    locked by its writer already."""
+    if connection.dialect.name == "postgresql":
+        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({UPGRADE_LOCK})")
 
 
 class Ledger:

@@ -246,10 +246,11 @@ def test_a_session_from_open_to_close_fills_every_column(ledger):
         container="jupyter-ada", role="gpu", image="torch", cpu_limit=4.0, mem_limit=16 * G,
         requested=100.0)
     assert group_rows(ledger) == [(session, "cs101"), (session, "lab")]  # once each
-    with ledger.engine.connect() as connection:  # and written in sorted order
-        assert connection.exec_driver_sql(
-            "SELECT group_name FROM session_groups ORDER BY rowid").scalars().all() == [
-            "cs101", "lab"]
+    if ledger.engine.url.get_backend_name() == "sqlite":  # and written in sorted order
+        with ledger.engine.connect() as connection:
+            assert connection.exec_driver_sql(
+                "SELECT group_name FROM session_groups ORDER BY rowid").scalars().all() == [
+                "cs101", "lab"]
     ledger.set_gpus(HUB, "jupyter-ada", ["GPU-a", "GPU-b"], "exclusive", 80 * G)
     ledger.started(HUB, "jupyter-ada", "cid-ada", when=110.0)
     assert ledger.open_session(HUB, "jupyter-ada") == {

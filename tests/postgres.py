@@ -1,0 +1,43 @@
+"""A fresh PostgreSQL database for one test, in the private test server that
+scripts/test-postgres.sh starts (make test does): Debian's PostgreSQL, its own data
+folder and socket. The state and ledger tests run against it as well as SQLite."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+URL_FILE = Path("/run/quota-spawner-test/postgres/url")
+
+
+def server_url() -> str:
+    """The private server's URL (its ``postgres`` database); fails the test without it."""
+    url = os.environ.get("QUOTA_SPAWNER_TEST_POSTGRES") or (
+        URL_FILE.read_text().strip() if URL_FILE.exists() else "")
+    if not url:
+        pytest.fail("no PostgreSQL for the tests: run scripts/test-postgres.sh (make test "
+                    "does), or set QUOTA_SPAWNER_TEST_POSTGRES to a server's URL")
+    return url
+
+
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """The URL of a new, empty database, dropped afterwards (its connections too)."""
+    server = make_url(server_url())
+    name = f"qs_{uuid.uuid4().hex[:16]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{name}"'))
+        yield server.set(database=name).render_as_string(hide_password=False)
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
