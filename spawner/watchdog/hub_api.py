@@ -1,6 +1,6 @@
 """What the watchdog asks the hub: each user's groups (for routing) and servers (for zombies).
 
-Read through the hub's REST API with the service token JupyterHub gives a
+Read through the hub's REST API (spawner/hub_client.py) with the service token JupyterHub gives a
 managed service (JUPYTERHUB_API_TOKEN); the scopes it needs are
 ``list:users``, ``read:users:groups`` and ``read:servers`` (docs/watchdog.md).
 Asynchronous, on the watchdog's event loop.
@@ -8,14 +8,10 @@ Asynchronous, on the watchdog's event loop.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from urllib.parse import urlencode
 
-from tornado.httpclient import AsyncHTTPClient, HTTPRequest
-
-PAGINATION = "application/jupyterhub-pagination+json"
+from spawner.hub_client import HubClient
 
 
 class HubDirectory:
@@ -54,28 +50,14 @@ class HubDirectory:
         age = time.monotonic() - self._read_at
         if not self.api_url or age < (2.0 if force else self.ttl):
             return
-        groups: dict[str, list[str]] = {}
-        servers: dict[str, set[str]] = {}
         asked = time.time()
-        offset = 0
-        client = AsyncHTTPClient()
         try:
-            while True:
-                query = urlencode({"offset": offset, "limit": 200})
-                response = await client.fetch(HTTPRequest(
-                    f"{self.api_url}/users?{query}", request_timeout=10,
-                    headers={"Authorization": f"token {self.token}", "Accept": PAGINATION}))
-                page = json.loads(response.body)
-                for user in page.get("items", []):
-                    groups[user["name"]] = list(user.get("groups") or [])
-                    servers[user["name"]] = set((user.get("servers") or {}).keys())
-                following = (page.get("_pagination") or {}).get("next")
-                if not following:
-                    break
-                offset = int(following.get("offset", offset + 200))
+            users = await HubClient(self.api_url, self.token, timeout=10).users()
         except Exception as e:  # the hub restarting: keep what was known
             self.log.warning("Could not read the hub's users (%s); routing by group and the "
                              "zombie check use what was read before", e)
             return
+        groups = {u["name"]: list(u.get("groups") or []) for u in users}
+        servers = {u["name"]: set((u.get("servers") or {}).keys()) for u in users}
         self._groups, self._servers = groups, servers
         self.known, self._read_at, self.read_at = True, time.monotonic(), asked

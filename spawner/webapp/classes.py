@@ -47,6 +47,7 @@ from urllib.parse import quote
 
 from tornado import web
 
+from spawner.hub_client import HubRefused
 from spawner.quota.model import QuotaTable
 from spawner.usage import schedules
 from spawner.usage.queries import open_sessions
@@ -63,7 +64,6 @@ from spawner.webapp.base import FORMAT_SCRIPT, ApiHandler, PageHandler, Setup
 from spawner.webapp.formatting import size
 from spawner.webapp.hub_api import (
     HubApi,
-    HubRefused,
     default_server,
     groups_of,
     members,

@@ -1,4 +1,5 @@
-"""The hub's REST API, as the web app calls it, and the hub's user models.
+"""The hub's REST API, as the web app calls it (through spawner/hub_client.py, the one
+client every process uses), and the hub's user models.
 
 Calls go with a token: a visitor's own OAuth token for what they do on a page (the
 class dashboard: the hub's RBAC has the last word), or the service's own token
@@ -11,37 +12,20 @@ editor's preview, the requesters' groups, the scheduled pre-warms. Its role
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
-from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
-
+from spawner.hub_client import NO_ANSWER, HubClient, message_of
 from spawner.webapp.access import Refused
 
-PAGINATION = "application/jupyterhub-pagination+json"
-NO_ANSWER = 599  # as tornado's client says: the hub did not answer
 STARTS_AT_ONCE = 8  # concurrent start requests to the hub
 # The hub refuses a server outside the token's filters with 404 ("No access to resources
 # or resources not found"), not 403, when the token holds the scope for some servers: an
 # instructor's token always does (their own, from "self"), so 404 is how the hub says no
 # to another class's member (checked on a real hub by tests/browser/test_browser_classes.py).
 REFUSALS = {403: "refused", 404: "refused"}
-
-
-class HubRefused(Exception):
-    """The hub answered with an error; ``status`` and its message."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def _message(found: Any) -> str:
-    return str(found.get("message", "")) if isinstance(found, dict) else ""
 
 
 @dataclass(frozen=True)
@@ -58,43 +42,19 @@ class HubApi:
             raise Refused(sentence, 503)
         return self
 
+    @property
+    def client(self) -> HubClient:
+        return HubClient(self.url, self.service_token, timeout=60)
+
     async def call(self, token: str, method: str, path: str,
                    body: Any = None) -> tuple[int, Any]:
         """One request with ``token``: (status, JSON or None); NO_ANSWER when the hub
-        did not answer."""
-        request = HTTPRequest(
-            f"{self.url.rstrip('/')}/{path.lstrip('/')}", method=method,
-            headers={"Authorization": f"token {token}", "Accept": PAGINATION,
-                     "Content-Type": "application/json"},
-            body=None if method in ("GET", "DELETE") else json.dumps(body or {}),
-            request_timeout=60)
-        try:
-            response = await AsyncHTTPClient().fetch(request, raise_error=False)
-        except (OSError, HTTPClientError):  # refused, unreachable, timed out
-            return NO_ANSWER, None
-        try:
-            found = json.loads(response.body) if response.body else None
-        except ValueError:
-            found = None
-        return response.code, found
+        did not answer (hub_client.py: a GET is tried again first)."""
+        return await self.client.call(method, path, body, token=token)
 
     async def users(self, token: str) -> list[dict[str, Any]]:
         """Every user the token may list, with groups and servers; HubRefused otherwise."""
-        users: list[dict[str, Any]] = []
-        offset = 0
-        while True:
-            code, page = await self.call(
-                token, "GET", "users?" + urlencode({"offset": offset, "limit": 200}))
-            if code != 200:
-                raise HubRefused(code, _message(page))
-            # a hub that ignores the pagination header answers with a plain list
-            items = page if isinstance(page, list) else (page or {}).get("items", [])
-            users += [u for u in items if isinstance(u, dict) and u.get("name")]
-            following = None if isinstance(page, list) else (
-                ((page or {}).get("_pagination") or {}).get("next"))
-            if not following:
-                return users
-            offset = int(following.get("offset", offset + 200))
+        return await self.client.users(token=token)
 
     async def start_server(self, token: str, name: str, options: dict[str, str]
                            ) -> dict[str, Any]:
@@ -132,7 +92,7 @@ def _server_path(name: str) -> str:
 
 
 def _result(name: str, code: int, found: Any, outcomes: dict[int, str]) -> dict[str, Any]:
-    message = "The hub did not answer." if code == NO_ANSWER else _message(found)
+    message = "The hub did not answer." if code == NO_ANSWER else message_of(found)
     return {"user": name, "outcome": outcomes.get(code, "failed"), "message": message}
 
 

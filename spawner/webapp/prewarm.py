@@ -18,8 +18,9 @@ from typing import Any
 
 from tornado.ioloop import PeriodicCallback
 
+from spawner.hub_client import HubRefused
 from spawner.usage import schedules
-from spawner.webapp.hub_api import HubApi, HubRefused, members, summary
+from spawner.webapp.hub_api import HubApi, members, summary
 from spawner.webapp.reader import LedgerReader, NotReady
 
 log = logging.getLogger("quota_spawner.usage")
