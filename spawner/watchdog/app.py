@@ -40,6 +40,7 @@ from typing import Any
 from traitlets import CaselessStrEnum, Float, Integer, TraitError, Unicode, default
 from traitlets.config import Application
 
+from spawner.events import EVENTS_FILE
 from spawner.gpu.nvml import Nvml, XidWatcher
 from spawner.policy.config import hub_id_from_secret_file
 from spawner.usage.ledger import Ledger, Sample, default_url
@@ -62,7 +63,6 @@ from spawner.watchdog.rules import GPU_IDLE, RULES, Event, IncidentBook, Watchdo
 from spawner.watchdog.text import name, number, one_line
 
 # The hub's event log, in its state folder unless the hub's config says otherwise.
-EVENTS_FILE_NAME = "quota-spawner-events.jsonl"
 # Each cycle's GPU and host numbers, for the admins' host map (spawner/webapp/gpus.py).
 GPU_USAGE_FILE_NAME = "quota-spawner-gpu-usage.json"
 GPU_USAGE_VERSION = 1
@@ -132,7 +132,7 @@ class QuotaWatchdog(Application):
         config=True,
         help=f"""The hub's event log, whose preemptions are told to the people of the
         servers stopped. Default: $QUOTA_SPAWNER_EVENTS_FILE when set, else
-        {EVENTS_FILE_NAME} in $QUOTA_SPAWNER_STATE_DIR when set; empty: not read.""")
+        {EVENTS_FILE} in $QUOTA_SPAWNER_STATE_DIR when set; empty: not read.""")
     usage_db = Unicode(
         config=True,
         help="""The usage ledger (docs/usage.md), into whose sessions each cycle's samples
@@ -189,7 +189,7 @@ class QuotaWatchdog(Application):
             return os.environ["QUOTA_SPAWNER_EVENTS_FILE"]
         # Only in a state folder the hub named: "." would be a guess at the hub's.
         state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", "")
-        return str(Path(state) / EVENTS_FILE_NAME) if state else ""
+        return str(Path(state) / EVENTS_FILE) if state else ""
 
     @default("gpu_usage_file")
     def _gpu_usage_file_default(self) -> str:

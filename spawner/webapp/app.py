@@ -33,7 +33,7 @@ from tornado.httpserver import HTTPServer
 from traitlets import Float, TraitError, Unicode, default, validate
 from traitlets.config import Application
 
-from spawner.events import EventLog
+from spawner.events import EVENTS_FILE, EventLog
 from spawner.policy.config import hub_id_from_secret_file
 from spawner.usage.ledger import default_url
 from spawner.webapp import classes, gpus, inputs, report, requests, table
@@ -54,7 +54,6 @@ DEFAULT_PREFIX = "/services/usage/"
 # What the service's own token may read: the table editor's preview needs every user's
 # groups and the role of each running server, the role requests the requesters' groups.
 SERVICE_SCOPES = ("list:users", "read:users:groups", "read:servers")
-EVENTS_FILE = "quota-spawner-events.jsonl"  # the hub's event log, in its state folder
 LOG_FORMAT = "[%(levelname).1s %(asctime)s quota-spawner usage] %(message)s"
 # The hub's variables that reach the service when set (a managed service gets only
 # what its definition names).
