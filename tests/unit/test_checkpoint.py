@@ -140,6 +140,9 @@ if cfg.get("again"):
 if cfg.get("fork"):
     child = os.fork()
     if child == 0:
+        # said from the child itself: a SIGTERM in the instant after fork, before Python
+        # set up its signal state again, would be lost
+        record("forked %d" % os.getpid())
         time.sleep(60)
         os._exit(3)
     record("child %d" % child)
@@ -318,6 +321,7 @@ def test_a_forked_child_keeps_the_default(child):
     c = child(fork=True)
     [line] = [x for x in c.lines() if x.startswith("child ")]
     pid = int(line.split()[1])
+    c.wait_for(lambda lines: f"forked {pid}" in lines, "the forked child to run")
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
     while not ended(pid):  # the forked child dies of the signal, without the callback
