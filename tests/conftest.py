@@ -11,6 +11,14 @@ from hubs import TEST_QUOTAS, running_hub, start_gpu_hub, start_hub, start_one_g
 from harness import ensure_engine
 
 
+@pytest.fixture
+def ledger_url(tmp_path) -> str:
+    """Where a test's usage ledger lives: a SQLite file here; the modules that run the same
+    tests on PostgreSQL (tests/service/test_*_postgres.py) give a fresh database instead
+    (tests/postgres.py)."""
+    return f"sqlite:///{tmp_path / 'usage.sqlite'}"
+
+
 @pytest.fixture(scope="session")
 def docker_client():
     try:

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -41,3 +42,21 @@ def fresh_database() -> Iterator[str]:
             c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     finally:
         admin.dispose()
+
+
+@pytest.fixture
+def ledger_url() -> Iterator[str]:
+    """The ledger's URL for a test module that runs on PostgreSQL: a fresh database."""
+    with fresh_database() as url:
+        yield url
+
+
+def collect_again(module: Any, namespace: dict[str, Any], *, except_for: set[str]) -> None:
+    """Put ``module``'s tests and fixtures into ``namespace`` (a test module's globals), so
+    pytest runs them again there with that module's ``ledger_url``; ``except_for``: the
+    tests about SQLite itself."""
+    unknown = except_for - set(vars(module))
+    assert not unknown, f"no such tests in {module.__name__}: {sorted(unknown)}"
+    namespace.update({name: value for name, value in vars(module).items()
+                      if not name.startswith("_") and name not in except_for
+                      and name not in ("ledger_url", "pytest")})

@@ -310,8 +310,8 @@ class Sessions:
 
 
 @pytest.fixture
-def ledger(tmp_path: Path) -> Ledger:
-    ledger = Ledger(f"sqlite:///{tmp_path / 'usage.sqlite'}")
+def ledger(ledger_url: str) -> Ledger:
+    ledger = Ledger(ledger_url)
     yield ledger
     ledger.dispose()
 

@@ -68,8 +68,8 @@ def problems(requests: str) -> list[str]:
 
 
 @pytest.fixture
-def ledger(tmp_path):
-    ledger = Ledger(f"sqlite:///{tmp_path / 'usage.sqlite'}", LOG)
+def ledger(ledger_url):
+    ledger = Ledger(ledger_url, LOG)
     yield ledger
     ledger.dispose()
 

@@ -91,8 +91,8 @@ def table_path(tmp_path):
 
 
 @pytest.fixture
-def audit(tmp_path):
-    ledger = Ledger(f"sqlite:///{tmp_path / 'usage.sqlite'}", LOG)
+def audit(ledger_url):
+    ledger = Ledger(ledger_url, LOG)
     yield Audit(ledger.engine)
     ledger.dispose()
 

@@ -67,9 +67,9 @@ def add(connection, user, role, *, started, stopped=None, requested=None, reason
 
 
 @pytest.fixture
-def ledger(tmp_path):
+def ledger(ledger_url):
     """Sessions around the window [100 h, 200 h), now 250 h; the hours in each comment."""
-    ledger = Ledger(f"sqlite:///{tmp_path / 'ledger.sqlite'}")
+    ledger = Ledger(ledger_url)
     with ledger.engine.begin() as c:
         # 1: crosses the window's start: 10 h; CPU mean 0.5, memory mean 1 GiB
         add(c, "alice", "big", started=90 * H, stopped=110 * H, reason="culled",
@@ -255,8 +255,8 @@ FORMULAS = ["=rt+7", "+41", "-2+3", "@SUM(A1)", "\tx", "\rx", '=HYPERLINK("http:
 
 
 @pytest.mark.parametrize("by", ["user", "role", "group", "image"])
-def test_csv_cells_from_names_are_not_formulas(tmp_path, by):
-    ledger = Ledger(f"sqlite:///{tmp_path / 'names.sqlite'}")
+def test_csv_cells_from_names_are_not_formulas(ledger_url, by):
+    ledger = Ledger(ledger_url)
     names = [*FORMULAS, "alice", "o'brien", "two\rlines", "two\nlines"]
     with ledger.engine.begin() as c:
         for i, name in enumerate(names):
@@ -287,8 +287,8 @@ def test_csv_numbers_are_not_quoted_even_when_negative():
     assert lines[1].endswith(",-1.5,-0.25,2.0,,-3.0,0.5")
 
 
-def test_table_keeps_the_size_of_short_sessions(tmp_path):
-    ledger = Ledger(f"sqlite:///{tmp_path / 'short.sqlite'}")
+def test_table_keeps_the_size_of_short_sessions(ledger_url):
+    ledger = Ledger(ledger_url)
     with ledger.engine.begin() as c:
         add(c, "ann", "gpu", started=120 * H, stopped=120 * H + 10, reason="stopped")
         add(c, "ben", "small", started=120 * H, stopped=120 * H + 1, reason="stopped")
@@ -382,8 +382,8 @@ TABLE = QuotaTable(
 
 
 @pytest.fixture
-def advice_ledger(tmp_path):
-    ledger = Ledger(f"sqlite:///{tmp_path / 'advice.sqlite'}")
+def advice_ledger(ledger_url):
+    ledger = Ledger(ledger_url)
 
     def many(c, user, role, peaks, groups, gpu=None):
         for i, (mem, cpu) in enumerate(peaks):

@@ -10,7 +10,6 @@ inside QuotaKubeSpawner's own start, poll and stop.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,8 +32,8 @@ CPU = Role("student", cpus=0.5, memory=2 * G, images=("pytorch",))
 
 
 @pytest.fixture
-def ledger(tmp_path: Path):
-    ledger = Ledger(f"sqlite:///{tmp_path / 'usage.sqlite'}", LOG)
+def ledger(ledger_url: str):
+    ledger = Ledger(ledger_url, LOG)
     yield ledger
     ledger.dispose()
 
