@@ -16,7 +16,8 @@ Quota Spawner demo: http://127.0.0.1:8000
   Services > usage (/services/usage/), pages in its header:
     Usage          admin: everyone; prof-ada: cs101
     Quota table    admin: edit hub_config/quotas.yaml with checks, preview and history
-    GPU map        admin: every GPU, its holders and the queue, live
+    Host map       admin: CPUs and memory reserved and used, every GPU, its
+                   holders and the queue, live
     Classes        prof-ada: cs101's servers, stop, pre-warm now or at a time
     Role requests  everyone: ask for gpu-training or senior-engineer; admin and
                    prof-ada (for cs101) decide
