@@ -3,6 +3,8 @@
 The spawner records preemptions and the GPU wait queue here (who, whom, why,
 how long); the watchdog tails it to tell the people concerned, and usage
 reports read it. docs/preemption.md#the-event-log lists the events and fields.
+With a ledger, each record also goes to its database's ``events`` table
+(usage/event_store.py), which a watchdog that shares no folder with the hub reads.
 
 Each event is written with one ``write`` on a file opened with O_APPEND, so
 lines from several processes never interleave, and a reader never sees half
@@ -17,6 +19,7 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,9 +36,14 @@ class EventLog:
     event appended before it.
     """
 
-    def __init__(self, path: str, log: logging.Logger | logging.LoggerAdapter | None = None):
+    def __init__(self, path: str, log: logging.Logger | logging.LoggerAdapter | None = None,
+                 store: Callable[[dict[str, Any]], None] | None = None):
         self.path = path
         self.log = log or logging.getLogger(__name__)
+        # also appends each record to the ledger's database (usage/event_store.py), for
+        # processes that share no folder with this one; it blocks, so it runs on the thread
+        self.store = store
+        self._store_error = ""
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-events")
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
@@ -46,6 +54,8 @@ class EventLog:
         """
         record = {"version": SCHEMA_VERSION, "time": round(time.time(), 3), "event": event,
                   **fields}
+        if self.store is not None:  # first: a record in the file is in the database too
+            self._writer.submit(self._stored, record)
         if self.path:
             line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
             self._writer.submit(self._append, line)
@@ -68,6 +78,20 @@ class EventLog:
                 os.close(fd)
         except OSError as e:
             self.log.error("Event log: could not write %s: %s", self.path, e.strerror)
+
+    def _stored(self, record: dict[str, Any]) -> None:
+        assert self.store is not None
+        try:
+            self.store(record)
+        except Exception as e:  # logged once until it works again: a spawn never fails on it
+            if str(e) != self._store_error:
+                self.log.error("Event log: could not add %s to the database (%s: %s)",
+                               record.get("event"), type(e).__name__, e)
+                self._store_error = str(e)
+            return
+        if self._store_error:
+            self.log.info("Event log: the database takes events again")
+            self._store_error = ""
 
     def _replace(self, path: str, text: str) -> None:
         try:

@@ -11,12 +11,12 @@ built once, in this order:
    enforce, and caps the start CPU boost);
 2. the GPU inventory, declared or found with NVML in a thread, logged as
    ``GPU inventory: …``;
-3. the event log and the GPU pool (allocation and the wait queue), the host's
-   capacity (admission), and the notebooks' parent cgroup, in a thread
-   (docker/fence.py; the log says whether it is in effect);
-4. the usage ledger's writer, the ledger created or upgraded in a thread,
-   before any part below writes to it (without one, no session is recorded and
-   no budget enforced);
+3. the usage ledger, created or upgraded in a thread before any part below
+   writes to it (without one, no session is recorded and no budget enforced);
+4. the event log (its file, and the ledger's ``events`` table), the GPU pool
+   (allocation and the wait queue), the host's capacity (admission), the
+   notebooks' parent cgroup, in a thread (docker/fence.py; the log says whether
+   it is in effect), and the ledger's writer;
 5. the reconciler (the pool in step with the containers' labels, zombies) and
    the evictor (preemptions, and stopping a server the hub's way), which first
    calls off the preemptions a previous hub process left in their grace;
@@ -33,6 +33,7 @@ finding are in the hub's log before anyone spawns.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -55,6 +56,7 @@ from spawner.quota.model import GpuCapacity, QuotaTable, QuotaTableError
 from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_size
 from spawner.registry import Registry
+from spawner.usage import event_store
 from spawner.usage.budgets import MEMORY_FILE
 from spawner.usage.duties import UsageDuties
 from spawner.usage.ledger import Ledger, LedgerWriter, default_url
@@ -184,14 +186,15 @@ class HubRuntime:
                                                  settings.gpu_discovery)
         (log.info if self.inventory.devices else log.warning)(
             "GPU inventory: %s", self.inventory.describe())
-        self.events = EventLog(settings.path(EVENTS_FILE), log)
+        ledger = await self._open_ledger()
+        self.events = EventLog(settings.path(EVENTS_FILE), log, store=(
+            functools.partial(event_store.append_one, ledger.engine) if ledger else None))
         self.pool = GpuPool(self.inventory, self.hub_id, log, events=self.events,
                             gpus_file=settings.path(GPUS_FILE))
         capacity = self._host_capacity()
         self.pool.set_host(HostBook(capacity) if capacity and settings.host_admission
                            else None)
         self.fence = await self._fence(capacity)
-        ledger = await self._open_ledger()
         self.usage = LedgerWriter(ledger, log) if ledger is not None else None
         self.reconciler = Reconciler(
             self.pool, self.docker_client, log, sync_interval=settings.gpu_sync_interval,

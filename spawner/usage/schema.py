@@ -135,3 +135,17 @@ prewarm_schedules = Table(
 )
 Index("ix_prewarm_schedules_state", prewarm_schedules.c.state, prewarm_schedules.c.at)
 Index("ix_prewarm_schedules_group", prewarm_schedules.c.group_name, prewarm_schedules.c.at)
+
+# The hub's event log (spawner/events.py) for processes that share no folder with the hub:
+# one row per event in the order written (usage/event_store.py serialises the writers on
+# a server), read by id. ``body`` is the whole record as JSON.
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("time", Float, nullable=False),
+    Column("hub", String(64), nullable=False, server_default=""),
+    Column("event", String(64), nullable=False),
+    Column("body", Text, nullable=False),
+)
+Index("ix_events_hub", events.c.hub, events.c.id)

@@ -37,6 +37,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.engine import make_url
 from traitlets import CaselessStrEnum, Float, Integer, TraitError, Unicode, default
 from traitlets.config import Application
 
@@ -47,7 +48,13 @@ from spawner.usage.ledger import Ledger, Sample, default_url
 from spawner.watchdog.containers import Containers, EngineClient, EngineUnreachable, OomEvents
 from spawner.watchdog.host import CgroupReader, CpuMeter, gpu_memory_by_container
 from spawner.watchdog.hub_api import HubDirectory
-from spawner.watchdog.hub_events import NOTICE, for_hub, hub_event_messages, read_new
+from spawner.watchdog.hub_events import (
+    NOTICE,
+    for_hub,
+    hub_event_messages,
+    read_new,
+    read_new_rows,
+)
 from spawner.watchdog.metrics import WatchdogMetrics, serve_metrics, write_dcgm_mapping
 from spawner.watchdog.model import (
     GpuProcess,
@@ -59,7 +66,7 @@ from spawner.watchdog.model import (
 )
 from spawner.watchdog.notify import Notifier
 from spawner.watchdog.pods import Pods, kube_api
-from spawner.watchdog.rules import GPU_IDLE, RULES, Event, IncidentBook, WatchdogRules
+from spawner.watchdog.rules import GPU_IDLE, RULES, Event, EventCursor, IncidentBook, WatchdogRules
 from spawner.watchdog.text import name, number, one_line
 
 # The hub's event log, in its state folder unless the hub's config says otherwise.
@@ -132,7 +139,8 @@ class QuotaWatchdog(Application):
         config=True,
         help=f"""The hub's event log, whose preemptions are told to the people of the
         servers stopped. Default: $QUOTA_SPAWNER_EVENTS_FILE when set, else
-        {EVENTS_FILE} in $QUOTA_SPAWNER_STATE_DIR when set; empty: not read.""")
+        {EVENTS_FILE} in $QUOTA_SPAWNER_STATE_DIR when set; empty: the events table of
+        usage_db (a watchdog that shares no folder with the hub), or none.""")
     usage_db = Unicode(
         config=True,
         help="""The usage ledger (docs/usage.md), into whose sessions each cycle's samples
@@ -380,20 +388,20 @@ class QuotaWatchdog(Application):
         The book's position moves on (saved with it after the cycle). A log
         that cannot be read is logged once, until it can be, and holds up nothing else.
         """
-        if not self.events_file:
+        where = self.events_source
+        if not where:
             return []
         try:
-            found, self.book.events = await asyncio.to_thread(
-                read_new, self.events_file, self.book.events)
-        except OSError as error:
+            found, self.book.events = await asyncio.to_thread(self._read_events)
+        except Exception as error:  # a file or a database that cannot be read now
             if str(error) != self._events_error:
                 self.log.warning("Cannot read the hub's event log %s (%s); preemptions and "
                                  "budget notices are not told until it can be read",
-                                 self.events_file, error)
+                                 where, error)
                 self._events_error = str(error)
             return []
         if self._events_error:
-            self.log.info("The hub's event log %s can be read again", self.events_file)
+            self.log.info("The hub's event log %s can be read again", where)
             self._events_error = ""
         told: list[Event] = []
         for event in for_hub(found, self.hub_id):
@@ -409,14 +417,33 @@ class QuotaWatchdog(Application):
                                one_line(str(error)))
         return told
 
+    @property
+    def events_source(self) -> str:
+        """Where the hub's event log is read: the file in a shared state folder, else the
+        ledger's ``events`` table (a watchdog on another machine); "" for nowhere."""
+        if self.events_file:
+            return self.events_file
+        if self.usage_db and self.usage_db != "none":
+            return f"the events table of {make_url(self.usage_db).render_as_string()}"
+        return ""
+
+    def _read_events(self) -> tuple[list[dict[str, Any]], EventCursor]:
+        if self.events_file:
+            return read_new(self.events_file, self.book.events)
+        return read_new_rows(self._ledger_now().engine, self.events_source, self.book.events)
+
+    def _ledger_now(self) -> Ledger:
+        """The hub's ledger, opened once it exists (blocking; LedgerNotReady before)."""
+        if self._ledger is None:
+            self._ledger = Ledger(self.usage_db, self.log, create=False)
+            self.log.info("Using the usage ledger %s", self._ledger.url_text)
+        return self._ledger
+
     def record_usage(self, snapshot: Snapshot) -> None:
         """Fold the cycle's samples into the ledger's open sessions (blocking). A ledger
         the hub has not created yet, or that fails, is logged once and tried next cycle."""
         try:
-            if self._ledger is None:
-                self._ledger = Ledger(self.usage_db, self.log, create=False)
-                self.log.info("Recording usage samples in %s", self._ledger.url_text)
-            self._ledger.fold(usage_samples(snapshot))
+            self._ledger_now().fold(usage_samples(snapshot))
         except Exception as error:
             if str(error) != self._usage_error:
                 self.log.warning("Cannot record usage samples (%s); trying again each cycle",
@@ -477,7 +504,7 @@ class QuotaWatchdog(Application):
             serve_metrics(self.metrics, self.metrics_ip, self.metrics_port, self.metrics_token)
         self.log.info("Watching %s every %gs (hub %s); incidents in %s; hub events from %s",
                       self.docker_host, self.interval, self.hub_id or "any", self.state_file,
-                      self.events_file or "nowhere")
+                      self.events_source or "nowhere")
         while not stop.is_set():
             began = time.monotonic()
             try:

@@ -44,7 +44,10 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from sqlalchemy import Engine
+
 from spawner.events import read_events
+from spawner.usage import event_store
 from spawner.watchdog.model import Server, Snapshot
 from spawner.watchdog.rules import (
     BUDGET,
@@ -90,6 +93,18 @@ def read_new(path: str, cursor: EventCursor | None) -> tuple[list[dict[str, Any]
     offset = cursor.offset if cursor.inode == inode else 0
     events, offset = read_events(path, offset)
     return events, EventCursor(path, offset, inode)
+
+
+def read_new_rows(engine: Engine, where: str,
+                  cursor: EventCursor | None) -> tuple[list[dict[str, Any]], EventCursor]:
+    """``read_new`` for the ledger's ``events`` table (usage/event_store.py), where a
+    watchdog that shares no folder with the hub reads: ``where`` names the database (its
+    URL without password) and the cursor's offset is the last id read. With no cursor,
+    or one of another log: none, and a cursor at the newest event. Blocks."""
+    if cursor is None or cursor.path != where:
+        return [], EventCursor(where, event_store.last_id(engine))
+    found, last = event_store.read_after(engine, cursor.offset)
+    return found, EventCursor(where, last)
 
 
 def _end_of_last_line(path: str) -> int:

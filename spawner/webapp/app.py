@@ -35,6 +35,7 @@ from traitlets.config import Application
 
 from spawner.events import EVENTS_FILE, EventLog
 from spawner.policy.config import hub_id_from_secret_file
+from spawner.usage import event_store
 from spawner.usage.ledger import default_url
 from spawner.webapp import classes, gpus, inputs, report, requests, table
 from spawner.webapp.access import SCOPE
@@ -248,11 +249,14 @@ class UsageService(Application):
             log.warning("Requests: no QUOTA_SPAWNER_STATE_DIR, so their events are not "
                         "recorded and nobody is told of them")
         events = os.path.join(self.state_dir, EVENTS_FILE) if self.state_dir else ""
+        reader = LedgerReader(self.usage_db)
+        store = (lambda record: event_store.append_one(reader.engine(), record)
+                 ) if self.usage_db else None
         return Setup(
-            reader=LedgerReader(self.usage_db), prefix=self.service_prefix,
+            reader=reader, prefix=self.service_prefix,
             quota_file=self.quota_file, state_dir=self.state_dir, tz=self.tz,
             hub_base=self.hub_base_url, hub=HubApi(self.hub_api_url, self.hub_api_token),
-            events=EventLog(events, log), hub_id=self.event_hub_id, clock=clock,
+            events=EventLog(events, log, store=store), hub_id=self.event_hub_id, clock=clock,
             templates=templates())
 
     def web_app(self, clock: Callable[[], float] = time.time) -> web.Application:

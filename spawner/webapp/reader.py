@@ -67,6 +67,11 @@ class LedgerReader:
                 self._engine = ledger.engine
             return self._engine
 
+    def engine(self) -> Engine:
+        """The ledger's engine, opened now if need be (blocking; NotReady-like errors while
+        the hub has not made the ledger)."""
+        return self._open()
+
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the worker threads, without the ledger (files)."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)

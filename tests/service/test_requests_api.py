@@ -17,6 +17,7 @@ from webapp_client import serve
 
 from harness import shipped_table_without_requests
 from spawner.events import read_events
+from spawner.usage import event_store
 from spawner.usage.ledger import Ledger
 from spawner.webapp import app as service
 from spawner.webapp import requests as requests_api
@@ -113,7 +114,9 @@ async def api(request, tmp_path, monkeypatch):
                            hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
                            hub_api_token=HUB_TOKEN, clock=lambda: NOW)
     server, port = serve(app)
-    yield Api(port, state / "quota-spawner-events.jsonl", quota)
+    found = Api(port, state / "quota-spawner-events.jsonl", quota)
+    found.url = url
+    yield found
     server.stop()
     hub_server.stop()
     app.settings["usage"].reader.close()
@@ -182,6 +185,11 @@ async def test_a_student_asks_lists_and_withdraws(api):
     events = await wait_events(api, 2)
     assert [e["event"] for e in events] == ["role-request", "role-request-withdrawn"]
     assert events[1]["who"] == "student1"
+    # and the same records in the ledger's events table, for a watchdog that shares no
+    # folder with the service
+    ledger = Ledger(api.url, create=False)
+    assert event_store.read_after(ledger.engine, 0)[0] == events
+    ledger.dispose()
 
 
 @pytest.mark.parametrize("body, words", [

@@ -17,6 +17,8 @@ from receivers import HttpReceiver
 from traitlets import TraitError
 
 from spawner.events import EventLog
+from spawner.usage import event_store
+from spawner.usage.ledger import Ledger
 from spawner.watchdog.app import QuotaWatchdog
 from spawner.watchdog.hub_events import facts, for_hub, preemption_events, read_new
 from spawner.watchdog.metrics import WatchdogMetrics
@@ -448,6 +450,44 @@ async def test_an_empty_events_file_reads_nothing(log):
     log.append("preemption", notice())
     assert await watchdog.hub_events(snapshot()) == []
     assert watchdog.book.events is None
+
+
+async def test_without_a_shared_folder_it_reads_the_hubs_events_from_the_ledger(
+        tmp_path, ledger_url, caplog):
+    """A watchdog on another machine: no events file, only the hub's database. The hub's
+    own EventLog writes there (its ``store``), and the app tells them in order."""
+    ledger = Ledger(ledger_url)  # the hub creates it
+    hub_log = EventLog("", store=lambda r: event_store.append_one(ledger.engine, r))
+    watchdog = app(Log(tmp_path / "unused.jsonl"), events_file="", usage_db=ledger_url)
+    assert watchdog.events_source.startswith("the events table of ")
+    hub_log.append("queued", **queued())
+    hub_log.flush()
+    assert await watchdog.hub_events(snapshot()) == []  # the first read: at the end
+    hub_log.append("preemption", **notice())
+    hub_log.append("preemption", **notice(hub="quota-other", user="mallory"))
+    hub_log.append("preempted", **stopped())
+    hub_log.flush()
+    told = await watchdog.hub_events(snapshot(T + 122))
+    assert [(e.incident.hub_event["event"], e.incident.server.user) for e in told] == [
+        ("preemption", "alice"), ("preempted", "alice")]
+    assert await watchdog.hub_events(snapshot(T + 123)) == []  # nothing twice
+    assert watchdog.book.events.offset == event_store.last_id(ledger.engine)
+    ledger.dispose()
+
+
+async def test_a_ledger_not_made_yet_is_said_once_and_read_once_it_is(tmp_path, caplog):
+    url = f"sqlite:///{tmp_path / 'later.sqlite'}"
+    watchdog = app(Log(tmp_path / "unused.jsonl"), events_file="", usage_db=url)
+    with caplog.at_level(logging.INFO, logger="test-watchdog"):
+        assert await watchdog.hub_events(snapshot()) == []
+        assert await watchdog.hub_events(snapshot()) == []
+        assert caplog.text.count("Cannot read the hub's event log the events table of") == 1
+        ledger = Ledger(url)
+        assert await watchdog.hub_events(snapshot()) == []  # starts at the end
+        event_store.append_one(ledger.engine, {"event": "preemption", **notice()})
+        assert len(await watchdog.hub_events(snapshot(T + 5))) == 1
+        assert "can be read again" in caplog.text
+    ledger.dispose()
 
 
 # --- where the log is --------------------------------------------------------------------

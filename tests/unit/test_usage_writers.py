@@ -233,7 +233,7 @@ def test_the_watchdog_folds_its_samples_once_the_hub_made_the_ledger(url, caplog
         caplog.clear()
         watchdog.record_usage(snapshot)
     assert [r.getMessage() for r in caplog.records if r.name == LOG.name] == [
-        f"Recording usage samples in {url}", "Usage samples are recorded again"]
+        f"Using the usage ledger {url}", "Usage samples are recorded again"]
     assert usage(ledger, session) == dict(
         last_seen=500.0, cpu_samples=1, cpu_sum=0.5, cpu_peak=0.5, mem_samples=1,
         mem_sum=float(G), mem_peak=G, gpu_samples=0, gpu_util_sum=0.0, gpu_util_peak=None,

@@ -1,0 +1,70 @@
+"""The hub's event log in the ledger's database: the ``events`` table.
+
+Every process that writes events (the hub's spawners, the web app's role requests)
+appends its records here as well as to the state folder's file (spawner/events.py), so
+a watchdog on another machine, given only the database's URL, reads them in order
+(``read_after``) and tells the people concerned.
+
+Order: ids are the order of the log. On a server, concurrent writers could commit ids
+out of order (a reader might then pass over one that commits later), so each append
+first takes a transaction-scoped advisory lock: appends commit one at a time, in id
+order. SQLite's writers take turns anyway. Blocking: call from a thread.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Engine, func, insert, select
+
+from spawner.usage.schema import events
+
+# pg_advisory_xact_lock's key for appending events ("events" in ASCII)
+APPEND_LOCK = 0x6576656E7473
+READ_LIMIT = 1000  # events per read; the rest come with the next
+
+
+def append(engine: Engine, records: Sequence[Mapping[str, Any]]) -> None:
+    """Add ``records`` (the event log's, each with ``time`` and ``event``) in one
+    transaction, after every event appended before."""
+    if not records:
+        return
+    rows = [{"time": float(r.get("time") or 0.0), "hub": str(r.get("hub") or "")[:64],
+             "event": str(r.get("event") or "")[:64],
+             "body": json.dumps(dict(r), sort_keys=True, default=str)} for r in records]
+    with engine.begin() as connection:
+        if connection.dialect.name == "postgresql":
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({APPEND_LOCK})")
+        connection.execute(insert(events), rows)
+
+
+def append_one(engine: Engine, record: Mapping[str, Any]) -> None:
+    """``append`` of one record: the event log's ``store`` (spawner/events.py)."""
+    append(engine, [record])
+
+
+def last_id(engine: Engine) -> int:
+    """The id of the newest event; 0 when there is none."""
+    with engine.connect() as connection:
+        return int(connection.execute(select(func.max(events.c.id))).scalar() or 0)
+
+
+def read_after(engine: Engine, after: int,
+               limit: int = READ_LIMIT) -> tuple[list[dict[str, Any]], int]:
+    """The events after id ``after``, oldest first (at most ``limit``), and the id to read
+    after next. A body that is not a JSON object is skipped, as a bad line of the file is."""
+    query = (select(events.c.id, events.c.body).where(events.c.id > after)
+             .order_by(events.c.id).limit(limit))
+    with engine.connect() as connection:
+        rows = connection.execute(query).all()
+    found = []
+    for row in rows:
+        try:
+            value = json.loads(row.body)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+    return found, (rows[-1].id if rows else after)

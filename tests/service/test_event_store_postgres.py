@@ -1,0 +1,12 @@
+"""The hub's event log in the ledger's database, on PostgreSQL: tests/unit/
+test_event_store.py again, each test on a fresh database of the private test server
+(tests/postgres.py); there, appends are serialised by an advisory lock, so a reader
+never passes over an event that commits late."""
+
+from __future__ import annotations
+
+import test_event_store as on_sqlite
+from postgres import collect_again, ledger_url  # noqa: F401 -- this module's ledger_url
+
+SQLITE_ONLY = {"test_a_ledger_of_0004_is_upgraded_and_keeps_its_sessions"}
+collect_again(on_sqlite, globals(), except_for=SQLITE_ONLY)
