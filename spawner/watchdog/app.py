@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -99,6 +100,7 @@ class QuotaWatchdog(Application):
     # check, where the engine does not say it. Replaced each cycle, never changed in place.
     _first_seen: dict[str, float] = {}
     _ledger: Ledger | None = None
+    _ledger_lock = threading.Lock()
 
     config_file = Unicode(
         os.environ.get("QUOTA_SPAWNER_WATCHDOG_CONFIG", ""), config=True,
@@ -138,9 +140,11 @@ class QuotaWatchdog(Application):
     events_file = Unicode(
         config=True,
         help=f"""The hub's event log, whose preemptions are told to the people of the
-        servers stopped. Default: $QUOTA_SPAWNER_EVENTS_FILE when set, else
-        {EVENTS_FILE} in $QUOTA_SPAWNER_STATE_DIR when set; empty: the events table of
-        usage_db (a watchdog that shares no folder with the hub), or none.""")
+        servers stopped, as a file. Default: $QUOTA_SPAWNER_EVENTS_FILE when set, else
+        empty when there is a usage_db (its events table, which the hub writes with its
+        ledger: no folder need be shared), else {EVENTS_FILE} in
+        $QUOTA_SPAWNER_STATE_DIR when set. Empty: the events table of usage_db, or
+        none.""")
     usage_db = Unicode(
         config=True,
         help="""The usage ledger (docs/usage.md), into whose sessions each cycle's samples
@@ -195,6 +199,8 @@ class QuotaWatchdog(Application):
     def _events_file_default(self) -> str:
         if "QUOTA_SPAWNER_EVENTS_FILE" in os.environ:  # set empty: not read
             return os.environ["QUOTA_SPAWNER_EVENTS_FILE"]
+        if self.usage_db and self.usage_db != "none":
+            return ""  # the ledger's events table, which the hub writes with its ledger
         # Only in a state folder the hub named: "." would be a guess at the hub's.
         state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", "")
         return str(Path(state) / EVENTS_FILE) if state else ""
@@ -433,11 +439,13 @@ class QuotaWatchdog(Application):
         return read_new_rows(self._ledger_now().engine, self.events_source, self.book.events)
 
     def _ledger_now(self) -> Ledger:
-        """The hub's ledger, opened once it exists (blocking; LedgerNotReady before)."""
-        if self._ledger is None:
-            self._ledger = Ledger(self.usage_db, self.log, create=False)
-            self.log.info("Using the usage ledger %s", self._ledger.url_text)
-        return self._ledger
+        """The hub's ledger, opened once it exists (blocking; LedgerNotReady before). The
+        event reads and the samples' folding ask from two threads: one opens it."""
+        with self._ledger_lock:
+            if self._ledger is None:
+                self._ledger = Ledger(self.usage_db, self.log, create=False)
+                self.log.info("Using the usage ledger %s", self._ledger.url_text)
+            return self._ledger
 
     def record_usage(self, snapshot: Snapshot) -> None:
         """Fold the cycle's samples into the ledger's open sessions (blocking). A ledger

@@ -493,19 +493,32 @@ async def test_a_ledger_not_made_yet_is_said_once_and_read_once_it_is(tmp_path, 
 # --- where the log is --------------------------------------------------------------------
 
 
+TABLE = "the events table of "
+
+
 @pytest.mark.parametrize(("env", "expected"), [
-    ({"QUOTA_SPAWNER_STATE_DIR": "/srv/state"}, "/srv/state/quota-spawner-events.jsonl"),
+    # the hub's ledger in its state folder: its events table, where the hub writes too
+    ({"QUOTA_SPAWNER_STATE_DIR": "/srv/state"},
+     TABLE + "sqlite:////srv/state/quota-spawner-usage.sqlite"),
+    # a watchdog with a state folder of its own, given the hub's database
+    ({"QUOTA_SPAWNER_STATE_DIR": "/var/lib/watchdog",
+      "QUOTA_SPAWNER_USAGE_DB": "postgresql+psycopg://quota:secret@db/quota"},
+     TABLE + "postgresql+psycopg://quota:***@db/quota"),
+    # a hub without a ledger: the file in its state folder
+    ({"QUOTA_SPAWNER_STATE_DIR": "/srv/state", "QUOTA_SPAWNER_USAGE_DB": "none"},
+     "/srv/state/quota-spawner-events.jsonl"),
     ({"QUOTA_SPAWNER_STATE_DIR": "/srv/state", "QUOTA_SPAWNER_EVENTS_FILE": "/var/e.jsonl"},
      "/var/e.jsonl"),
-    ({"QUOTA_SPAWNER_STATE_DIR": "/srv/state", "QUOTA_SPAWNER_EVENTS_FILE": ""}, ""),
+    ({"QUOTA_SPAWNER_EVENTS_FILE": "", "QUOTA_SPAWNER_USAGE_DB": ""}, ""),
     ({}, ""),  # no state folder known: no guess at the hub's
 ])
-def test_the_log_is_in_the_hubs_state_folder(monkeypatch, env, expected):
-    for name in ("QUOTA_SPAWNER_STATE_DIR", "QUOTA_SPAWNER_EVENTS_FILE"):
+def test_where_the_hubs_events_are_read(monkeypatch, env, expected):
+    for name in ("QUOTA_SPAWNER_STATE_DIR", "QUOTA_SPAWNER_EVENTS_FILE",
+                 "QUOTA_SPAWNER_USAGE_DB"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert QuotaWatchdog().events_file == expected
+    assert QuotaWatchdog().events_source == expected
 
 
 def test_the_managed_service_is_told_where_the_log_is(monkeypatch):
