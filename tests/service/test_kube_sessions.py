@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -267,14 +268,18 @@ async def test_a_start_refused_at_the_last_step_is_a_failed_session(monkeypatch,
 
 
 def spend(ledger: Ledger, user: str, hours: float) -> None:
-    """A finished session of ``user`` that held one GPU for ``hours``, ending now."""
+    """A finished session of ``user`` that used ``hours`` GPU-hours, ending now, all of them
+    today (UTC), where a per-day budget counts them: shortly after midnight, on as many
+    GPUs as it takes (a run just after midnight once found the hours yesterday)."""
     now = time.time()
+    span = min(hours * 3600, max(1.0, now % 86400 - 1))  # seconds since today began
+    gpus = math.ceil(hours * 3600 / span)
     name = f"old-{user}-{hours}"
     ledger.open(hub=HUB, user=user, container=name, role="gpu", image="pytorch",
-                cpu_limit=1, mem_limit=G, requested=now - hours * 3600)
-    ledger.set_gpus(HUB, name, [], "exclusive", None, count=1)
-    ledger.started(HUB, name, "uid", when=now - hours * 3600)
-    ledger.ready(HUB, name, when=now - hours * 3600)
+                cpu_limit=1, mem_limit=G, requested=now - span)
+    ledger.set_gpus(HUB, name, [], "exclusive", None, count=gpus)
+    ledger.started(HUB, name, "uid", when=now - span)
+    ledger.ready(HUB, name, when=now - span)
     ledger.close(HUB, name, STOPPED, when=now)
 
 
