@@ -149,6 +149,7 @@ class HubRuntime:
         self.spawners: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self.frameworks = FrameworkLabels()  # the images' contents, for the form and caps
         self.engine_info = None
+        self.fence = None  # set by the build (docker/fence.py)
         self._building: asyncio.Task[None] | None = None
 
     @classmethod

@@ -77,7 +77,6 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         role = self.choice.role
         runtime = HubRuntime.of(self)
         engine_cpus = float((runtime.engine_info or {}).get("NCPU") or 0)
-        fence = getattr(runtime, "fence", None)  # set once the runtime is built
         return ContainerSpec(
             role=role, image_key=self.choice.image.key, image=self.choice.image.image,
             user_name=self.user.name, hub_id=self.hub_id, notebook_user=self.notebook_user,
@@ -87,7 +86,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             gpu_device_memory=self._gpu_memory, extra_labels=dict(self.extra_labels),
             start_cpus=self.start_cpus(engine_cpus),
             torch_reads_fraction=torch_reads_fraction(frameworks),
-            cgroup_parent=fence.parent if fence is not None else "",
+            cgroup_parent=runtime.fence.parent if runtime.fence is not None else "",
         )
 
     async def create_object(self) -> dict[str, Any]:

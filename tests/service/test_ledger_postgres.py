@@ -8,12 +8,11 @@ from __future__ import annotations
 import logging
 import multiprocessing
 
-import pytest
 import test_usage_ledger as on_sqlite
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from postgres import fresh_database
+from postgres import collect_again, ledger_url  # noqa: F401 -- this module's ledger_url
 from sqlalchemy import inspect, select
 
 from spawner.usage.ledger import (
@@ -34,17 +33,7 @@ SQLITE_ONLY = {
     "test_the_ledger_is_created_beside_jupyterhubs_own_alembic_version",
     "test_sqlite_runs_in_wal_mode_with_foreign_keys_and_a_busy_timeout",
 }
-# the same tests, collected again here with this module's ``url``
-globals().update({name: value for name, value in vars(on_sqlite).items()
-                  if name.startswith("test_") and name not in SQLITE_ONLY})
-quiet_alembic = on_sqlite.quiet_alembic
-ledger = on_sqlite.ledger
-
-
-@pytest.fixture
-def url():
-    with fresh_database() as found:
-        yield found
+collect_again(on_sqlite, globals(), except_for=SQLITE_ONLY)
 
 
 def test_the_migrations_build_exactly_the_schema_on_postgresql(url):

@@ -59,8 +59,8 @@ FRESH = dict(
 
 
 @pytest.fixture
-def url(tmp_path):
-    return f"sqlite:///{tmp_path / 'usage.sqlite'}"
+def url(ledger_url):
+    return ledger_url  # a SQLite file here; tests/service/test_ledger_postgres.py: PostgreSQL
 
 
 @pytest.fixture
