@@ -12,4 +12,6 @@ c.IdleCuller.cull_arbiter_hook = make_arbiter(
     os.environ["QUOTA_SPAWNER_QUOTA_FILE"],
     default_max_age=float(os.environ.get("QUOTA_SPAWNER_MAX_AGE") or 0),
     usage_db=os.environ.get("QUOTA_SPAWNER_USAGE_DB", ""),
+    quota_source=os.environ.get("QUOTA_SPAWNER_QUOTA_SOURCE", "").lower() or "file",
+    quota_table_name=os.environ.get("QUOTA_SPAWNER_QUOTA_TABLE_NAME", "") or "default",
 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,7 +20,9 @@ from urllib.parse import unquote, urlparse
 
 from jupyterhub_idle_culler import format_td, parse_date
 
-from spawner.quota.store import QuotaStore
+from spawner.quota.editing import DEFAULT_TABLE_NAME, FILE_SOURCE
+from spawner.usage.ledger import default_url
+from spawner.usage.table_versions import table_store
 
 DEFAULT_IDLE_TIMEOUT = 30 * 60
 # What the culler needs and nothing more (docs/culling.md).
@@ -29,13 +32,18 @@ CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:se
 def culler_service(
     quota_file: str, timeout: float = DEFAULT_IDLE_TIMEOUT, cull_every: float = 60,
     max_age: float = 0, name: str = "idle-culler", usage_db: str = "",
+    quota_source: str = "", quota_table_name: str = "",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The managed service and its RBAC role, for c.JupyterHub.services / load_roles.
 
     ``timeout`` applies to servers whose role sets no idle_timeout; ``max_age``
     (0: none) to servers whose role sets no max_age. ``usage_db``: the usage
-    ledger, told why each server is culled (idle or max_age).
+    ledger, told why each server is culled (idle or max_age). ``quota_source`` and
+    ``quota_table_name``: the spawner's, so that the culler reads the table the hub
+    reads (empty: the hub's $QUOTA_SPAWNER_QUOTA_SOURCE and _TABLE_NAME, when set).
     """
+    source = quota_source or os.environ.get("QUOTA_SPAWNER_QUOTA_SOURCE", "")
+    table_name = quota_table_name or os.environ.get("QUOTA_SPAWNER_QUOTA_TABLE_NAME", "")
     service = {
         "name": name,
         "command": [
@@ -47,6 +55,8 @@ def culler_service(
             "QUOTA_SPAWNER_QUOTA_FILE": quota_file,
             "QUOTA_SPAWNER_MAX_AGE": str(int(max_age)),
             **({"QUOTA_SPAWNER_USAGE_DB": usage_db} if usage_db else {}),
+            **({"QUOTA_SPAWNER_QUOTA_SOURCE": source} if source else {}),
+            **({"QUOTA_SPAWNER_QUOTA_TABLE_NAME": table_name} if table_name else {}),
         },
     }
     role = {"name": name, "scopes": list(CULLER_SCOPES), "services": [name]}
@@ -115,10 +125,14 @@ class CullReasons:
 
 
 def make_arbiter(quota_file: str, default_max_age: float = 0,
-                 log: logging.Logger | None = None, usage_db: str = ""):
-    """A cull_arbiter_hook applying each server's role's idle_timeout and max_age."""
-    store = QuotaStore.for_path(quota_file)
+                 log: logging.Logger | None = None, usage_db: str = "",
+                 quota_source: str = FILE_SOURCE, quota_table_name: str = DEFAULT_TABLE_NAME):
+    """A cull_arbiter_hook applying each server's role's idle_timeout and max_age, from
+    the table the hub reads (``quota_source``: the file, or the ledger's newest version)."""
     log = log or _logger()
+    # the culler only reads the ledger the hub made
+    store = table_store(quota_source, quota_file, usage_db or default_url(), quota_table_name,
+                        log, create=False)
     reasons = CullReasons(usage_db, log)
 
     async def arbiter(*, inactive: timedelta | None, inactive_limit: int,

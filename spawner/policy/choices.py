@@ -24,18 +24,27 @@ from spawner.quota.options import OptionsError, resolve_choice
 from spawner.quota.store import QuotaStore
 from spawner.usage.budgets import check_start
 from spawner.usage.grants import granted_roles
-from spawner.usage.ledger import LedgerWriter
+from spawner.usage.ledger import LedgerWriter, default_url
+from spawner.usage.table_versions import table_store
 
 
 class RoleChoicesMixin:
     """The quota's choices for any spawner with QuotaConfig's traits, ``user``,
     ``orm_spawner``, ``db``, ``user_options`` and ``log``."""
 
+    def table_store(self: Any) -> QuotaStore:
+        """The store of the table this hub reads (``quota_source``): the quota file, or the
+        newest version in the ledger's database (spawner/usage/table_versions.py)."""
+        return table_store(self.quota_source, self.quota_file,
+                           self.usage_db or default_url(self.state_dir or "."),
+                           self.quota_table_name, self.log)
+
     async def quota_table(self: Any, capacity: GpuCapacity | None = None) -> QuotaTable:
-        """The table as it is now (the last good one while the file is broken; raises
-        QuotaTableError when there never was one). ``capacity``: the GPUs the roles
-        are checked against; None: not checked (a cluster's GPUs are the scheduler's)."""
-        store = QuotaStore.for_path(self.quota_file)
+        """The table as it is now (the last good one while the file or the newest version
+        is broken; raises QuotaTableError when there never was one). ``capacity``: the
+        GPUs the roles are checked against; None: not checked (a cluster's GPUs are the
+        scheduler's). Read in a thread: a file, or a query of the ledger."""
+        store = self.table_store()
         return await asyncio.to_thread(store.get, self.log, capacity)
 
     async def table_now(self: Any, capacity: GpuCapacity | None = None) -> QuotaTable:

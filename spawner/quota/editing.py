@@ -11,6 +11,12 @@ problems (the same ``FILE:LINE`` messages as ``quota-spawner validate``), or whe
 file changed since the admin read it (the refusal carries the diff). Otherwise the file
 is replaced atomically, keeping its mode, so the hub's ``QuotaStore`` sees either the
 old table or the new one, and the change is recorded in the ledger's ``table_versions``.
+
+With ``quota_source = "database"`` the table is ``TableVersions``: its newest version in
+``table_versions`` under the key ``database:<quota_table_name>`` (the same on every
+machine, whatever path the file has there) is the table, and a save adds a version, with
+the same checks and the same refusal when the table changed since the admin's version.
+The file only seeds the first version; nothing writes it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import difflib
 import fcntl
 import hashlib
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -36,6 +43,15 @@ from spawner.quota.units import format_size
 # Who the audit trail names for versions the editor did not write.
 BEFORE_EDITOR = "(before the editor)"
 OUTSIDE_EDITOR = "(outside the editor)"
+FROM_FILE = "(from the file)"  # a database table's first version, seeded from the file
+
+# Where the table the hub reads lives: the setting quota_source.
+FILE_SOURCE = "file"
+DATABASE_SOURCE = "database"
+SOURCES = (FILE_SOURCE, DATABASE_SOURCE)
+DEFAULT_TABLE_NAME = "default"  # quota_table_name
+DATABASE_KEY_PREFIX = "database:"  # never an absolute path, a file table's key
+TABLE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 # Why a save ended as it did (SaveResult.outcome).
 SAVED = "saved"
@@ -49,6 +65,27 @@ NOT_FOUND = "not-found"
 def version_of(data: bytes) -> str:
     """A file's version: the sha256 of its bytes, in hex."""
     return hashlib.sha256(data).hexdigest()
+
+
+def database_key(name: str) -> str:
+    """The key of the versions of the database table ``name`` (quota_table_name) in
+    ``table_versions``: ``database:<name>``, the same for every process on every machine.
+    ValueError for a name that is not letters, digits, ``.``, ``_`` and ``-``."""
+    if not TABLE_NAME.fullmatch(name):
+        raise ValueError(f"{name!r} is not a quota table name: letters, digits, '.', '_' and "
+                         "'-', at most 100, starting with a letter or digit")
+    return DATABASE_KEY_PREFIX + name
+
+
+def trail_key(table: str) -> str:
+    """The key a table's versions have in the trail: a database table's key as it is, a
+    file's absolute path (as before there were database tables)."""
+    return table if table.startswith(DATABASE_KEY_PREFIX) else os.path.abspath(table)
+
+
+def version_name(version_id: int) -> str:
+    """How a database version is named where its problems are told: as a file's path."""
+    return f"quota table (database, version {version_id})"
 
 
 def check(text: str, path: str, gpus: GpuCapacity | None = None) -> list[Problem]:
@@ -290,7 +327,8 @@ class Trail(Protocol):
     """Where saves are recorded, in the same transaction as the write (blocking)."""
 
     def transaction(self) -> AbstractContextManager[Any]:
-        """A transaction; what it yields is passed back as ``connection``."""
+        """A transaction that no other save enters until it ends, from any process; what
+        it yields is passed back as ``connection``."""
 
     def record(self, *, path: str, who: str, comment: str, text: str,
                previous: str | None, at: float | None = None, sha256: str | None = None,
@@ -301,6 +339,67 @@ class Trail(Protocol):
 
     def by_sha(self, path: str, sha256: str) -> Version | None:
         """The newest version of the table with these bytes."""
+
+
+def _saved(table: str, before: str, text: str, version: str, audit_id: int) -> SaveResult:
+    name = os.path.basename(table)
+    return SaveResult(SAVED, "Saved; the hub uses it from the next spawn.", version,
+                      audit_id=audit_id,
+                      diff=unified_diff(before, text, f"a/{name}", f"b/{name}"))
+
+
+def _conflict(table: str, text: str, base_version: str, base_text: str | None, current: str,
+              current_text: str, audit: Trail) -> SaveResult:
+    """The refusal of a save whose base version is no longer the table's (``current``)."""
+    if base_text is None or version_of(base_text.encode("utf-8")) != base_version:
+        found = audit.by_sha(table, base_version)
+        base_text = found.text if found else None
+    name = os.path.basename(table)
+    latest = audit.latest(table)
+    by = (f" by {latest.who} at {time.strftime('%Y-%m-%d %H:%M', time.localtime(latest.at))}"
+          if latest is not None and latest.sha256 == current else "")
+    since = ("" if base_text is None else
+             unified_diff(base_text, current_text, f"a/{name} (yours)",
+                          f"b/{name} (current)"))
+    return SaveResult(
+        CONFLICT, f"The table was changed{by} since you opened it; nothing was written. "
+        "Apply your edit to the current version.", current, diff=since,
+        yours=unified_diff(current_text, text, f"a/{name} (current)", f"b/{name} (yours)"),
+        current_text=current_text, base_text=base_text)
+
+
+def _refused_early(table: EditableTable, text: str, who: str,
+                   comment: str) -> SaveResult | None:
+    """The refusals every save checks before it takes its lock: no comment, problems."""
+    if not who:
+        raise ValueError("a save needs the name of who makes it")
+    if not comment:
+        return SaveResult(NO_COMMENT, "Say why you change the table: the comment is "
+                          "required; nothing was written.", table.read()[1])
+    problems = table.check(text)
+    if problems:
+        return SaveResult(
+            INVALID, f"The table has {_count(len(problems), 'problem', 'problems')}; "
+            "nothing was written.", table.read()[1], problems=tuple(problems))
+    return None
+
+
+class EditableTable(Protocol):
+    """What the editor edits: the file (``TableFile``) or the database's versions
+    (``TableVersions``). Blocking."""
+
+    @property
+    def path(self) -> str:
+        """The file's path, or the database table's key: the trail's key for it."""
+
+    def read(self) -> tuple[str, str]:
+        """The text and its version (sha256)."""
+
+    def check(self, text: str) -> list[Problem]: ...
+
+    def save(self, text: str, base_version: str, who: str, comment: str, audit: Trail, *,
+             base_text: str | None = None, restored_from: int | None = None) -> SaveResult:
+        ...
 
 
 # --- the file ---------------------------------------------------------------------------
@@ -349,25 +448,18 @@ class TableFile:
         """Write ``text`` if it is valid, ``comment`` says why, and the file is still at
         ``base_version``; record it in ``audit``. ``base_text``, the text this admin
         started from, makes the diff of a refusal when the audit trail lacks it."""
-        if not who:
-            raise ValueError("a save needs the name of who makes it")
         comment = comment.strip()
-        if not comment:
-            return SaveResult(NO_COMMENT, "Say why you change the table: the comment is "
-                              "required; nothing was written.", self.read()[1])
-        problems = self.check(text)
-        if problems:
-            return SaveResult(
-                INVALID, f"The table has {_count(len(problems), 'problem', 'problems')}; "
-                "nothing was written.", self.read()[1], problems=tuple(problems))
+        refused = _refused_early(self, text, who, comment)
+        if refused is not None:
+            return refused
         data = text.encode("utf-8")
         with self._locked():
             raw = Path(self._real).read_bytes()
             current = version_of(raw)
             current_text = raw.decode("utf-8", errors="replace")
             if current != base_version:
-                return self._conflict(text, base_version, base_text, current, current_text,
-                                      audit)
+                return _conflict(self.path, text, base_version, base_text, current,
+                                 current_text, audit)
             if data == raw:
                 return SaveResult(UNCHANGED, "The text is the table as it is; nothing was "
                                   "written.", current)
@@ -389,28 +481,7 @@ class TableFile:
                     connection=connection)
                 # Written inside the transaction: a failed write records nothing.
                 self._write(data)
-            name = os.path.basename(self.path)
-            return SaveResult(SAVED, "Saved; the hub uses it from the next spawn.",
-                              version_of(data), audit_id=audit_id,
-                              diff=unified_diff(current_text, text, f"a/{name}", f"b/{name}"))
-
-    def _conflict(self, text: str, base_version: str, base_text: str | None, current: str,
-                  current_text: str, audit: Trail) -> SaveResult:
-        if base_text is None or version_of(base_text.encode("utf-8")) != base_version:
-            found = audit.by_sha(self.path, base_version)
-            base_text = found.text if found else None
-        name = os.path.basename(self.path)
-        latest = audit.latest(self.path)
-        by = (f" by {latest.who} at {time.strftime('%Y-%m-%d %H:%M', time.localtime(latest.at))}"
-              if latest is not None and latest.sha256 == current else "")
-        since = ("" if base_text is None else
-                 unified_diff(base_text, current_text, f"a/{name} (yours)",
-                              f"b/{name} (current)"))
-        return SaveResult(
-            CONFLICT, f"The table was changed{by} since you opened it; nothing was written. "
-            "Apply your edit to the current version.", current, diff=since,
-            yours=unified_diff(current_text, text, f"a/{name} (current)", f"b/{name} (yours)"),
-            current_text=current_text, base_text=base_text)
+            return _saved(self.path, current_text, text, version_of(data), audit_id)
 
     def _write(self, data: bytes) -> None:
         """Replace the file atomically (temp file, fsync, rename), keeping its mode."""
@@ -435,3 +506,83 @@ class TableFile:
             except OSError:
                 pass
             raise
+
+
+# --- the database -----------------------------------------------------------------------
+
+
+class TableVersions:
+    """The table kept in the ledger's database (``quota_source = "database"``): its newest
+    version under ``database:<name>`` in the trail is the table, and a save adds one.
+    While there is none, the table is ``seed``'s text (the quota file, or the ConfigMap's
+    on Kubernetes; empty without one), recorded as the first version by the first save.
+    Nothing here writes a file. Blocking: the trail is the ledger's."""
+
+    def __init__(self, name: str, trail: Trail, seed: str = "",
+                 gpus: GpuCapacity | None = None):
+        self.key = database_key(name)
+        self.trail = trail
+        self.seed = seed
+        self.gpus = gpus
+
+    @property
+    def path(self) -> str:
+        return self.key
+
+    def seed_text(self) -> str:
+        """The seed file's text; empty when there is none or it cannot be read."""
+        try:
+            return Path(self.seed).read_bytes().decode("utf-8", errors="replace") \
+                if self.seed else ""
+        except OSError:
+            return ""
+
+    def _current(self, trail: Trail, connection: Any = None
+                 ) -> tuple[Version | None, str, str]:
+        """The newest version (None: there is none yet), and the table's text and version."""
+        latest = trail.latest(self.key, connection)
+        if latest is not None:
+            return latest, latest.text, latest.sha256
+        text = self.seed_text()
+        return None, text, version_of(text.encode("utf-8"))
+
+    def read(self) -> tuple[str, str]:
+        _, text, version = self._current(self.trail)
+        return text, version
+
+    def check(self, text: str) -> list[Problem]:
+        return check(text, self.key, self.gpus)
+
+    def save(self, text: str, base_version: str, who: str, comment: str, audit: Trail, *,
+             base_text: str | None = None, restored_from: int | None = None) -> SaveResult:
+        """Add ``text`` as the newest version if it is valid, ``comment`` says why, and the
+        table is still at ``base_version``; as ``TableFile.save``, in ``audit``'s
+        transaction, which lets one save at a time through on every machine."""
+        comment = comment.strip()
+        refused = _refused_early(self, text, who, comment)
+        if refused is not None:
+            return refused
+        with audit.transaction() as connection:
+            latest, current_text, current = self._current(audit, connection)
+            if current != base_version:
+                conflict = True
+            elif text == current_text:
+                return SaveResult(UNCHANGED, "The text is the table as it is; nothing was "
+                                  "written.", current)
+            else:
+                conflict = False
+                if latest is None and current_text:
+                    # The trail must hold the version being replaced, so it can be restored.
+                    audit.record(path=self.key, who=FROM_FILE,
+                                 comment=f"the table as it was in {self.seed}, before the "
+                                 "first version saved in the database", text=current_text,
+                                 previous=None, connection=connection)
+                audit_id = audit.record(
+                    path=self.key, who=who, comment=comment, text=text,
+                    previous=current_text if latest is not None or current_text else None,
+                    restored_from=restored_from, connection=connection)
+        if conflict:  # told after the transaction: its diffs read the trail again
+            return _conflict(self.key, text, base_version, base_text, current, current_text,
+                             audit)
+        return _saved(self.key, current_text, text, version_of(text.encode("utf-8")),
+                      audit_id)

@@ -1,27 +1,55 @@
-"""The quota table's audit trail in the ledger: ``table_versions``, a row per version of
-the table that the editor saved or found (spawner/quota/editing.py's ``Trail``).
+"""The quota table's versions in the ledger: ``table_versions``, a row per version of the
+table that the editor saved or found (spawner/quota/editing.py's ``Trail``), and, with
+``quota_source = "database"``, the table every hub process and the usage service read.
 
 ``Audit`` blocks (the ledger's database): call it from a thread. ``restore`` saves an
-earlier version again through ``TableFile.save``, with the same checks as any save.
+earlier version again through the table's ``save``, with the same checks as any save.
+
+Rows are keyed by ``path``: a file table's absolute path (its editor's history), or a
+database table's ``database:<quota_table_name>`` (``editing.database_key``), which is
+the same for every process on every machine whatever path the file has there.
+
+``DatabaseSource`` is ``QuotaStore``'s source for a database table: at each look it reads
+the newest version's id and sha256 only, and its text when they changed; while the
+database has no version, the quota file seeds the first (when it is a valid table).
+``table_store`` is the hub's store for its settings, the file's or the database's.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
-from sqlalchemy import Connection, Engine, insert, select
+from sqlalchemy import Connection, Engine, false, insert, select, update
 
 from spawner.quota.editing import (
+    DATABASE_SOURCE,
+    FROM_FILE,
     NOT_FOUND,
+    EditableTable,
     SaveResult,
-    TableFile,
     Version,
+    database_key,
+    trail_key,
     unified_diff,
+    version_name,
     version_of,
 )
+from spawner.quota.loader import parse_quota_table
+from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError
+from spawner.quota.store import QuotaStore
+from spawner.usage.ledger import Ledger
 from spawner.usage.schema import table_versions
+
+Log = logging.Logger | logging.LoggerAdapter
+
+# pg_advisory_xact_lock's key for writing the table's versions ("table" in ASCII)
+WRITE_LOCK = 0x7461626C65
 
 
 class Audit:
@@ -30,9 +58,20 @@ class Audit:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    def transaction(self) -> AbstractContextManager[Connection]:
-        """A transaction on the ledger, in which a save records its versions."""
-        return self.engine.begin()
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """A transaction on the ledger, in which a save records its versions: one at a
+        time, from every process and machine, so that two saves on the same base version
+        never both go through."""
+        with self.engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
+            else:
+                # A write first: SQLite takes its write lock now, so the reads below see
+                # the last save and no other writer comes between them and this one's.
+                connection.execute(update(table_versions).where(false())
+                                   .values(id=table_versions.c.id))
+            yield connection
 
     def record(self, *, path: str, who: str, comment: str, text: str,
                previous: str | None, at: float | None = None, sha256: str | None = None,
@@ -44,7 +83,7 @@ class Audit:
         name = os.path.basename(path)
         diff = "" if previous is None else unified_diff(previous, text, f"a/{name}",
                                                         f"b/{name}")
-        values = dict(path=os.path.abspath(path), at=time.time() if at is None else at,
+        values = dict(path=trail_key(path), at=time.time() if at is None else at,
                       who=who, comment=comment, text=text, diff=diff,
                       sha256=sha256 or version_of(text.encode("utf-8")),
                       restored_from=restored_from)
@@ -57,7 +96,7 @@ class Audit:
 
     def versions(self, path: str, limit: int = 50) -> list[Version]:
         """The table's versions, newest first."""
-        query = (select(table_versions).where(table_versions.c.path == os.path.abspath(path))
+        query = (select(table_versions).where(table_versions.c.path == trail_key(path))
                  .order_by(table_versions.c.id.desc()).limit(limit))
         with self.engine.connect() as connection:
             return [Version(**row._mapping) for row in connection.execute(query)]
@@ -69,7 +108,7 @@ class Audit:
         return Version(**row._mapping) if row is not None else None
 
     def latest(self, path: str, connection: Connection | None = None) -> Version | None:
-        query = (select(table_versions).where(table_versions.c.path == os.path.abspath(path))
+        query = (select(table_versions).where(table_versions.c.path == trail_key(path))
                  .order_by(table_versions.c.id.desc()).limit(1))
         if connection is not None:
             row = connection.execute(query).first()
@@ -78,22 +117,45 @@ class Audit:
                 row = own.execute(query).first()
         return Version(**row._mapping) if row is not None else None
 
+    def newest(self, path: str) -> tuple[int, str] | None:
+        """The newest version's id and sha256, without its text: what a hub reads at each
+        spawn to tell whether the table changed (one row of the index on path and id)."""
+        query = (select(table_versions.c.id, table_versions.c.sha256)
+                 .where(table_versions.c.path == trail_key(path))
+                 .order_by(table_versions.c.id.desc()).limit(1))
+        with self.engine.connect() as connection:
+            row = connection.execute(query).first()
+        return (int(row.id), str(row.sha256)) if row is not None else None
+
     def by_sha(self, path: str, sha256: str) -> Version | None:
         """The newest version of the table with these bytes."""
         query = (select(table_versions).where(
-            table_versions.c.path == os.path.abspath(path), table_versions.c.sha256 == sha256)
+            table_versions.c.path == trail_key(path), table_versions.c.sha256 == sha256)
             .order_by(table_versions.c.id.desc()).limit(1))
         with self.engine.connect() as connection:
             row = connection.execute(query).first()
         return Version(**row._mapping) if row is not None else None
 
-    def restore(self, version_id: int, who: str, comment: str, file: TableFile,
+    def seed(self, path: str, text: str, seed: str) -> Version:
+        """The first version of the database table ``path``: ``text``, the file ``seed``'s,
+        unless another process recorded one first (then that one)."""
+        with self.transaction() as connection:
+            found = self.latest(path, connection)
+            if found is None:
+                self.record(path=path, who=FROM_FILE,
+                            comment=f"the table as it was in {seed}, the database's first "
+                            "version", text=text, previous=None, connection=connection)
+                found = self.latest(path, connection)
+        assert found is not None
+        return found
+
+    def restore(self, version_id: int, who: str, comment: str, file: EditableTable,
                 base_version: str | None = None) -> SaveResult:
-        """Save an earlier version again, through ``file.save``: the same validation and
-        the same refusal when the file changed since ``base_version`` (None: the file
-        as it is when this is called)."""
+        """Save an earlier version again, through ``file.save`` (the file, or the database
+        table's versions): the same validation and the same refusal when the table changed
+        since ``base_version`` (None: the table as it is when this is called)."""
         found = self.version(version_id)
-        if found is None or found.path != os.path.abspath(file.path):
+        if found is None or found.path != trail_key(file.path):
             current = file.read()[1]
             return SaveResult(NOT_FOUND, f"There is no version {version_id} of this table.",
                               current)
@@ -101,3 +163,110 @@ class Audit:
             base_version = file.read()[1]
         return file.save(found.text, base_version, who, comment, self,
                          restored_from=found.id)
+
+
+# --- the table in the database ----------------------------------------------------------
+
+NO_LEDGER = ('quota_source is "database", but there is no usage ledger (usage_db is '
+             '"none"): the table has nowhere to be')
+
+
+class DatabaseSource:
+    """``QuotaStore``'s source for the database table ``name``: what it saw is the newest
+    version's (id, sha256), or, while there is none, ("seed", the file's bytes)."""
+
+    def __init__(self, engine: Callable[[], Engine], name: str, seed: str = ""):
+        self._engine = engine  # opened at the first look: the ledger may come later
+        self.key = database_key(name)
+        self.seed = seed
+
+    def peek(self) -> Hashable:
+        found = Audit(self._engine()).newest(self.key)
+        if found is not None:
+            return found
+        try:
+            data: bytes | None = Path(self.seed).read_bytes() if self.seed else None
+        except OSError:
+            data = None
+        return ("seed", data)
+
+    def where(self, seen: Hashable) -> str:
+        if isinstance(seen, tuple) and isinstance(seen[0], int):
+            return f"(database, version {seen[0]})"
+        if isinstance(seen, tuple):
+            return f"({self.key}, no version yet; its seed {self.seed or '(no file)'})"
+        return f"({self.key})"
+
+    def name(self, seen: Hashable) -> str:
+        if isinstance(seen, tuple) and isinstance(seen[0], int):
+            return version_name(seen[0])
+        if isinstance(seen, tuple) and self.seed:
+            return self.seed
+        return f"quota table ({self.key})"
+
+    def load(self, seen: Hashable, gpus: GpuCapacity | None,
+             log: Log) -> tuple[QuotaTable, Hashable]:
+        audit = Audit(self._engine())
+        if isinstance(seen, tuple) and isinstance(seen[0], int):
+            found = audit.version(seen[0])
+            if found is None:  # only a database emptied under the hub: look again
+                raise QuotaTableError([Problem(version_name(seen[0]), 0,
+                                               "this version is gone from the database")])
+        else:
+            found = audit.seed(self.key, self._seed_text(seen), self.seed)
+            log.info("Quota table (database, version %d): the first version of %s, seeded "
+                     "from %s", found.id, self.key, self.seed)
+        return (parse_quota_table(found.text, version_name(found.id), gpus),
+                (found.id, found.sha256))
+
+    def _seed_text(self, seen: Hashable) -> str:
+        """The file's text, when it is a valid table (its GPUs are checked as any version's,
+        once it is one); QuotaTableError with the file's problems, by line, else."""
+        data = seen[1] if isinstance(seen, tuple) else None
+        if data is None:
+            raise QuotaTableError([Problem(
+                self.seed or f"quota table ({self.key})", 0,
+                "the database has no version of the table yet, and "
+                + (f"the file {self.seed} to seed it from cannot be read" if self.seed
+                   else "no quota file was given to seed it from"))])
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise QuotaTableError([Problem(self.seed, 1, f"the file is not UTF-8 text: {e}")]
+                                  ) from None
+        parse_quota_table(text, self.seed)  # a bad file never becomes a version
+        return text
+
+
+class LedgerEngine:
+    """The ledger's engine for a hub process's ``DatabaseSource``, opened (created or
+    upgraded, as the hub does) at the first look and kept; a failure is tried again at
+    the next."""
+
+    def __init__(self, url: str, log: Log, create: bool = True):
+        self.url, self.log, self.create = url, log, create
+        self._engine: Engine | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Engine:
+        with self._lock:
+            if self._engine is None:
+                if self.url == "none":
+                    raise QuotaTableError([Problem("quota table (database)", 0, NO_LEDGER)])
+                self._engine = Ledger(self.url, self.log, create=self.create).engine
+            return self._engine
+
+
+def table_store(source: str, quota_file: str, usage_db: str, name: str, log: Log,
+                create: bool = True) -> QuotaStore:
+    """The process's store of the quota table for these settings (``quota_source``,
+    ``quota_file``, the ledger's URL resolved, ``quota_table_name``): the file's, or with
+    the database source the database table's, seeded from the file. ``create``: whether
+    this process may create or upgrade the ledger (the hub), or only read it."""
+    if source != DATABASE_SOURCE:
+        return QuotaStore.for_path(quota_file)
+    seed = os.path.abspath(quota_file) if quota_file else ""
+    key = database_key(name)
+    return QuotaStore.for_source(
+        f"{DATABASE_SOURCE} {usage_db} {key} {seed}",
+        lambda: DatabaseSource(LedgerEngine(usage_db, log, create), name, seed))

@@ -94,14 +94,15 @@ class LedgerReader:
         self._pool.shutdown(wait=False)
 
 
-def load_table(quota_file: str) -> QuotaTable | None:
-    """The quota table as the hub has it, for the pages that only use it (the report's
-    advice, the class dashboard's choices); None without one or when it is broken
-    (blocking: run it on the worker threads)."""
-    if not quota_file:
+def load_table(store: QuotaStore | None) -> QuotaTable | None:
+    """The quota table as the hub has it (``Setup.quota_store``: the file's, or the
+    database's), for the pages that only use it (the report's advice, the class
+    dashboard's choices); None without one or when it is broken (blocking: run it on
+    the worker threads)."""
+    if store is None:
         return None
     try:
-        return QuotaStore.for_path(quota_file).get(log)
+        return store.get(log)
     except Exception as e:  # advice needs the table; the rest of the page does not
         log.warning("Usage page: no quota table for the advice: %s", e)
         return None

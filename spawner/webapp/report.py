@@ -144,7 +144,7 @@ class ReportHandler(PageHandler):
         if by not in BY:
             by = "user"
         group = group_filter(access, self.get_argument("group", ""))
-        table = await self.blocking(load_table, self.setup.quota_file)
+        table = await self.blocking(load_table, self.setup.quota_store)
         return access, w, by, group, table
 
     def query(self, **overrides: Any) -> str:
@@ -230,7 +230,7 @@ class UserPage(ReportHandler):
         group = user_group(access, asked, member_of)
         w = self.window()
         now = self.setup.clock()
-        table = await self.blocking(load_table, self.setup.quota_file)
+        table = await self.blocking(load_table, self.setup.quota_store)
         found, report = await asyncio.gather(
             self.reader.run(lambda e: user_sessions(e, name, since=w.since, until=w.until,
                                                     group=group, now=now)),

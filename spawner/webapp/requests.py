@@ -47,7 +47,6 @@ from urllib.parse import quote
 from tornado import web
 
 from spawner.quota.model import QuotaTable, QuotaTableError
-from spawner.quota.store import QuotaStore
 from spawner.quota.units import format_moment
 from spawner.usage import grants as rr
 from spawner.webapp import inputs
@@ -141,10 +140,11 @@ class RequestsHandler(BaseHandler):
 
     async def quota_table(self) -> QuotaTable:
         """The quota table, read on the worker threads, or Refused with a sentence."""
-        if not self.setup.quota_file:
+        store = self.setup.quota_store
+        if store is None:
             raise Refused(NO_TABLE, 404)
         try:
-            return await self.blocking(QuotaStore.for_path(self.setup.quota_file).get, log)
+            return await self.blocking(store.get, log)
         except QuotaTableError:
             raise Refused(BAD_TABLE, 503) from None
 

@@ -16,7 +16,9 @@ through the JSON API, with the service's XSRF token, which the page carries:
 Only admins (``admin`` true in the hub's user model) may use either: the usage page's
 viewers and instructors are refused with a sentence. The check, the preview and the save
 are spawner/quota/editing.py's; the audit trail is the ledger's ``table_versions``
-(spawner/usage/table_versions.py). Files and the ledger are read and written on the
+(spawner/usage/table_versions.py). With ``quota_source`` "database" the table edited is
+the newest of those versions (``TableVersions``): a save adds one, and the file, only the
+first version's seed, is never written. Files and the ledger are read and written on the
 service's worker threads; the hub's users, groups and running servers are read with the
 service's own token (``list:users``, ``read:users:groups``, ``read:servers``).
 """
@@ -25,25 +27,29 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import cache
 from importlib.resources import files
-from typing import Any
+from typing import Any, TypeVar
 
 from tornado import web
 
 from spawner.quota.editing import (
     CONFLICT,
+    DATABASE_SOURCE,
     NOT_FOUND,
     UNCHANGED,
+    EditableTable,
     SaveResult,
     TableFile,
+    TableVersions,
     Version,
     check,
+    database_key,
     preview,
+    trail_key,
 )
 from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import Problem, QuotaTable, QuotaTableError
@@ -53,6 +59,7 @@ from spawner.webapp.access import Refused
 from spawner.webapp.base import ApiHandler, BaseHandler, PageHandler
 from spawner.webapp.hub_api import HubApi
 
+T = TypeVar("T")
 log = logging.getLogger("quota_spawner.usage")
 
 ADMINS_ONLY = ("The quota table can be edited by admins only. Ask an admin if a role or "
@@ -143,25 +150,51 @@ def _parse(text: str, path: str) -> tuple[QuotaTable | None, list[Problem]]:
 
 
 class TableEditor(BaseHandler):
-    """Shared by the page and the endpoints: admins only, the table's file."""
+    """Shared by the page and the endpoints: admins only, the table the hub reads."""
 
     refused = ADMINS_ONLY
 
     @property
-    def table(self) -> TableFile:
+    def in_database(self) -> bool:
+        return self.setup.quota_source == DATABASE_SOURCE
+
+    @property
+    def table_path(self) -> str:
+        """The table's file, or its key in the database (database:<name>): the trail's."""
+        if self.in_database:
+            return database_key(self.setup.quota_table_name)
         if not self.setup.quota_file:
             raise Refused(NO_TABLE, 404)
-        return TableFile(self.setup.quota_file)
+        return self.setup.quota_file
 
-    async def read(self, table: TableFile) -> dict[str, Any]:
-        """The table's text, version and problems, read on the worker threads."""
-        def read() -> dict[str, Any]:
+    async def on_table(self, fn: Callable[[EditableTable, Audit | None], T], *,
+                       ledger: bool = False) -> T:
+        """``fn(table, audit)`` on the worker threads: the file, or the table's versions in
+        the ledger's database, and the audit trail (None when ``ledger`` is False and the
+        table is the file, which is read without the ledger)."""
+        path = self.table_path
+        if self.in_database:
+            seed = self.setup.quota_file
+
+            def versions(engine: Any) -> T:
+                audit = Audit(engine)
+                return fn(TableVersions(self.setup.quota_table_name, audit, seed), audit)
+
+            return await self.reader.run(versions)
+        file = TableFile(path)
+        if ledger:
+            return await self.reader.run(lambda engine: fn(file, Audit(engine)))
+        return await self.blocking(fn, file, None)
+
+    async def read(self) -> dict[str, Any]:
+        """The table's text, version, path and problems, read on the worker threads."""
+        def read(table: EditableTable, _: Audit | None) -> dict[str, Any]:
             text, version = table.read()
             SERVED.remember(version, text)
-            return {"text": text, "version": version,
+            return {"text": text, "version": version, "path": table.path,
                     "problems": problems_json(table.check(text))}
 
-        return await self.blocking(read)
+        return await self.on_table(read)
 
 
 # --- the page ----------------------------------------------------------------------------------
@@ -176,10 +209,10 @@ class TablePage(TableEditor, PageHandler):
     @web.authenticated
     async def get(self) -> None:
         self.require_admin(ADMINS_ONLY, "Table editor page")
-        table = self.table
-        found = await self.read(table)
+        found = await self.read()
         self.render_page(
-            "table.html", title="Quota table", path=table.path, text=found["text"],
+            "table.html", title="Quota table", path=found["path"], text=found["text"],
+            in_database=self.in_database, seed=self.setup.quota_file,
             version=found["version"], problems=found["problems"],
             problems_json=json.dumps(found["problems"]),
             schema_json=json.dumps(table_schema(), separators=(",", ":")),
@@ -223,22 +256,23 @@ class TableHandler(TableApi):
     @web.authenticated
     async def get(self) -> None:
         self.admin()
-        table = self.table
-        found = await self.read(table)
-        self.reply({"text": found["text"], "version": found["version"], "path": table.path,
-                    "problems": found["problems"], "schema": table_schema()})
+        found = await self.read()
+        self.reply({"text": found["text"], "version": found["version"], "path": found["path"],
+                    "source": self.setup.quota_source, "problems": found["problems"],
+                    "schema": table_schema()})
 
     @web.authenticated
     async def post(self) -> None:
         who = self.admin()
         body = self.body("text", "version")
         comment = _comment(body)
-        table = self.table
         started_from = SERVED.get(body["version"])
-        result = await self.audit(lambda audit: table.save(
-            _lf(body["text"]), body["version"], who, comment, audit, base_text=started_from))
+        result = await self.on_table(lambda table, audit: table.save(
+            _lf(body["text"]), body["version"], who, comment, audit, base_text=started_from),
+            ledger=True)
         if result.saved:
-            log.info("Table editor: %s saved %s (audit %s)", who, table.path, result.audit_id)
+            log.info("Table editor: %s saved %s (audit %s)", who, self.table_path,
+                     result.audit_id)
         self.saved(result)
 
 
@@ -249,7 +283,7 @@ class CheckHandler(TableApi):
     async def post(self) -> None:
         self.admin()
         text = _lf(self.body("text")["text"])
-        path = self.table.path
+        path = self.table_path
         # on the worker threads: a large table's check must not hold up other visitors
         self.reply({"problems": problems_json(await self.blocking(check, text, path))})
 
@@ -261,14 +295,14 @@ class PreviewHandler(TableApi):
     async def post(self) -> None:
         self.admin()
         text = _lf(self.body("text")["text"])
-        table = self.table
 
-        def tables() -> tuple[QuotaTable | None, QuotaTable | None, list[Problem]]:
+        def tables(table: EditableTable, _: Audit | None
+                   ) -> tuple[QuotaTable | None, QuotaTable | None, list[Problem]]:
             old, _ = _parse(table.read()[0], table.path)
             new, problems = _parse(text, table.path)
             return old, new, problems
 
-        old, new, problems = await self.blocking(tables)
+        old, new, problems = await self.on_table(tables)
         if new is None:
             self.reply({"message": "The table has problems; fix them to see the preview.",
                         "problems": problems_json(problems)}, 400)
@@ -300,7 +334,7 @@ class VersionsHandler(TableApi):
     @web.authenticated
     async def get(self) -> None:
         self.admin()
-        path = self.table.path
+        path = self.table_path
         found = await self.audit(lambda audit: audit.versions(path))
         self.reply({"versions": [_version_json(v) for v in found]})
 
@@ -311,12 +345,12 @@ class VersionHandler(TableApi):
     @web.authenticated
     async def get(self, version_id: str) -> None:
         self.admin()
-        table = self.table
+        key = trail_key(self.table_path)
         number = inputs.record_id(version_id, "version")
 
         def one(audit: Audit) -> Version | None:
             found = audit.version(number)
-            return found if found and found.path == os.path.abspath(table.path) else None
+            return found if found and found.path == key else None
 
         found = await self.audit(one)
         if found is None:
@@ -333,12 +367,11 @@ class RestoreHandler(TableApi):
         number = inputs.record_id(version_id, "version")
         body = self.body("version")
         comment = _comment(body)
-        table = self.table
-        result = await self.audit(lambda audit: audit.restore(
-            number, who, comment, table, base_version=body["version"]))
+        result = await self.on_table(lambda table, audit: audit.restore(
+            number, who, comment, table, base_version=body["version"]), ledger=True)
         if result.saved:
             log.info("Table editor: %s restored version %s of %s (audit %s)", who,
-                     version_id, table.path, result.audit_id)
+                     version_id, self.table_path, result.audit_id)
         self.saved(result)
 
 

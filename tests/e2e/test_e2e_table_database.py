@@ -1,0 +1,106 @@
+"""End to end: the quota table in the usage ledger's database (quota_source "database",
+here from $QUOTA_SPAWNER_QUOTA_SOURCE, which the hub config reads and passes on to the
+usage service), on a real hub, proxy, usage service and engine.
+
+The quota file is read-only: the hub seeds the database's first version from it at its
+first read of the table, and never reads it again. A table the admin saves through the editor's API applies
+at the next spawn; a bad one is refused by the editor with its line; a bad version that
+reaches the database by another route is refused by the hub, which logs it by version and
+line and keeps the last good table.
+"""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from browser import usage_config
+
+from harness import Hub, container_for, free_port, teardown, wait_for
+from spawner.contract import ROLE_LABEL
+from spawner.quota.editing import FROM_FILE
+from spawner.usage.ledger import Ledger
+from spawner.usage.table_versions import Audit
+
+pytestmark = pytest.mark.e2e
+PREFIX = "qstabledb"
+KEY = "database:default"
+
+QUOTAS = """\
+images:
+  pytorch: {image: "quota-spawner/pytorch:latest"}
+roles:
+  small: {cpus: 0.25, memory: 512M, images: [pytorch]}
+assignments:
+  default: [small]
+"""
+# the admin's edit: a role "big" for everyone
+WITH_BIG = QUOTAS.replace("roles:\n", "roles:\n  big: {cpus: 0.75, memory: 768M, "
+                          "images: [pytorch]}\n").replace("[small]", "[small, big]")
+BAD_LINE = 4  # the line of "big" in WITH_BIG
+BAD = WITH_BIG.replace("cpus: 0.75", "cpus: lots")
+
+
+@pytest.fixture(scope="module")
+def db_hub(docker_client, tmp_path_factory):
+    found = Hub(tmp_path_factory.mktemp(PREFIX), quota_text=QUOTAS, prefix=PREFIX,
+                extra_config=usage_config(free_port()),
+                env={"QUOTA_SPAWNER_QUOTA_SOURCE": "database"})
+    found.quota_file.chmod(0o444)  # nothing needs to write it
+    found.start()
+    found.create_user("dana")
+    found.admin = found.user_token("admin")
+    yield found
+    found.stop_servers(["dana"])
+    teardown(found, docker_client, "table-database")
+
+
+def editor(hub: Hub, method: str, path: str = "", body: dict | None = None):
+    """The editor's API as the admin calls it, with a hub API token."""
+    r = requests.request(method, f"{hub.url}/services/usage/api/table{path}", json=body,
+                         headers={"Authorization": f"token {hub.admin}"}, timeout=60,
+                         allow_redirects=False)
+    return r.status_code, r.json() if r.headers.get("Content-Type", "").startswith(
+        "application/json") else r.text
+
+
+def test_a_table_saved_in_the_database_applies_and_a_bad_one_is_refused(db_hub,
+                                                                         docker_client):
+    hub = db_hub
+    def table_now() -> dict | None:
+        code, found = editor(hub, "GET")
+        return found if code == 200 else None
+
+    opened = wait_for(table_now, 60, "the usage service's editor")  # once the hub started it
+    assert (opened["source"], opened["path"], opened["text"]) == ("database", KEY, QUOTAS)
+
+    r = hub.spawn("dana", {"profile": "big"})
+    assert r.status_code == 400 and "which you do not hold" in r.json()["message"], r.text
+    audit = Audit(Ledger(hub.usage_db, create=False).engine)
+    [seeded] = audit.versions(KEY)  # by the hub's first read of the table
+    assert seeded.who == FROM_FILE and seeded.text == QUOTAS
+
+    code, found = editor(hub, "POST", "", {"text": BAD, "version": opened["version"],
+                                           "comment": "a big role"})
+    assert code == 400, found
+    assert [(p["file"], p["line"]) for p in found["problems"]] == [(KEY, BAD_LINE)]
+    code, saved = editor(hub, "POST", "", {"text": WITH_BIG, "version": opened["version"],
+                                           "comment": "a big role"})
+    assert code == 200, saved
+
+    # the next spawn has it: the role, and its limits on the container
+    assert hub.start_server("dana", {"profile": "big"})["user_options"]["profile"] == "big"
+    container = container_for(docker_client, "dana")
+    assert container.labels[ROLE_LABEL] == "big"
+    assert container.attrs["HostConfig"]["Memory"] == 768 * 2**20
+    hub.stop_server("dana")
+
+    # a bad version saved by another route than the editor: refused, with its line
+    bad = audit.record(path=KEY, who="a script", comment="by hand", text=BAD,
+                       previous=WITH_BIG)
+    r = hub.spawn("dana", {"profile": "nothing-such"})
+    # a refusal of the option, not the 500 of a table that cannot be used: the last good
+    assert r.status_code == 400 and "which you do not hold" in r.json()["message"], r.text
+    wait_for(lambda: f"quota table (database, version {bad}):{BAD_LINE}: role 'big': cpus "
+             "must be a number" in hub.log(), 10, "the bad version in the hub's log")
+    assert "keeping the last good table" in hub.log()
+    assert hub.quota_file.read_text() == QUOTAS

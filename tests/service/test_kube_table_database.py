@@ -1,0 +1,99 @@
+"""QuotaKubeSpawner with quota_source "database", without a cluster (FakeCluster of
+test_kube_sessions.py): its starts read the ledger's newest version of the table, which the
+ConfigMap's file only seeded; a version the editor saves applies at the next start, and a
+bad one saved by another route is refused with its line while the last good table stays."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from typing import Any
+
+import pytest
+
+pytest.importorskip("kubespawner")
+
+from test_kube_sessions import sessions, spawner_on  # noqa: E402
+from test_kube_spawner import SHIPPED, make, no_cluster  # noqa: E402, F401
+from traitlets import TraitError  # noqa: E402
+
+from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
+from spawner.quota.editing import FROM_FILE, TableVersions  # noqa: E402
+from spawner.usage.ledger import Ledger  # noqa: E402
+from spawner.usage.table_versions import Audit  # noqa: E402
+
+LOG = logging.getLogger("test-kube-table-database")
+KEY = "database:default"
+SENIOR_CPUS = "    cpus: 8\n"  # senior-engineer's, the first of the shipped table's
+
+
+@pytest.fixture
+def ledger(ledger_url):
+    found = Ledger(ledger_url, LOG)
+    yield found
+    found.dispose()
+
+
+@pytest.fixture
+def configmap(tmp_path):
+    """The shipped table where a ConfigMap puts it: read-only, in a read-only folder."""
+    path = tmp_path / "configmap" / "quotas.yaml"
+    path.parent.mkdir()
+    shutil.copy(SHIPPED, path)
+    path.chmod(0o444)
+    path.parent.chmod(0o555)
+    yield path
+    path.parent.chmod(0o755)
+
+
+async def start_senior(monkeypatch: pytest.MonkeyPatch, url: str, quota: Any,
+                       ledger: Any) -> dict[str, Any]:
+    """A start and stop of senior-engineer (user cy) on the database source; its session."""
+    spawner, _ = spawner_on(monkeypatch, url, quota, quota_source="database")
+    spawner.log = LOG
+    spawner.user_options = {"profile": "senior-engineer"}
+    await spawner._start()
+    await spawner.stop()
+    return sessions(ledger)[-1]
+
+
+async def test_starts_read_the_newest_version_and_refuse_a_bad_one(monkeypatch, ledger_url,
+                                                                    ledger, configmap, caplog):
+    url = ledger_url
+    audit = Audit(ledger.engine)
+    assert (await start_senior(monkeypatch, url, configmap, ledger))["cpu_limit"] == 8.0
+    [seeded] = audit.versions(KEY)  # the first start seeded it from the ConfigMap's file
+    assert seeded.who == FROM_FILE and seeded.text == configmap.read_text()
+
+    editor = TableVersions("default", audit, str(configmap))
+    text, version = editor.read()
+    saved = editor.save(text.replace(SENIOR_CPUS, "    cpus: 6\n", 1), version, "admin",
+                        "fewer CPUs", audit)
+    assert saved.saved
+    assert (await start_senior(monkeypatch, url, configmap, ledger))["cpu_limit"] == 6.0
+
+    line = text.splitlines().index(SENIOR_CPUS.rstrip("\n")) + 1
+    bad = audit.record(path=KEY, who="a script", comment="by hand",
+                       text=text.replace(SENIOR_CPUS, "    cpus: lots\n", 1),
+                       previous=text)
+    with caplog.at_level(logging.INFO, LOG.name):
+        assert (await start_senior(monkeypatch, url, configmap, ledger))["cpu_limit"] == 6.0
+    assert (f"quota table (database, version {bad}):{line}: role 'senior-engineer': cpus "
+            "must be a number, like 2 or 0.5, not text 'lots'") in caplog.text
+    assert "keeping the last good table" in caplog.text
+    assert configmap.read_text() == SHIPPED.read_text()
+
+
+async def test_the_settings_of_the_source(monkeypatch):
+    monkeypatch.delenv("QUOTA_SPAWNER_QUOTA_SOURCE", raising=False)
+    monkeypatch.delenv("QUOTA_SPAWNER_QUOTA_TABLE_NAME", raising=False)
+    spawner = make(QuotaKubeSpawner)
+    assert (spawner.quota_source, spawner.quota_table_name) == ("file", "default")
+    monkeypatch.setenv("QUOTA_SPAWNER_QUOTA_SOURCE", "Database")
+    monkeypatch.setenv("QUOTA_SPAWNER_QUOTA_TABLE_NAME", "lab")
+    spawner = make(QuotaKubeSpawner)
+    assert (spawner.quota_source, spawner.quota_table_name) == ("database", "lab")
+    with pytest.raises(TraitError):
+        make(QuotaKubeSpawner, quota_source="yaml")
+    with pytest.raises(TraitError):
+        make(QuotaKubeSpawner, quota_table_name="a table")
