@@ -17,7 +17,6 @@ then an urgent start preempts it. Measured from the hub's event log:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -46,8 +45,7 @@ PREFIX = "qsbenchpre"
 
 
 def events(hub: Hub) -> list[dict]:
-    path = Path(hub.workdir) / "quota-spawner-events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return hub.events()  # its ledger's events table
 
 
 def summary(values: list[float]) -> str:

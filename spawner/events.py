@@ -1,39 +1,55 @@
-"""The hub's event log: one JSON object per line, appended, never rewritten.
+"""The hub's event log: the ledger database's ``events`` table, or a file of JSON lines.
 
-The spawner records preemptions and the GPU wait queue here (who, whom, why,
-how long); the watchdog tails it to tell the people concerned, and usage
-reports read it. docs/preemption.md#the-event-log lists the events and fields.
-With a ledger, each record also goes to its database's ``events`` table
-(usage/event_store.py), which a watchdog that shares no folder with the hub reads.
+The spawner records preemptions, the GPU wait queue and budget notices here (who, whom,
+why, how long), the web app role requests; the watchdog reads them to tell the people
+concerned. docs/preemption.md#the-event-log lists the events and fields.
 
-Each event is written with one ``write`` on a file opened with O_APPEND, so
-lines from several processes never interleave, and a reader never sees half
-a line as a whole one.
+With a ledger, each record goes to its database's ``events`` table (usage/event_store.py)
+and nowhere else, unless an admin names a file too (``events_file``); without a ledger,
+to ``quota-spawner-events.jsonl`` in the state folder (``events_path``).
+
+Each line of a file is written with one ``write`` on a file opened with O_APPEND, so
+lines from several processes never interleave, and a reader never sees half a line as
+a whole one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spawner.state import Documents, Kind
 
 SCHEMA_VERSION = 1
 EVENTS_FILE = "quota-spawner-events.jsonl"  # the hub's, in its state folder
+TABLE = "the ledger's events table"
+
+
+def events_path(state_dir: str, events_file: str, ledger: bool) -> str:
+    """The file an event log appends to: ``events_file`` when an admin names one (relative:
+    in ``state_dir``), else none with a ledger (its table holds the log), else
+    EVENTS_FILE in ``state_dir``; "" for no file (nor a state folder to put it in)."""
+    if events_file:
+        return os.path.join(state_dir, events_file) if state_dir else events_file
+    if ledger or not state_dir:
+        return ""
+    return os.path.join(state_dir, EVENTS_FILE)
 
 
 class EventLog:
-    """Appends events to ``path``; an empty path records nothing.
+    """Appends events to ``store`` (the ledger's table) and to the file ``path``; with
+    neither (an empty path, no store) it records nothing.
 
     The writes happen on one thread of the log's own, in order, so that a slow
-    disk never holds up the hub's event loop; ``replace`` writes a whole small
-    file (the preemptions in their grace) on the same thread, after every
-    event appended before it.
+    disk or database never holds up the hub's event loop; ``save`` replaces one of
+    the hub's state documents (the preemptions in their grace, the pool's snapshot) on
+    the same thread, after every event appended before it.
     """
 
     def __init__(self, path: str, log: logging.Logger | logging.LoggerAdapter | None = None,
@@ -44,6 +60,7 @@ class EventLog:
         # processes that share no folder with this one; it blocks, so it runs on the thread
         self.store = store
         self._store_error = ""
+        self._save_errors: dict[str, str] = {}  # kind -> the last error saving it
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-events")
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
@@ -54,16 +71,23 @@ class EventLog:
         """
         record = {"version": SCHEMA_VERSION, "time": round(time.time(), 3), "event": event,
                   **fields}
-        if self.store is not None:  # first: a record in the file is in the database too
+        if self.store is not None:  # first: the table is the log, a named file a copy
             self._writer.submit(self._stored, record)
         if self.path:
             line = (json.dumps(record, sort_keys=True, default=str) + "\n").encode()
             self._writer.submit(self._append, line)
         return record
 
-    def replace(self, path: str, text: str) -> None:
-        """Write ``path`` whole (atomically: a temporary file renamed over it)."""
-        self._writer.submit(self._replace, path, text)
+    @property
+    def where(self) -> str:
+        """Where the events go, for the log: the table, the file, both, or nowhere."""
+        found = ([TABLE] if self.store is not None else []) + ([self.path] if self.path else [])
+        return " and ".join(found) or "nowhere"
+
+    def save(self, documents: Documents, kind: Kind, text: str) -> None:
+        """Replace one of the hub's state documents (spawner/state.py: the database's row,
+        or the state folder's file), on the log's thread, after every event before it."""
+        self._writer.submit(self._save, documents, kind, text)
 
     def flush(self) -> None:
         """Wait until every write asked for so far is done."""
@@ -93,26 +117,17 @@ class EventLog:
             self.log.info("Event log: the database takes events again")
             self._store_error = ""
 
-    def _replace(self, path: str, text: str) -> None:
+    def _save(self, documents: Documents, kind: Kind, text: str) -> None:
         try:
-            write_atomically(path, text)
-        except OSError as e:
-            self.log.error("Could not write %s: %s", path, e.strerror)
-
-
-def write_atomically(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``path`` whole: a temporary file beside it, renamed over it, so a reader
-    sees the old text or the new, never half of one. Raises OSError."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                               prefix=".quota-spawner.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+            documents.write(kind, text)
+        except Exception as e:  # logged once until it works again, as the events are
+            if str(e) != self._save_errors.get(kind.name):
+                self.log.error("Could not save the %s document (%s: %s)", kind.name,
+                               type(e).__name__, e)
+                self._save_errors[kind.name] = str(e)
+            return
+        if self._save_errors.pop(kind.name, None) is not None:
+            self.log.info("The %s document is saved again", kind.name)
 
 
 def read_events(path: str, offset: int = 0) -> tuple[list[dict[str, Any]], int]:

@@ -22,6 +22,13 @@ from typing import Any
 
 import docker
 import requests
+from sqlalchemy import create_engine, inspect
+from sqlalchemy.engine import make_url
+
+from spawner.events import EVENTS_FILE, read_events
+from spawner.usage import event_store
+from spawner.usage.ledger import LEDGER_FILE
+from spawner.usage.schema import events as events_table
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
@@ -260,13 +267,36 @@ c.QuotaSpawner.quota_file = {str(self.quota_file)!r}
         assert r.status_code == 201, r.text
         return r.json()["token"]
 
+    @property
+    def usage_db(self) -> str:
+        """The hub's ledger, as the shipped config finds it: $QUOTA_SPAWNER_USAGE_DB (the
+        hub's own, else this process's), else SQLite in its state folder."""
+        url = {**os.environ, **self.env}.get("QUOTA_SPAWNER_USAGE_DB", "")
+        return url or f"sqlite:///{self.workdir.resolve() / LEDGER_FILE}"
+
     def events(self) -> list[dict[str, Any]]:
-        """The hub's event log (quota-spawner-events.jsonl in its state folder), oldest
-        first."""
-        path = self.workdir / "quota-spawner-events.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        """The hub's event log, oldest first: its ledger's ``events`` table, read as the
+        watchdog reads it (each record's body); with usage_db "none", the state folder's
+        file."""
+        url = self.usage_db
+        if url == "none":
+            path = self.workdir / EVENTS_FILE
+            return read_events(str(path))[0] if path.exists() else []
+        database = make_url(url).database
+        if url.startswith("sqlite") and not (database and Path(database).exists()):
+            return []  # not made yet; connecting would make an empty file in its place
+        engine = create_engine(url)
+        try:
+            if not inspect(engine).has_table(events_table.name):
+                return []
+            found, after = [], 0
+            while True:
+                more, after = event_store.read_after(engine, after)
+                if not more:
+                    return found
+                found += more
+        finally:
+            engine.dispose()
 
 
 def spawn_in_background(hub: Hub, name: str, options: dict) -> dict[str, Any]:

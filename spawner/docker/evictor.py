@@ -16,8 +16,9 @@ calls in threads, and is the only one that does:
 3. If the request is served otherwise or leaves, the victim is called off:
    the notice is removed and the server keeps running.
 
-The preemptions in their grace are kept in a small JSON file
-(``PREEMPTIONS_FILE``), so a hub restart (which ends the waiting start they
+The preemptions in their grace are kept in the hub's ``PREEMPTIONS`` document
+(spawner/state.py: the ledger's database, or a file in the state folder of a hub
+without a ledger), so a hub restart (which ends the waiting start they
 were for) calls them off instead of leaving a notice that nothing will carry
 out. The start that waits for a preemption (spawner/docker/gpus.py) only reads
 ``waiting_on`` and ``stops_by``.
@@ -32,7 +33,6 @@ import logging
 import time
 import weakref
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from spawner.contract import PREEMPT_DIR, PREEMPT_NOTICE, PREEMPT_PIDS_DIR
@@ -41,9 +41,9 @@ from spawner.gpu.queue import Ticket
 from spawner.host.admission import Reservation
 from spawner.quota.model import DEFAULT_GRACE_PERIOD, Role
 from spawner.quota.units import format_human, human_duration
+from spawner.state import PREEMPTIONS, Documents
 from spawner.usage.ledger import PREEMPTED, LedgerWriter
 
-PREEMPTIONS_FILE = "quota-spawner-preemptions.json"  # in the hub's state folder
 # How long a stop may take before the server is taken down by removing its container.
 STOP_TIMEOUT = 60.0
 
@@ -105,14 +105,14 @@ class Evictor:
     ``spawners``: container name -> its spawner, for the servers this hub runs;
     ``usage``: the usage ledger's writer, told why a preempted server ended."""
 
-    def __init__(self, pool: GpuPool, client: Any, state_file: str,
+    def __init__(self, pool: GpuPool, client: Any, documents: Documents | None,
                  log: logging.Logger | logging.LoggerAdapter, *,
                  spawners: Mapping[str, Any] | None = None,
                  usage: LedgerWriter | None = None):
         self.pool = pool
         self.client = client
         self.events = pool.events
-        self.state_file = state_file
+        self.documents = documents  # where the preemptions in their grace are kept
         self.log = log
         self.spawners: Mapping[str, Any] = (spawners if spawners is not None
                                             else weakref.WeakValueDictionary())
@@ -307,22 +307,22 @@ class Evictor:
     # --- restarts ----------------------------------------------------------------------
 
     def _save(self) -> None:
-        if self.state_file:  # on the event log's thread, after the events before it
-            self.events.replace(self.state_file, json.dumps(list(self._pending.values())))
+        if self.documents is not None:  # on the event log's thread, after the events before
+            self.events.save(self.documents, PREEMPTIONS,
+                             json.dumps(list(self._pending.values())))
 
     async def recover(self) -> None:
         """After a hub restart: call off the preemptions that were in their grace.
 
         The starts they were for ended with the old hub, so nobody waits for
         these GPUs; the victims keep running and their notices are removed."""
-        if not self.state_file:
+        if self.documents is None:
             return
         try:
-            left = json.loads(await asyncio.to_thread(Path(self.state_file).read_text))
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as e:
-            self.log.error("Could not read %s: %s", self.state_file, e)
+            found = await asyncio.to_thread(self.documents.read, PREEMPTIONS)
+            left = json.loads(found.text) if found is not None else []
+        except Exception as e:  # a damaged document or a database that fails: nothing to call off
+            self.log.error("Could not read the preemptions in their grace: %s", e)
             left = []
         why = ("the hub restarted during the grace period, which ended the start it was for; "
                "the server keeps running")

@@ -7,8 +7,8 @@ user, role and start). It keeps no engine: keeping it in step with the running
 containers is the backend's job (spawner/docker/reconcile.py), and so is
 carrying out a preemption (``Evictions``, spawner/docker/evictor.py).
 
-In memory, on the hub's event loop; the only file it writes is the host map's
-snapshot (gpu/snapshot.py), on the event log's thread.
+In memory, on the hub's event loop; the only thing it writes is the host map's
+snapshot (gpu/snapshot.py), through the event log's thread.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -83,7 +83,8 @@ class GpuPool:
 
     def __init__(self, inventory: Inventory, hub_id: str,
                  log: logging.Logger | logging.LoggerAdapter,
-                 events: EventLog | None = None, gpus_file: str = ""):
+                 events: EventLog | None = None,
+                 publish: Callable[[str], None] | None = None):
         self.inventory = inventory
         self.allocator = GpuAllocator(inventory.devices)
         self.hub_id = hub_id
@@ -96,9 +97,10 @@ class GpuPool:
         self.servers: dict[str, Server] = {}  # holder -> who, for preemption
         self.roles: Mapping[str, Role] = {}  # the quota table's roles, as last read
         self.events = events or EventLog("")
-        # the admins' host map reads this file (gpu/snapshot.py): every change of the
-        # holdings or the queue passes through acquire, dispatch, release or adopt
-        self.snapshots = SnapshotWriter(self, gpus_file, self.events.replace)
+        # the admins' host map reads the snapshot (gpu/snapshot.py), which ``publish``
+        # saves: every change of the holdings or the queue passes through acquire,
+        # dispatch, release or adopt
+        self.snapshots = SnapshotWriter(self, publish)
         self.evictions: Evictions | None = None
         self._queue_task: asyncio.Task[None] | None = None
         self._running: tuple[tuple[int, ...], float, dict[str, Running]] | None = None

@@ -2,9 +2,10 @@
 another process.
 
 The hub holds the GPUs, the host's reservations and the queue in memory; the usage
-service that draws the map is another process. So the pool writes ``pool_snapshot`` to
-``<state_dir>/quota-spawner-gpus.json`` (``GPUS_FILE``) whenever its holdings or
-its queue change, at most once a second (``SnapshotWriter``).
+service that draws the map is another process. So the pool publishes ``pool_snapshot`` as
+the hub's ``GPUS`` document (spawner/state.py: a row of the ledger's database, or
+``quota-spawner-gpus.json`` in the state folder of a hub without a ledger) whenever its
+holdings or its queue change, at most once a second (``SnapshotWriter``).
 
 Format (``"version": 1``, fields are only ever added; times are epoch seconds, memory
 in bytes, CPUs as numbers of CPUs):
@@ -43,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from spawner.gpu.allocator import GpuAllocator, GpuRequest, Slot
@@ -52,7 +53,6 @@ from spawner.gpu.queue import GpuQueue, Ticket
 from spawner.host.admission import HostBook
 
 SNAPSHOT_VERSION = 1
-GPUS_FILE = "quota-spawner-gpus.json"
 WRITE_INTERVAL = 1.0  # seconds: the most often the file is written
 
 
@@ -171,27 +171,26 @@ def _host(book: HostBook, servers: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class SnapshotWriter:
-    """Writes a pool's snapshot to ``path`` after changes, at most every ``interval``.
+    """Publishes a pool's snapshot after changes, at most every ``interval``.
 
     ``changed`` only marks the snapshot dirty and, on a running event loop,
-    schedules one write; the write goes through ``replace`` (the pool's
-    EventLog: atomic, on its own thread). An empty path writes nothing.
+    schedules one write; the write goes through ``publish`` (the runtime's: the
+    ``GPUS`` document, saved on the event log's thread). Without it nothing is written.
     """
 
-    def __init__(self, pool: PoolView, path: str, replace: Any,
+    def __init__(self, pool: PoolView, publish: Callable[[str], None] | None,
                  interval: float = WRITE_INTERVAL):
         self.pool = pool
-        self.path = path
-        self._replace = replace  # (path, text) -> None
+        self._publish = publish  # the snapshot's JSON -> None, never blocking
         self.interval = interval
         self.dirty = False
-        self.written = 0  # how many times the file was written
+        self.written = 0  # how many times it was published
         self._last = -float("inf")  # monotonic time of the last write
         self._timer: asyncio.TimerHandle | None = None
         self._body: dict | None = None  # the last written, less its time
 
     def changed(self) -> None:
-        if not self.path:
+        if self._publish is None:
             return
         self.dirty = True
         if self._timer is not None:
@@ -206,7 +205,7 @@ class SnapshotWriter:
     def write(self) -> None:
         """Write now if dirty (the timer's call)."""
         self._timer = None
-        if not self.dirty or not self.path:
+        if not self.dirty or self._publish is None:
             return
         self.dirty = False
         self._last = time.monotonic()
@@ -216,7 +215,7 @@ class SnapshotWriter:
             return  # nothing but the time moved
         self._body = body
         self.written += 1
-        self._replace(self.path, json.dumps(snapshot, sort_keys=True))
+        self._publish(json.dumps(snapshot, sort_keys=True))
 
     def close(self) -> None:
         if self._timer is not None:

@@ -19,19 +19,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, timezone, tzinfo
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, and_, func, select
 
-from spawner.events import write_atomically
 from spawner.quota.model import Budget, QuotaTable, Role, time_zone
 from spawner.quota.units import hours_text
+from spawner.state import BUDGET_MEMORY, Documents
 from spawner.usage.queries import in_window, seconds_in_window
 from spawner.usage.schema import session_groups, sessions
 
@@ -39,8 +37,6 @@ WARNING, SPENT = "budget-warning", "budget-spent"  # the hub's events
 # Sums of float seconds are not exact: 90% of a budget must read as 90%.
 _EPSILON = 1e-9
 MEMORY_VERSION = 1
-# BudgetWatch's memory of what was told, in the hub's state folder (beside the event log).
-MEMORY_FILE = "quota-spawner-budgets.json"
 
 
 # --- periods and what was used --------------------------------------------------------
@@ -247,16 +243,17 @@ class BudgetWatch:
 
     Each user is told of a budget once per period: once when it passes its
     warn_at, once when it is spent (only that, when a check finds it spent
-    first). What was told is remembered in ``memory_file`` (JSON, written
-    whole on each change), so a hub restart tells nothing twice; an entry is
-    forgotten when its period ends. A new period, or a new ``gpu_hours`` in the
-    table, is a new budget to tell of. Without a file it is remembered for
-    the life of this object only. The hub's is ``<state_dir>/`` + ``MEMORY_FILE``.
+    first). What was told is remembered in the hub's ``BUDGET_MEMORY`` document
+    (spawner/state.py: the ledger's database, or a file in the state folder of a hub
+    without a ledger), written whole on each change, so a hub restart tells nothing
+    twice; an entry is forgotten when its period ends. A new period, or a new
+    ``gpu_hours`` in the table, is a new budget to tell of. Without ``documents`` it is
+    remembered for the life of this object only.
     """
 
-    def __init__(self, memory_file: str | os.PathLike[str] | None = None,
+    def __init__(self, documents: Documents | None = None,
                  log: logging.Logger | logging.LoggerAdapter | None = None):
-        self.path = Path(memory_file) if memory_file else None
+        self.documents = documents
         self.log = log or logging.getLogger(__name__)
         self._lock = threading.Lock()
         self._told: dict[tuple[str, str, float, float, str], float] = self._load()
@@ -264,29 +261,31 @@ class BudgetWatch:
     # what was told: (event, budget key, gpu_hours, period start, user) -> period end
 
     def _load(self) -> dict[tuple[str, str, float, float, str], float]:
-        if self.path is None or not self.path.exists():
+        if self.documents is None:
             return {}
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            found = self.documents.read(BUDGET_MEMORY)
+            if found is None:
+                return {}
+            data = json.loads(found.text)
             assert data.get("version") == MEMORY_VERSION
             return {(e["event"], e["budget"], float(e["gpu_hours"]), float(e["period"]),
                      e["user"]): float(e["resets_at"]) for e in data["told"]}
-        except Exception as e:  # a damaged file: telling again beats never telling
-            self.log.warning("Budget warnings: cannot read %s (%s); users may be told "
-                             "again of budgets they were told of this period", self.path, e)
+        except Exception as e:  # damaged, or unreadable now: telling again beats never telling
+            self.log.warning("Budget warnings: cannot read what was told (%s); users may be "
+                             "told again of budgets they were told of this period", e)
             return {}
 
     def _save(self) -> None:
-        if self.path is None:
+        if self.documents is None:
             return
         told = [{"event": k[0], "budget": k[1], "gpu_hours": k[2], "period": k[3],
                  "user": k[4], "resets_at": end} for k, end in sorted(self._told.items())]
         text = json.dumps({"version": MEMORY_VERSION, "told": told}, indent=1)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomically(self.path, text)
-        except OSError as e:
-            self.log.error("Budget warnings: cannot write %s: %s", self.path, e)
+            self.documents.write(BUDGET_MEMORY, text)
+        except Exception as e:
+            self.log.error("Budget warnings: cannot save what was told: %s", e)
 
     def _key(self, event: str, state: BudgetState, user: str
              ) -> tuple[str, str, float, float, str]:

@@ -14,12 +14,14 @@ order. SQLite's writers take turns anyway. Blocking: call from a thread.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Engine, func, insert, select
+from sqlalchemy.exc import IntegrityError
 
-from spawner.usage.schema import events
+from spawner.usage.schema import event_claims, events
 
 # pg_advisory_xact_lock's key for appending events ("events" in ASCII)
 APPEND_LOCK = 0x6576656E7473
@@ -55,16 +57,42 @@ def read_after(engine: Engine, after: int,
                limit: int = READ_LIMIT) -> tuple[list[dict[str, Any]], int]:
     """The events after id ``after``, oldest first (at most ``limit``), and the id to read
     after next. A body that is not a JSON object is skipped, as a bad line of the file is."""
+    rows = _rows_after(engine, after, limit)
+    found = [value for value in (_record(row.body) for row in rows) if value is not None]
+    return found, (rows[-1].id if rows else after)
+
+
+def claim_after(engine: Engine, after: int, node: str,
+                limit: int = READ_LIMIT) -> tuple[list[dict[str, Any]], int]:
+    """``read_after`` for a watchdog among several: only the events it claimed
+    (``event_claims``), each claimed by the first watchdog that reads it, so that every
+    event is told once however many watchdogs read the table."""
+    rows = _rows_after(engine, after, limit)
+    found = []
+    for row in rows:
+        value = _record(row.body)
+        if value is None:
+            continue
+        try:
+            with engine.begin() as connection:
+                connection.execute(insert(event_claims).values(
+                    event_id=row.id, node=node[:253], time=time.time()))
+        except IntegrityError:
+            continue  # another watchdog tells it
+        found.append(value)
+    return found, (rows[-1].id if rows else after)
+
+
+def _rows_after(engine: Engine, after: int, limit: int) -> list[Any]:
     query = (select(events.c.id, events.c.body).where(events.c.id > after)
              .order_by(events.c.id).limit(limit))
     with engine.connect() as connection:
-        rows = connection.execute(query).all()
-    found = []
-    for row in rows:
-        try:
-            value = json.loads(row.body)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            found.append(value)
-    return found, (rows[-1].id if rows else after)
+        return list(connection.execute(query).all())
+
+
+def _record(body: str) -> dict[str, Any] | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

@@ -149,3 +149,25 @@ events = Table(
     Column("body", Text, nullable=False),
 )
 Index("ix_events_hub", events.c.hub, events.c.id)
+
+# The small documents the hub and each watchdog publish for the other processes
+# (spawner/state.py's kinds): one row per hub, kind and node, replaced whole.
+state_documents = Table(
+    "state_documents",
+    metadata,
+    Column("hub", String(64), primary_key=True),
+    Column("kind", String(32), primary_key=True),
+    Column("node", String(253), primary_key=True),  # "" for the hub's own; a DNS name
+    Column("time", Float, nullable=False),
+    Column("body", Text, nullable=False),
+)
+
+# Which watchdog tells each event (event_store.claim_after): the first to read it, so
+# that with a watchdog per node every event is told once.
+event_claims = Table(
+    "event_claims",
+    metadata,
+    Column("event_id", Integer, primary_key=True, autoincrement=False),
+    Column("node", String(253), nullable=False),
+    Column("time", Float, nullable=False),
+)

@@ -31,7 +31,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -45,7 +44,9 @@ from traitlets.config import Application
 from spawner.events import EVENTS_FILE
 from spawner.gpu.nvml import Nvml, XidWatcher
 from spawner.policy.config import hub_id_from_secret_file
+from spawner.state import GPU_USAGE, write_atomically
 from spawner.usage.ledger import Ledger, Sample, default_url
+from spawner.usage.state_docs import DatabaseDocuments
 from spawner.watchdog.containers import Containers, EngineClient, EngineUnreachable, OomEvents
 from spawner.watchdog.host import CgroupReader, CpuMeter, gpu_memory_by_container
 from spawner.watchdog.hub_api import HubDirectory
@@ -72,7 +73,6 @@ from spawner.watchdog.text import name, number, one_line
 
 # The hub's event log, in its state folder unless the hub's config says otherwise.
 # Each cycle's GPU and host numbers, for the admins' host map (spawner/webapp/gpus.py).
-GPU_USAGE_FILE_NAME = "quota-spawner-gpu-usage.json"
 GPU_USAGE_VERSION = 1
 # A container is a zombie only if the hub's answer that lacks its server was asked for
 # at least this long after the container started: the engine's clock and the
@@ -153,9 +153,11 @@ class QuotaWatchdog(Application):
         not recorded.""")
     gpu_usage_file = Unicode(
         config=True,
-        help=f"""Where each cycle's per-GPU, per-server and host numbers are written, for the
-        admins' host map. Default: {GPU_USAGE_FILE_NAME} in $QUOTA_SPAWNER_STATE_DIR when
-        set; empty: not written.""")
+        help=f"""Where each cycle's per-GPU, per-server and host numbers are written as a
+        file, for the admins' host map. Default: empty when there is a usage_db (they go to
+        its database, this node's row of the hub's "gpu-usage" document: no folder need be
+        shared), else {GPU_USAGE.file} in $QUOTA_SPAWNER_STATE_DIR when set; empty: no
+        file.""")
     host_name = Unicode(socket.gethostname(), config=True, help="This host, in messages.")
     metrics_ip = Unicode(os.environ.get("QUOTA_SPAWNER_METRICS_IP", "127.0.0.1"), config=True,
                          help="Address of /metrics.")
@@ -207,8 +209,16 @@ class QuotaWatchdog(Application):
 
     @default("gpu_usage_file")
     def _gpu_usage_file_default(self) -> str:
+        if self.usage_db and self.usage_db != "none":
+            return ""  # the database's row, which the host map reads
         state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", "")
-        return str(Path(state) / GPU_USAGE_FILE_NAME) if state else ""
+        return str(Path(state) / GPU_USAGE.file) if state else ""
+
+    @property
+    def node(self) -> str:
+        """This watchdog's node, which keys its readings: the Kubernetes node, else the
+        host's name."""
+        return self.node_name or self.host_name
 
     def initialize(self, argv: list[str] | None = None) -> None:
         self.parse_command_line(argv)
@@ -365,7 +375,7 @@ class QuotaWatchdog(Application):
             await asyncio.to_thread(write_dcgm_mapping, Path(self.dcgm_mapping_dir), snapshot)
         if self.usage_db and self.usage_db != "none":
             await asyncio.to_thread(self.record_usage, snapshot)
-        if self.gpu_usage_file:
+        if self.gpu_usage_file or (self.usage_db and self.usage_db != "none"):
             await asyncio.to_thread(self.write_gpu_usage, snapshot)
         saved = json.dumps(self.book.to_json(), sort_keys=True)
         if saved != self._saved:  # most cycles change nothing: no write
@@ -436,7 +446,8 @@ class QuotaWatchdog(Application):
     def _read_events(self) -> tuple[list[dict[str, Any]], EventCursor]:
         if self.events_file:
             return read_new(self.events_file, self.book.events)
-        return read_new_rows(self._ledger_now().engine, self.events_source, self.book.events)
+        return read_new_rows(self._ledger_now().engine, self.events_source, self.book.events,
+                             self.node)
 
     def _ledger_now(self) -> Ledger:
         """The hub's ledger, opened once it exists (blocking; LedgerNotReady before). The
@@ -463,17 +474,26 @@ class QuotaWatchdog(Application):
             self._usage_error = ""
 
     def write_gpu_usage(self, snapshot: Snapshot) -> None:
-        """This cycle's GPU numbers to ``gpu_usage_file``, atomically (blocking); a
+        """This cycle's GPU numbers as this node's row of the hub's ``GPU_USAGE`` document
+        in the ledger's database, and to ``gpu_usage_file`` when named (blocking); a
         failure is logged once, until a write succeeds again."""
         data = gpu_usage_snapshot(snapshot, self.book, self.interval)
+        data["node"] = self.node
+        text = json.dumps(data, sort_keys=True)
         try:
-            write_json_atomic(Path(self.gpu_usage_file), data)
-        except OSError as error:
+            if self.usage_db and self.usage_db != "none":
+                DatabaseDocuments(self._ledger_now().engine, self.hub_id).write(
+                    GPU_USAGE, text, node=self.node)
+            if self.gpu_usage_file:
+                write_atomically(self.gpu_usage_file, text)
+        except Exception as error:  # a full disk, a database that is down or not made yet
             if str(error) != self._gpu_usage_error:
-                self.log.warning("Cannot write %s (%s); trying again each cycle",
-                                 self.gpu_usage_file, error)
+                self.log.warning("Cannot save this cycle's GPU readings (%s); trying again "
+                                 "each cycle", error)
                 self._gpu_usage_error = str(error)
             return
+        if self._gpu_usage_error:
+            self.log.info("This cycle's GPU readings are saved again")
         self._gpu_usage_error = ""
 
     async def notify_in_order(self, events: list[Event]) -> None:
@@ -655,18 +675,6 @@ def describe_hub_event(event: dict[str, Any]) -> str:
     if "time" in event:
         parts.append(f"at {number(event['time'])}")
     return " ".join(parts)
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    """``data`` as JSON to ``path``: a temporary file, then a rename (blocking)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(data, f, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 main = QuotaWatchdog.launch_instance

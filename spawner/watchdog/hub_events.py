@@ -95,15 +95,16 @@ def read_new(path: str, cursor: EventCursor | None) -> tuple[list[dict[str, Any]
     return events, EventCursor(path, offset, inode)
 
 
-def read_new_rows(engine: Engine, where: str,
-                  cursor: EventCursor | None) -> tuple[list[dict[str, Any]], EventCursor]:
+def read_new_rows(engine: Engine, where: str, cursor: EventCursor | None,
+                  node: str) -> tuple[list[dict[str, Any]], EventCursor]:
     """``read_new`` for the ledger's ``events`` table (usage/event_store.py), where a
     watchdog that shares no folder with the hub reads: ``where`` names the database (its
-    URL without password) and the cursor's offset is the last id read. With no cursor,
-    or one of another log: none, and a cursor at the newest event. Blocks."""
+    URL without password) and the cursor's offset is the last id read. Only the events
+    this watchdog (``node``) claimed first: with one per node, each is told once. With no
+    cursor, or one of another log: none, and a cursor at the newest event. Blocks."""
     if cursor is None or cursor.path != where:
         return [], EventCursor(where, event_store.last_id(engine))
-    found, last = event_store.read_after(engine, cursor.offset)
+    found, last = event_store.claim_after(engine, cursor.offset, node)
     return found, EventCursor(where, last)
 
 

@@ -33,6 +33,8 @@ from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
 from spawner.events import EventLog
+from spawner.quota.store import QuotaStore
+from spawner.state import Documents
 from spawner.webapp import inputs
 from spawner.webapp.access import REFUSED, Refused, is_admin, nav_for
 from spawner.webapp.formatting import FILTERS
@@ -62,7 +64,16 @@ class Setup:
     reader: LedgerReader  # the ledger and the files, on worker threads
     prefix: str  # the service's URL prefix, ending in /
     quota_file: str  # "" when the hub gave none
+    # where the table lives: "file", or "database" (the ledger's versions of the table
+    # quota_table_name, quota_file their first seed); the store the pages read it from
+    quota_source: str
+    quota_table_name: str
+    quota_store: QuotaStore | None  # None: no table
     state_dir: str  # the hub's state folder; "" when not given
+    # the hub's and the watchdogs' documents (spawner/state.py; blocking, None: neither the
+    # ledger nor the state folder), and whether they are the database's rows
+    documents: Callable[[], Documents | None]
+    database: bool
     tz: tzinfo  # the days and times of the pages
     hub_base: str  # the hub's base URL, for links to the hub and to servers
     hub: HubApi

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -71,7 +70,7 @@ from spawner.webapp.hub_api import (
     summary,
 )
 from spawner.webapp.reader import LedgerReader, NotReady, load_table
-from spawner.webapp.state_files import GPU_USAGE_FILE_NAME, read_json_file, usage_state
+from spawner.webapp.state_files import read_usage, usage_state
 
 log = logging.getLogger("quota_spawner.usage")
 
@@ -125,8 +124,8 @@ def lacking(table: QuotaTable, users: Sequence[dict[str, Any]], role: str,
 
 
 def gpu_memory_by_user(usage: dict[str, Any] | None, now: float) -> dict[str, int]:
-    """Each user's GPU memory (bytes, over all their servers' GPUs) from the watchdog's
-    ``quota-spawner-gpu-usage.json``, when it is fresh; else nothing."""
+    """Each user's GPU memory (bytes, over all their servers' GPUs) from the watchdogs'
+    readings (state_files.py ``read_usage``), when they are fresh; else nothing."""
     if usage_state(usage, now) != "fresh" or not usage:
         return {}
     found: dict[str, int] = {}
@@ -200,11 +199,6 @@ def class_link(prefix: str, group: str) -> str:
 # --- the dashboard's snapshot ------------------------------------------------------------------
 
 
-def gpu_usage_file(state_dir: str) -> str:
-    """The watchdog's file in the hub's state folder; "" without one."""
-    return os.path.join(state_dir, GPU_USAGE_FILE_NAME) if state_dir else ""
-
-
 async def snapshot(setup: Setup, token: str, group: str) -> dict[str, Any]:
     """What the dashboard shows of ``group``, as the hub shows it to ``token``: the
     members' rows, the pre-warm choices (every member's, and those only some hold with
@@ -213,9 +207,8 @@ async def snapshot(setup: Setup, token: str, group: str) -> dict[str, Any]:
     found = members(await setup.hub.require(NO_HUB_API).users(token), group)
     member_names = [str(u["name"]) for u in found]
     now = time.time()
-    table = await reader.call(load_table, setup.quota_file)
-    path = gpu_usage_file(setup.state_dir)
-    usage = await reader.call(read_json_file, path) if path else None
+    table = await reader.call(load_table, setup.quota_store)
+    usage = await reader.call(lambda: read_usage(setup.documents(), now))
     try:
         used = await reader.run(open_sessions, member_names)
         planned = await reader.run(schedules.of_group, group)
@@ -428,7 +421,7 @@ class PrewarmHandler(ClassApi):
         found = await self.members(group)
         if not found:
             raise Refused(f"{group} has no members you can see.", 404)
-        table = await self.blocking(load_table, self.setup.quota_file)
+        table = await self.blocking(load_table, self.setup.quota_store)
         if table is None:
             raise Refused("The quota table cannot be read, so the roles cannot be "
                           "checked; ask an admin.", 503)

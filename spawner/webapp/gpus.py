@@ -43,31 +43,37 @@ users: Jinja autoescapes them here, and the script sets them with textContent on
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 from urllib.parse import quote
 
 from tornado import web
 
-from spawner.gpu.snapshot import GPUS_FILE
+from spawner.state import GPU_USAGE, GPUS, Documents
 from spawner.webapp.base import FORMAT_SCRIPT, ApiHandler, BaseHandler, PageHandler
-from spawner.webapp.formatting import half_up, size
+from spawner.webapp.formatting import duration, half_up, size
 from spawner.webapp.state_files import (
-    GPU_USAGE_FILE_NAME,
     VERSION,
     interval_of,
     number,
-    read_json_file,
+    read_pool,
+    read_usage,
     stale_after,
     usage_state,
 )
+from spawner.webapp.state_files import as_dict as _dict
+from spawner.webapp.state_files import as_list as _list
 
 POLL_SECONDS = 2.0
 ADMINS_ONLY = ("The host map is for admins only: it names everyone who holds a GPU or "
                "room on the host. Your own server's GPU is shown on the hub's home page.")
-NO_STATE = ("This service was not given the hub's state folder (QUOTA_SPAWNER_STATE_DIR), "
-            "where the hub and the watchdog write the host map's files.")
+NO_STATE = ("This service was given neither the ledger's database (QUOTA_SPAWNER_USAGE_DB) "
+            "nor the hub's state folder (QUOTA_SPAWNER_STATE_DIR), where the hub and the "
+            "watchdogs publish what the host map shows.")
+# where the map's documents are, in the sentences that say one is missing
+IN_DATABASE = ("the hub's snapshot in the ledger's database",
+               "the watchdogs' readings in the ledger's database")
+IN_FOLDER = (f"{GPUS.file} in the state folder", f"{GPU_USAGE.file} in the state folder")
 FAILED = ("The host map could not be read because of an error; the service's log has the "
           "details.")
 
@@ -140,14 +146,6 @@ def _row(gpu: dict[str, Any], in_pool: bool, sample: dict[str, Any] | None,
         "idle_since": min(since) if since else None,
         "holders": holders,
     }
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def _text(value: Any) -> str | None:
@@ -236,6 +234,10 @@ def map_document(pool: dict[str, Any] | None, usage: dict[str, Any] | None, now:
         watchdog.update(time=usage["time"], age=max(0.0, now - usage["time"]),
                         interval=interval, host=_text(usage.get("host")),
                         stale_after=stale_after(interval))
+    # each watchdog's node (one per node on a cluster), in the freshness line
+    watchdog["nodes"] = [{"node": _text(n.get("node")), "state": _text(n.get("state")),
+                          "age": max(0.0, now - n["time"]) if number(n.get("time")) else None}
+                         for n in _list((usage or {}).get("nodes")) if isinstance(n, dict)]
     queue = [_ticket(t) for t in _list(pool.get("queue")) if isinstance(t, dict)]
     inventory = pool.get("inventory") if isinstance(pool.get("inventory"), dict) else {}
     in_pool = [r for r in rows if r["in_pool"]]
@@ -269,13 +271,12 @@ def map_document(pool: dict[str, Any] | None, usage: dict[str, Any] | None, now:
     }
 
 
-def read_map(folder: str, now: float) -> dict[str, Any]:
-    """Both files from the state folder, merged (blocking: run on a worker thread)."""
-    if not folder:
+def read_map(documents: Documents | None, now: float) -> dict[str, Any]:
+    """The hub's pool and the watchdogs' readings, merged (blocking: run on a worker
+    thread)."""
+    if documents is None:
         return map_document(None, None, now, has_state_dir=False)
-    pool = read_json_file(os.path.join(folder, GPUS_FILE))
-    usage = read_json_file(os.path.join(folder, GPU_USAGE_FILE_NAME))
-    return map_document(pool, usage, now)
+    return map_document(read_pool(documents), read_usage(documents, now), now)
 
 
 def _ticket(ticket: dict[str, Any]) -> dict[str, Any]:
@@ -296,6 +297,17 @@ def _ticket(ticket: dict[str, Any]) -> dict[str, Any]:
 
 def plural(count: int, word: str) -> str:
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def nodes_text(nodes: list[dict[str, Any]]) -> str:
+    """Which watchdogs the figures come from, when more than one measures: "Readings
+    from 2 watchdogs: gpu-a (fresh), gpu-b (stale, 2 min old)."; "" for one."""
+    if len(nodes) < 2:
+        return ""
+    parts = [f"{n['node'] or 'a watchdog'} ({n['state']}" + (
+        f", {duration(n['age'])} old)" if n["state"] == "stale" and n["age"] is not None
+        else ")") for n in nodes]
+    return f"Readings from {len(nodes)} watchdogs: {', '.join(parts)}."
 
 
 def cpus_text(value: Any) -> str:
@@ -400,7 +412,8 @@ class GpuMap(BaseHandler):
     refused = ADMINS_ONLY
 
     async def document(self) -> dict[str, Any]:
-        return await self.blocking(read_map, self.setup.state_dir, time.time())
+        return await self.blocking(
+            lambda: read_map(self.setup.documents(), time.time()))
 
 
 class GpuPage(GpuMap, PageHandler):
@@ -413,12 +426,14 @@ class GpuPage(GpuMap, PageHandler):
     async def get(self) -> None:
         self.require_admin(ADMINS_ONLY, "host map page")
         doc = await self.document()
+        gpus_where, usage_where = IN_DATABASE if self.setup.database else IN_FOLDER
         users = holder_users(doc)
         indexes = {r["uuid"]: str(r["index"]) for r in doc["gpus"]
                    if isinstance(r.get("uuid"), str) and r.get("index") is not None}
         self.render_page(
             "gpus.html", title="Host map", doc=doc, now=doc["generated_at"],
-            no_state=NO_STATE, gpus_file=GPUS_FILE, usage_file=GPU_USAGE_FILE_NAME,
+            no_state=NO_STATE, gpus_file=gpus_where, usage_file=usage_where,
+            nodes_text=nodes_text,
             plural=plural, mode_text=mode_text, cpus_text=cpus_text,
             amount_text=amount_text, attr_number=attr_number, host_text=host_text,
             room_text=room_text, waiting_for_text=waiting_for_text, gpus_text=gpus_text,

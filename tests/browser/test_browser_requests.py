@@ -21,7 +21,6 @@ from sqlalchemy import update
 
 from harness import Hub, container_for, containers, shipped_table_without_requests
 from spawner.contract import ROLE_LABEL
-from spawner.events import read_events
 from spawner.policy.config import hub_id_from_secret_file
 from spawner.quota.loader import parse_quota_table
 from spawner.usage.ledger import Ledger, default_url
@@ -117,10 +116,7 @@ def log_in(person, name: str, **context: Any) -> Person:
 
 
 def events_of(hub: Hub, user: str) -> list[dict[str, Any]]:
-    path = hub.workdir / "quota-spawner-events.jsonl"
-    if not path.exists():
-        return []
-    return [e for e in read_events(str(path), 0)[0] if e.get("user") == user
+    return [e for e in hub.events() if e.get("user") == user
             and str(e.get("event", "")).startswith("role-request")]
 
 

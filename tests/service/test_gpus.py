@@ -21,15 +21,16 @@ from webapp_client import PageSite, attribute
 from webapp_client import serve as serve_app
 
 from spawner.gpu.pool import Server
-from spawner.gpu.snapshot import GPUS_FILE, pool_snapshot
+from spawner.gpu.snapshot import pool_snapshot
+from spawner.state import GPU_USAGE, GPUS
 from spawner.usage.ledger import Ledger
+from spawner.usage.state_docs import DatabaseDocuments
 from spawner.watchdog.app import gpu_usage_snapshot
 from spawner.webapp import app as service
 from spawner.webapp import gpus as gpu_page
 from spawner.webapp.base import BaseHandler, static_version
 from spawner.webapp.formatting import duration, percent, size
 from spawner.webapp.gpus import ADMINS_ONLY, NO_STATE, map_document, user_link
-from spawner.webapp.state_files import GPU_USAGE_FILE_NAME
 
 PREFIX = "/services/usage/"
 SCRIPT_VERSION = static_version("gpus.js")  # in the scripts' URLs
@@ -86,12 +87,12 @@ async def write_busy(site: Site, watchdog_age: float | None = 1.0, hostile: bool
     pool = await busy_pool()
     if hostile:
         pool.servers["quota-bob"] = Server(HOSTILE, HOSTILE_ROLE, now - 50)
-    site.write(GPUS_FILE, pool_snapshot(pool, now))
+    site.write(GPUS.file, pool_snapshot(pool, now))
     pool.leave("quota-dave", "test")
     if watchdog_age is not None:
         usage = gpu_usage_snapshot(watched(now - watchdog_age), idle_book(), 5.0)
         usage["idle"][0]["since"] = now - 7200
-        site.write(GPU_USAGE_FILE_NAME, usage)
+        site.write(GPU_USAGE.file, usage)
 
 
 def row_of(page: str, uuid: str) -> str:
@@ -244,11 +245,13 @@ async def test_a_missing_watchdog_file_is_said(site):
     await write_busy(site, watchdog_age=None)
     page = (await site.get("gpus", "admin")).body.decode()
     assert 'class="freshness missing"' in page
-    assert f"No figures from the watchdog ({GPU_USAGE_FILE_NAME} in the state folder" in page
+    assert ("No figures from the watchdog (the watchdogs' readings in the ledger's database: "
+            "missing or unreadable)") in words(page)
     assert "alice" in words(row_of(page, "GPU-0"))  # the holders still show
     doc = json.loads((await site.get("api/gpus", "admin")).body)
     assert doc["watchdog"] == {"state": "missing", "time": None, "age": None,
-                               "interval": None, "stale_after": None, "host": None}
+                               "interval": None, "stale_after": None, "host": None,
+                               "nodes": []}
 
 
 async def test_no_files_at_all(site):
@@ -263,16 +266,19 @@ async def test_no_files_at_all(site):
 
 
 async def test_half_written_or_foreign_files_are_missing_not_errors(site):
-    site.write(GPUS_FILE, '{"version": 1, "gpus": [')
-    site.write(GPU_USAGE_FILE_NAME, json.dumps({"version": 99, "time": time.time()}))
+    site.write(GPUS.file, '{"version": 1, "gpus": [')
+    site.write(GPU_USAGE.file, json.dumps({"version": 99, "time": time.time()}))
     r = await site.get("gpus", "admin")
     assert r.code == 200 and "No pool from the hub yet" in words(r.body.decode())
     doc = json.loads((await site.get("api/gpus", "admin")).body)
     assert doc["pool"]["state"] == "missing" and doc["watchdog"]["state"] == "missing"
 
 
-async def test_without_a_state_folder_the_page_says_so(tmp_path, monkeypatch):
-    app, server, port = await serve(tmp_path, monkeypatch, "")
+async def test_without_a_ledger_or_a_state_folder_the_page_says_so(tmp_path, monkeypatch):
+    auth = PageHubAuth({"admin": ADMIN})
+    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
+    app = service.make_app(usage_db="none", service_prefix=PREFIX, state_dir="")
+    server, port = serve_app(app)
     try:
         site = Site(port, tmp_path)
         r = await site.get("gpus", "admin")
@@ -282,6 +288,54 @@ async def test_without_a_state_folder_the_page_says_so(tmp_path, monkeypatch):
     finally:
         server.stop()
         app.settings["usage"].reader.close()
+
+
+async def test_the_map_reads_the_database_with_no_state_folder(tmp_path, monkeypatch):
+    """A service on another machine: only the ledger's URL. The hub's pool and two
+    watchdogs' readings (two nodes, each its own GPUs) are rows of the database; the rows
+    of another hub are not shown."""
+    url = f"sqlite:///{tmp_path / 'usage.sqlite'}"
+    ledger = Ledger(url)
+    auth = PageHubAuth({"admin": ADMIN})
+    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
+    app = service.make_app(usage_db=url, service_prefix=PREFIX, state_dir="", hub_id="hub-1")
+    server, port = serve_app(app)
+    try:
+        site = Site(port, tmp_path)
+        rows = DatabaseDocuments(ledger.engine, "hub-1")
+        pool = await busy_pool()
+        now = time.time()
+        rows.write(GPUS, json.dumps(pool_snapshot(pool, now)))
+        usage = gpu_usage_snapshot(watched(), idle_book(), 5.0)
+        node_a = {**usage, "time": now - 1, "node": "gpu-a",
+                  "gpus": {k: v for k, v in usage["gpus"].items() if k == "GPU-0"}}
+        node_b = {**usage, "time": now - 2, "node": "gpu-b", "idle": [],
+                  "gpus": {k: v for k, v in usage["gpus"].items() if k != "GPU-0"}}
+        rows.write(GPU_USAGE, json.dumps(node_a), node="gpu-a")
+        rows.write(GPU_USAGE, json.dumps(node_b), node="gpu-b")
+        DatabaseDocuments(ledger.engine, "hub-2").write(
+            GPUS, json.dumps({**pool_snapshot(pool, now), "hub": "hub-2", "gpus": []}))
+        doc = json.loads((await site.get("api/gpus", "admin")).body)
+        assert doc["state_dir"] is True and doc["pool"]["hub"] == "hub-1"
+        by_uuid = {g["uuid"]: g for g in doc["gpus"]}
+        assert by_uuid["GPU-0"]["usage"] == "fresh" and by_uuid["GPU-0"]["idle"]  # node a's
+        assert by_uuid["GPU-1"]["utilization"] == 0.75  # node b's
+        assert [(n["node"], n["state"]) for n in doc["watchdog"]["nodes"]] == [
+            ("gpu-a", "fresh"), ("gpu-b", "fresh")]
+        page = words((await site.get("gpus", "admin")).body.decode())
+        assert "Readings from 2 watchdogs: gpu-a (fresh), gpu-b (fresh)." in page
+        # node b stops measuring: its GPUs' numbers are left out, node a's stay
+        rows.write(GPU_USAGE, json.dumps({**node_b, "time": now - 600}), node="gpu-b")
+        doc = json.loads((await site.get("api/gpus", "admin")).body)
+        by_uuid = {g["uuid"]: g for g in doc["gpus"]}
+        assert by_uuid["GPU-0"]["usage"] == "fresh" and by_uuid["GPU-1"]["utilization"] is None
+        page = words((await site.get("gpus", "admin")).body.decode())
+        assert "gpu-a (fresh), gpu-b (stale, 10m old)." in page
+        pool.leave("quota-dave", "test")
+    finally:
+        server.stop()
+        app.settings["usage"].reader.close()
+        ledger.dispose()
 
 
 async def test_the_state_folder_comes_from_the_environment(tmp_path, monkeypatch):

@@ -15,11 +15,11 @@ from test_gpus import HOSTILE, HOSTILE_ROLE, row_of, state_site, words
 from test_host_map import G, busy_host, leave_all, pool, watched
 
 from spawner.gpu.pool import Server
-from spawner.gpu.snapshot import GPUS_FILE, pool_snapshot
+from spawner.gpu.snapshot import pool_snapshot
+from spawner.state import GPU_USAGE, GPUS
 from spawner.watchdog.app import gpu_usage_snapshot
 from spawner.watchdog.rules import IncidentBook
 from spawner.webapp.gpus import ADMINS_ONLY
-from spawner.webapp.state_files import GPU_USAGE_FILE_NAME
 
 
 @pytest.fixture
@@ -41,10 +41,10 @@ async def write_host(site, watchdog_age: float | None = 1.0, admission: bool = T
             p.queue.ticket("quota-carol").user = HOSTILE
     else:
         p = pool(admission=False)
-    site.write(GPUS_FILE, pool_snapshot(p, now))
+    site.write(GPUS.file, pool_snapshot(p, now))
     leave_all(p)
     if watchdog_age is not None:
-        site.write(GPU_USAGE_FILE_NAME,
+        site.write(GPU_USAGE.file,
                    gpu_usage_snapshot(watched(now - watchdog_age), IncidentBook(), 5.0))
 
 

@@ -47,7 +47,8 @@ def test_the_migrations_build_exactly_the_schema_on_postgresql(url):
         assert current_revision(connection) == head_revision()
     tables = set(inspect(engine).get_table_names())
     assert tables == {"sessions", "session_groups", "table_versions", "role_requests",
-                      "prewarm_schedules", "events", VERSION_TABLE}
+                      "prewarm_schedules", "events", "state_documents", "event_claims",
+                      VERSION_TABLE}
     engine.dispose()
 
 

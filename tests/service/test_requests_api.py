@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine
 from test_hub_config import GOOD_ADMIN, GOOD_USER, load_hub_config
 from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth
 from tornado import web
@@ -16,7 +17,6 @@ from tornado.httpclient import AsyncHTTPClient
 from webapp_client import serve
 
 from harness import shipped_table_without_requests
-from spawner.events import read_events
 from spawner.usage import event_store
 from spawner.usage.ledger import Ledger
 from spawner.webapp import app as service
@@ -50,10 +50,10 @@ class FakeHubUser(web.RequestHandler):
 
 
 class Api:
-    def __init__(self, port: int, events: Path, quota: Path):
+    def __init__(self, port: int, url: str, quota: Path):
         self.base = f"http://127.0.0.1:{port}/services/usage/"
         self.client = AsyncHTTPClient()
-        self.events = events
+        self.url = url  # the ledger, whose events table the service appends to
         self.quota = quota
 
     async def call(self, method: str, path: str, who: str, body=None,
@@ -83,9 +83,11 @@ class Api:
                                          "reason": reason})
 
     def logged(self) -> list[dict]:
-        if not self.events.exists():
-            return []
-        return read_events(str(self.events), 0)[0]
+        engine = create_engine(self.url)
+        try:
+            return event_store.read_after(engine, 0)[0]
+        finally:
+            engine.dispose()
 
 
 def table(instructors_approve: bool) -> str:
@@ -114,8 +116,8 @@ async def api(request, tmp_path, monkeypatch):
                            hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
                            hub_api_token=HUB_TOKEN, clock=lambda: NOW)
     server, port = serve(app)
-    found = Api(port, state / "quota-spawner-events.jsonl", quota)
-    found.url = url
+    found = Api(port, url, quota)
+    found.state = state
     yield found
     server.stop()
     hub_server.stop()
@@ -185,11 +187,8 @@ async def test_a_student_asks_lists_and_withdraws(api):
     events = await wait_events(api, 2)
     assert [e["event"] for e in events] == ["role-request", "role-request-withdrawn"]
     assert events[1]["who"] == "student1"
-    # and the same records in the ledger's events table, for a watchdog that shares no
-    # folder with the service
-    ledger = Ledger(api.url, create=False)
-    assert event_store.read_after(ledger.engine, 0)[0] == events
-    ledger.dispose()
+    # in the ledger's events table only, which a watchdog reads with no folder shared
+    assert list(api.state.iterdir()) == []
 
 
 @pytest.mark.parametrize("body, words", [

@@ -23,6 +23,7 @@ from spawner.cli import main as cli_main
 from spawner.quota.loader import TOP_FIELDS, parse_quota_table
 from spawner.quota.model import Budget, QuotaTable, QuotaTableError, Role
 from spawner.quota.units import hours_text
+from spawner.state import BUDGET_MEMORY, FolderDocuments
 from spawner.usage.budgets import (
     BudgetCheck,
     BudgetState,
@@ -37,6 +38,7 @@ from spawner.usage.budgets import (
     used_gpu_hours,
 )
 from spawner.usage.ledger import Ledger
+from spawner.usage.state_docs import DatabaseDocuments
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs" / "quota-table.schema.json").read_text())
@@ -505,7 +507,7 @@ def test_running_sessions_are_the_open_gpu_ones_with_their_groups(ledger, s):
 def test_warned_once_at_90_percent_not_at_89(ledger, s, tmp_path):
     t = watch_table()
     container = s.add("alice", DAY, groups=("cs101",))  # 1 GPU from midnight
-    watch = BudgetWatch(tmp_path / "budget-warnings.json")
+    watch = BudgetWatch(FolderDocuments(str(tmp_path)))
     assert check(watch, ledger, t, DAY + 8.9 * HOUR).notices == []  # 89%
     found = check(watch, ledger, t, DAY + 9 * HOUR)  # 90%
     (notice,) = found.notices
@@ -602,37 +604,54 @@ def test_a_users_budget_and_a_raised_budget(ledger, s):
     assert len(check(watch, ledger, raised, DAY + 3.6 * HOUR).notices) == 1
 
 
-def test_what_was_told_survives_a_new_watch_and_is_forgotten_with_its_period(ledger, s,
-                                                                               tmp_path):
+def test_what_was_told_survives_a_new_watch_and_is_forgotten_with_its_period(ledger, s):
+    """In the ledger's database (SQLite here, PostgreSQL in test_budgets_postgres.py)."""
     t = watch_table()
     s.add("alice", DAY, groups=("cs101",))
-    memory = tmp_path / "state" / "quota-spawner-budgets.json"
+    memory = DatabaseDocuments(ledger.engine, "hub-1")
     assert len(check(BudgetWatch(memory), ledger, t, DAY + 9 * HOUR).notices) == 1
-    saved = json.loads(memory.read_text())
+    saved = json.loads(memory.read(BUDGET_MEMORY).text)
     assert saved == {"version": 1, "told": [
         {"event": "budget-warning", "budget": "group:cs101", "gpu_hours": 10.0, "period": DAY,
          "user": "alice", "resets_at": DAY + 24 * HOUR}]}
+    # another hub's memory is its own
+    assert DatabaseDocuments(ledger.engine, "hub-2").read(BUDGET_MEMORY) is None
     # the hub restarts
     assert check(BudgetWatch(memory), ledger, t, DAY + 9.5 * HOUR).notices == []
     watch = BudgetWatch(memory)
     assert [n.event for n in check(watch, ledger, t, DAY + 10 * HOUR).notices] == [
         "budget-spent"]
     assert check(BudgetWatch(memory), ledger, t, DAY + 11 * HOUR).notices == []
-    # a new day: yesterday's entries are gone from the file
+    # a new day: yesterday's entries are gone
     check(BudgetWatch(memory), ledger, t, DAY + 25 * HOUR)
-    assert json.loads(memory.read_text())["told"] == []
+    assert json.loads(memory.read(BUDGET_MEMORY).text)["told"] == []
+
+
+def test_the_memory_of_a_hub_before_its_upgrade_is_read_from_its_file(ledger, s, tmp_path):
+    """The state folder's file, from before the memory moved to the database, is read
+    while the database has none; from the first save on, the database's row."""
+    t = watch_table()
+    s.add("alice", DAY, groups=("cs101",))
+    BudgetWatch(FolderDocuments(str(tmp_path))).check(
+        ledger.engine, t, running_gpu_sessions(ledger.engine), DAY + 9 * HOUR)
+    assert (tmp_path / BUDGET_MEMORY.file).exists()
+    upgraded = DatabaseDocuments(ledger.engine, "hub-1", fallback=FolderDocuments(str(tmp_path)))
+    assert check(BudgetWatch(upgraded), ledger, t, DAY + 9.5 * HOUR).notices == []
+    assert [n.event for n in check(BudgetWatch(upgraded), ledger, t, DAY + 10 * HOUR).notices
+            ] == ["budget-spent"]
+    assert DatabaseDocuments(ledger.engine, "hub-1").read(BUDGET_MEMORY) is not None
 
 
 def test_a_damaged_memory_is_logged_and_started_afresh(ledger, s, tmp_path, caplog):
     t = watch_table()
     s.add("alice", DAY, groups=("cs101",))
-    memory = tmp_path / "budgets.json"
-    memory.write_text("{not json")
+    memory = FolderDocuments(str(tmp_path))
+    (tmp_path / BUDGET_MEMORY.file).write_text("{not json")
     with caplog.at_level(logging.WARNING):
         watch = BudgetWatch(memory)
     assert "cannot read" in caplog.text
     assert len(check(watch, ledger, t, DAY + 9 * HOUR).notices) == 1
-    assert json.loads(memory.read_text())["version"] == 1
+    assert json.loads((tmp_path / BUDGET_MEMORY.file).read_text())["version"] == 1
 
 
 def test_no_budgets_reads_nothing(ledger, s):

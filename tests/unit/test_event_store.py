@@ -72,15 +72,37 @@ def test_long_names_are_cut_to_the_columns_not_the_body(ledger):
 def test_the_watchdog_reads_from_the_newest_then_what_follows(ledger):
     event_store.append(ledger.engine, [record(1), record(2)])
     where = "the events table of the test ledger"
-    found, cursor = read_new_rows(ledger.engine, where, None)
+    found, cursor = read_new_rows(ledger.engine, where, None, "node-a")
     assert found == []  # a watchdog that starts now tells nothing that came before it
     event_store.append_one(ledger.engine, record(3))
-    found, cursor = read_new_rows(ledger.engine, where, cursor)
+    found, cursor = read_new_rows(ledger.engine, where, cursor, "node-a")
     assert [e["user"] for e in found] == ["u3"]
-    again, _ = read_new_rows(ledger.engine, where, cursor)
+    again, _ = read_new_rows(ledger.engine, where, cursor, "node-a")
     assert again == []
-    moved, _ = read_new_rows(ledger.engine, "another ledger", cursor)
+    moved, _ = read_new_rows(ledger.engine, "another ledger", cursor, "node-a")
     assert moved == []  # a cursor of another log starts at the end again
+
+
+def test_with_a_watchdog_per_node_each_event_is_told_by_one(ledger):
+    """Two watchdogs read the same events at once; each event goes to exactly one, and a
+    watchdog that reads again after a restart (its cursor lost) tells none twice."""
+    where = "the events table"
+    cursors = {n: read_new_rows(ledger.engine, where, None, n)[1] for n in ("a", "b")}
+    event_store.append(ledger.engine, [record(n) for n in range(30)])
+    told: dict[str, list[str]] = {"a": [], "b": []}
+
+    def read(node: str) -> None:
+        found, cursors[node] = read_new_rows(ledger.engine, where, cursors[node], node)
+        told[node] += [e["user"] for e in found]
+
+    threads = [threading.Thread(target=read, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(told["a"] + told["b"]) == sorted(f"u{n}" for n in range(30))
+    found, _ = event_store.claim_after(ledger.engine, 0, "c")  # from the start: all claimed
+    assert found == []
 
 
 def test_writers_on_several_threads_lose_nothing_and_keep_each_ones_order(ledger):

@@ -1,5 +1,6 @@
-"""The data behind the admins' host map: the pool's snapshot file, the watchdog's usage
-file, and their merge."""
+"""The data behind the admins' host map: the pool's snapshot, the watchdogs' readings
+(as files of a state folder here; tests/unit/test_state_docs.py has the database's rows),
+and their merge."""
 
 from __future__ import annotations
 
@@ -13,26 +14,42 @@ from spawner.events import EventLog
 from spawner.gpu.allocator import GpuRequest
 from spawner.gpu.inventory import declared_inventory
 from spawner.gpu.pool import GpuPool, Server
-from spawner.gpu.snapshot import GPUS_FILE, pool_snapshot
+from spawner.gpu.snapshot import pool_snapshot
 from spawner.quota.model import Role
+from spawner.state import GPU_USAGE, GPUS, FolderDocuments
+from spawner.usage.ledger import Ledger
+from spawner.usage.state_docs import DatabaseDocuments
 from spawner.watchdog.app import QuotaWatchdog, gpu_usage_snapshot
 from spawner.watchdog.model import GpuSample, ServerSample, Snapshot
 from spawner.watchdog.model import Server as WatchedServer
 from spawner.watchdog.rules import GPU_IDLE, Incident, IncidentBook
 from spawner.webapp.gpus import gpu_map
-from spawner.webapp.state_files import read_json_file, usage_state
+from spawner.webapp.state_files import json_object, usage_state
 
 G = 2**30
 T = 1_700_000_000.0
 HUB = "hub-1"
 
 
+GPUS_FILE = GPUS.file
+
+
+def read_json_file(path: str) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json_object(f.read())
+    except OSError:
+        return None
+
+
 def make_pool(tmp_path=None, n=3) -> GpuPool:
     inv = declared_inventory([{"uuid": f"GPU-{i}", "name": "H200", "memory": "80G"}
                               for i in range(n)])
-    path = str(tmp_path / GPUS_FILE) if tmp_path else ""
-    return GpuPool(inv, HUB, logging.getLogger("test.gpu_map"),
-                   events=EventLog(""), gpus_file=path)
+    events = EventLog("")
+    publish = (lambda text: events.save(FolderDocuments(str(tmp_path)), GPUS, text)
+               ) if tmp_path else None
+    return GpuPool(inv, HUB, logging.getLogger("test.gpu_map"), events=events,
+                   publish=publish)
 
 
 def train() -> Role:
@@ -195,6 +212,7 @@ def test_the_watchdog_usage_snapshot():
 
 def test_the_watchdog_writes_its_file_only_in_a_state_folder(tmp_path, monkeypatch):
     monkeypatch.delenv("QUOTA_SPAWNER_STATE_DIR", raising=False)
+    monkeypatch.setenv("QUOTA_SPAWNER_USAGE_DB", "none")
     assert QuotaWatchdog().gpu_usage_file == ""
     monkeypatch.setenv("QUOTA_SPAWNER_STATE_DIR", str(tmp_path))
     watchdog = QuotaWatchdog()
@@ -206,6 +224,26 @@ def test_the_watchdog_writes_its_file_only_in_a_state_folder(tmp_path, monkeypat
     watchdog.gpu_usage_file = str(tmp_path / "missing" / "x.json")
     watchdog.write_gpu_usage(watched())  # logged, not raised
     assert watchdog._gpu_usage_error
+
+
+def test_with_a_ledger_the_watchdog_writes_its_node_row_and_no_file(tmp_path, monkeypatch,
+                                                                    ledger_url):
+    monkeypatch.setenv("QUOTA_SPAWNER_STATE_DIR", str(tmp_path))
+    Ledger(ledger_url).dispose()  # the hub made it
+    watchdog = QuotaWatchdog(usage_db=ledger_url, hub_id=HUB, node_name="gpu-a")
+    assert watchdog.gpu_usage_file == "" and watchdog.node == "gpu-a"
+    watchdog.book = idle_book()
+    watchdog.write_gpu_usage(watched())
+    ledger = Ledger(ledger_url, create=False)
+    try:
+        (row,) = DatabaseDocuments(ledger.engine, HUB).read_all(GPU_USAGE)
+        data = json.loads(row.text)
+        assert row.node == "gpu-a" and data["node"] == "gpu-a"
+        assert data["servers"]["quota-alice"]["user"] == "alice"
+    finally:
+        ledger.dispose()
+    assert not (tmp_path / GPU_USAGE.file).exists()
+    assert QuotaWatchdog(usage_db=ledger_url).node == QuotaWatchdog().host_name
 
 
 # --- the merge --------------------------------------------------------------------------
@@ -249,15 +287,11 @@ async def test_stale_or_missing_watchdog_numbers_are_not_shown():
     pool.leave("quota-dave", "test")
 
 
-def test_read_json_file_tolerates_missing_and_half_written(tmp_path):
-    path = tmp_path / "f.json"
-    assert read_json_file(str(path)) is None
-    path.write_text('{"version": 1, "gpus": [')
-    assert read_json_file(str(path)) is None
-    path.write_text("[1, 2]")
-    assert read_json_file(str(path)) is None
-    path.write_text('{"version": 1}')
-    assert read_json_file(str(path)) == {"version": 1}
+def test_a_document_that_is_missing_or_half_written_reads_as_none():
+    assert json_object(None) is None
+    assert json_object('{"version": 1, "gpus": [') is None
+    assert json_object("[1, 2]") is None
+    assert json_object('{"version": 1}') == {"version": 1}
 
 
 async def test_an_idle_incident_of_a_former_holder_does_not_mark_the_gpu():

@@ -26,6 +26,7 @@ from spawner.gpu.pool import Server
 from spawner.gpu.preemption import Plan
 from spawner.gpu.queue import Ticket
 from spawner.quota.model import Role
+from spawner.state import PREEMPTIONS, FolderDocuments
 
 LOG = logging.getLogger("test-preempt")
 
@@ -71,8 +72,9 @@ class FakePool:
 
 
 def evictor_of(pool: FakePool, state: Path, spawners: dict[str, Any] | None = None) -> Evictor:
-    return Evictor(pool, pool.docker_client, str(state), LOG,  # type: ignore[arg-type]
-                   spawners=spawners)
+    """``state``: the preemptions' file (spawner/state.py) in the folder the evictor keeps."""
+    return Evictor(pool, pool.docker_client, FolderDocuments(str(state.parent)),  # type: ignore[arg-type]
+                   LOG, spawners=spawners)
 
 
 def ticket(loop: asyncio.AbstractEventLoop) -> Ticket:
@@ -89,10 +91,10 @@ def kinds(tmp: Path) -> list[str]:
 def test_a_victim_is_told_then_stopped_after_its_grace(tmp_path):
     async def run() -> None:
         pool = FakePool(tmp_path)
-        evictor = evictor_of(pool, tmp_path / "pending.json")
+        evictor = evictor_of(pool, tmp_path / PREEMPTIONS.file)
         evictor.start(ticket(asyncio.get_running_loop()))
         pool.events.flush()
-        pending = json.loads((tmp_path / "pending.json").read_text())
+        pending = json.loads((tmp_path / PREEMPTIONS.file).read_text())
         assert [p["container"] for p in pending] == ["victim"]
         assert evictor.waiting_on("jupyter-bob")[0]["user"] == "alice"
         await asyncio.sleep(0.5)
@@ -104,7 +106,7 @@ def test_a_victim_is_told_then_stopped_after_its_grace(tmp_path):
         assert pool.docker_client.removed == ["victim"]  # no spawner: removed directly
         assert pool.released == ["victim"]
         pool.events.flush()
-        assert json.loads((tmp_path / "pending.json").read_text()) == []
+        assert json.loads((tmp_path / PREEMPTIONS.file).read_text()) == []
     asyncio.run(run())
     assert kinds(tmp_path) == ["preemption", "preempted"]
 
@@ -114,7 +116,7 @@ def test_a_call_off_removes_the_notice_and_stops_nothing(tmp_path):
         pool = FakePool(tmp_path)
         pool.roles["train"] = Role("train", 1, 2**30, ("x",), gpus=1, priority=10,
                                    grace_period=30)
-        evictor = evictor_of(pool, tmp_path / "pending.json")
+        evictor = evictor_of(pool, tmp_path / PREEMPTIONS.file)
         t = ticket(asyncio.get_running_loop())
         evictor.start(t)
         await asyncio.sleep(0.1)
@@ -131,7 +133,7 @@ def test_a_call_off_removes_the_notice_and_stops_nothing(tmp_path):
 
 
 def test_after_a_crash_the_restarted_hub_calls_off_what_was_in_its_grace(tmp_path):
-    state = tmp_path / "pending.json"
+    state = tmp_path / PREEMPTIONS.file
     state.write_text(json.dumps([{"container": "victim", "user": "alice", "role": "train",
                                   "by": "bob"}]))
 
@@ -171,7 +173,7 @@ def test_a_server_is_stopped_through_its_spawner_else_its_container_is_removed(t
         pool = FakePool(tmp_path)
         user = FakeUser()
         spawner = SimpleNamespace(pending=None, server=object(), name="", user=user)
-        evictor = evictor_of(pool, tmp_path / "pending.json", {"victim": spawner})
+        evictor = evictor_of(pool, tmp_path / PREEMPTIONS.file, {"victim": spawner})
         assert await evictor.stop_server("victim", "preempted")
         assert (user.routes_deleted, user.stopped) == ([""], [""])
         assert pool.docker_client.removed == []  # the hub's way: its spawner removes it
@@ -193,7 +195,7 @@ def test_how_long_a_start_waits_for_the_preemption_made_for_it(tmp_path):
         pool = FakePool(tmp_path)
         pool.roles["train"] = Role("train", 1, 2**30, ("x",), gpus=1, priority=10,
                                    grace_period=30)
-        evictor = evictor_of(pool, tmp_path / "pending.json")
+        evictor = evictor_of(pool, tmp_path / PREEMPTIONS.file)
         assert evictor.stops_by("jupyter-bob") is None
         t = ticket(asyncio.get_running_loop())
         evictor.start(t)
@@ -208,7 +210,7 @@ def test_how_long_a_start_waits_for_the_preemption_made_for_it(tmp_path):
         assert pool.docker_client.execs[-1][1][2] == 'rm -f "$1"'  # the notice, if any
         assert pool.docker_client.removed == [] and pool.released == []
         pool.events.flush()
-        assert json.loads((tmp_path / "pending.json").read_text()) == []
+        assert json.loads((tmp_path / PREEMPTIONS.file).read_text()) == []
     asyncio.run(run())
     assert kinds(tmp_path) == ["preemption", "preemption-withdrawn"]
     assert read_events(str(tmp_path / "events.jsonl"))[0][-1]["why"] == (

@@ -121,7 +121,19 @@
     return text;
   }
 
+  // as gpus.py's nodes_text
+  function nodesText(nodes) {
+    if (!nodes || nodes.length < 2) return "";
+    const parts = nodes.map(n => `${n.node || "a watchdog"} (${n.state}` +
+      (n.state === "stale" && isNumber(n.age) ? `, ${duration(n.age)} old)` : ")"));
+    return ` Readings from ${nodes.length} watchdogs: ${parts.join(", ")}.`;
+  }
+
   function freshnessText(w, usageFile) {
+    return watchdogText(w, usageFile) + nodesText(w.nodes);
+  }
+
+  function watchdogText(w, usageFile) {
     if (w.state === "fresh") {
       return `The watchdog's figures are ${duration(w.age)} old (it measures every ` +
         `${duration(w.interval)}).`;
@@ -131,7 +143,7 @@
         `than ${duration(w.stale_after)}): the CPUs and memory used, utilisation, GPU ` +
         "memory and idle marks are left out until it measures again. Is the watchdog running?";
     }
-    return `No figures from the watchdog (${usageFile} in the state folder is missing or ` +
+    return `No figures from the watchdog (${usageFile}: missing or ` +
       "unreadable): the CPUs and memory used, utilisation, GPU memory and idle marks are " +
       "left out.";
   }
@@ -141,7 +153,7 @@
       const age = isNumber(doc.pool.time) ? duration(doc.generated_at - doc.pool.time) : "–";
       return `Reservations, holders and queue: the hub's pool as it last changed, ${age} ago.`;
     }
-    return `No pool from the hub yet (${gpusFile} in the state folder): the hub writes it ` +
+    return `No pool from the hub yet (${gpusFile}): the hub writes it ` +
       "once it has read its GPUs and whenever a reservation, a holder or the queue changes.";
   }
 
