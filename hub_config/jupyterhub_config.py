@@ -27,7 +27,7 @@ from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_duration
 from spawner.usage.ledger import Ledger, default_url
 from spawner.watchdog.service import watchdog_service
-from spawner.webapp.app import CUSTOM_SCOPES, DEFAULT_URL, usage_service
+from spawner.webapp.app import CUSTOM_SCOPES, DEFAULT_URL, external_service, usage_service
 from spawner.webapp.requests import USER_SCOPES
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
@@ -62,8 +62,18 @@ if env("HUB_CONNECT_IP", ""):
 # --- the spawner -----------------------------------------------------------
 c.JupyterHub.spawner_class = "quota"
 c.QuotaSpawner.quota_file = env("QUOTA_FILE", str(HERE / "quotas.yaml"))
+# Where the table lives: "file" (QUOTA_FILE), or "database": the usage ledger's newest
+# version, which the editor saves to and every process reads; the file then only seeds
+# the first version (docs/table-editor.md#the-table-in-the-database).
+QUOTA_SOURCE = env("QUOTA_SOURCE", "").lower() or "file"
+TABLE_NAME = env("QUOTA_TABLE_NAME", "") or "default"
+c.QuotaSpawner.quota_source = QUOTA_SOURCE
+c.QuotaSpawner.quota_table_name = TABLE_NAME
 if env("HUB_ID", ""):
     c.QuotaSpawner.hub_id = env("HUB_ID", "")
+# the id the config sets, which the services key their shared rows by (else they derive
+# it from the cookie secret, as the spawner does)
+HUB_ID = c.QuotaSpawner.hub_id if "hub_id" in c.QuotaSpawner else ""
 # Notebooks join a user-defined bridge with inter-container traffic off; the
 # hub's API listens on that bridge's gateway only, where notebooks reach it.
 # "host" is possible, with the risks the warning names (docs/deployment.md).
@@ -145,6 +155,7 @@ if IDLE_TIMEOUT > 0:
     culler, culler_role = culler_service(
         c.QuotaSpawner.quota_file, timeout=IDLE_TIMEOUT, cull_every=CULL_EVERY,
         max_age=parse_duration(env("MAX_AGE", "0")), usage_db=USAGE_DB,
+        quota_source=QUOTA_SOURCE, quota_table_name=TABLE_NAME,
     )
     c.JupyterHub.services = [culler]
     c.JupyterHub.load_roles.append(culler_role)
@@ -161,7 +172,7 @@ if WATCHDOG != "0":
         c.JupyterHub.bind_url, config_file=env("WATCHDOG_CONFIG", str(HERE / "watchdog_config.py")),
         state_dir=str(STATE), secret_file=c.JupyterHub.cookie_secret_file,
         prefix=c.QuotaSpawner.prefix if "prefix" in c.QuotaSpawner else "quota",
-        usage_db=USAGE_DB)
+        usage_db=USAGE_DB, hub_id=HUB_ID)
     if WATCHDOG == "external":
         if len(env("WATCHDOG_TOKEN", "")) < 32:
             sys.exit("QUOTA_SPAWNER_WATCHDOG=external needs QUOTA_SPAWNER_WATCHDOG_TOKEN, "
@@ -177,7 +188,9 @@ if WATCHDOG != "0":
 # GPU map for admins, the class dashboard for instructors, and requests for a
 # bigger role for everyone (docs/usage.md#the-usage-page, docs/security.md). It
 # reads the usage ledger and listens on USAGE_URL; "0" turns it off, as
-# USAGE_DB=none does.
+# USAGE_DB=none does. USAGE=external: it runs on its own (another machine, a
+# Kubernetes Deployment) at USAGE_URL and logs in with USAGE_TOKEN; it then needs
+# only the hub's URL, that token and the ledger's URL (docs/usage.md#the-service-on-its-own).
 c.JupyterHub.custom_scopes = {
     **(c.JupyterHub.custom_scopes if "custom_scopes" in c.JupyterHub else {}), **CUSTOM_SCOPES}
 USAGE_URL = env("USAGE_URL", DEFAULT_URL)
@@ -185,7 +198,13 @@ if USAGE_URL != "0" and USAGE_DB != "none":
     usage, usage_role, usage_own_role = usage_service(
         c.JupyterHub.bind_url, USAGE_DB, c.QuotaSpawner.quota_file, url=USAGE_URL,
         state_dir=str(STATE), secret_file=c.JupyterHub.cookie_secret_file,
-        prefix=c.QuotaSpawner.prefix if "prefix" in c.QuotaSpawner else "quota")
+        prefix=c.QuotaSpawner.prefix if "prefix" in c.QuotaSpawner else "quota",
+        quota_source=QUOTA_SOURCE, quota_table_name=TABLE_NAME, hub_id=HUB_ID)
+    if env("USAGE", "1") == "external":
+        if len(env("USAGE_TOKEN", "")) < 32:
+            sys.exit("QUOTA_SPAWNER_USAGE=external needs QUOTA_SPAWNER_USAGE_TOKEN, at least "
+                     "32 characters (e.g. openssl rand -hex 32)")
+        usage = external_service(usage, env("USAGE_TOKEN", ""))
     c.JupyterHub.services = [
         *(c.JupyterHub.services if "services" in c.JupyterHub else []), usage]
     # The class dashboard: an instructor's token acts on their class's servers (the
@@ -205,11 +224,14 @@ if USAGE_URL != "0" and USAGE_DB != "none":
         c.JupyterHub.load_roles.append({"name": "user", "scopes": ["self", *USER_SCOPES]})
 
 # At hub start: report a broken quota table now rather than at the first
-# spawn, and roles larger than this engine.
-try:
-    warn_oversized_roles(QuotaStore.for_path(c.QuotaSpawner.quota_file).get(log), info, log)
-except QuotaTableError:
-    pass  # logged with file and line; spawns are refused until it is fixed
+# spawn, and roles larger than this engine. Not with the database source: the
+# first read seeds its first version from the file, and that must be the spawners'
+# quota_file, which a config that includes this one may still change.
+if QUOTA_SOURCE == "file":
+    try:
+        warn_oversized_roles(QuotaStore.for_path(c.QuotaSpawner.quota_file).get(log), info, log)
+    except QuotaTableError:
+        pass  # logged with file and line; spawns are refused until it is fixed
 
 # The usage ledger is created or upgraded now, not at the first spawn, so that the
 # watchdog and the usage page find it from the start.

@@ -58,7 +58,8 @@ c.JupyterHub.custom_scopes = CUSTOM_SCOPES
 usage, usage_role, usage_own_role = usage_service(
     c.JupyterHub.bind_url, c.QuotaSpawner.usage_db, c.QuotaSpawner.quota_file,
     url="http://127.0.0.1:{port}", state_dir=c.QuotaSpawner.state_dir,
-    secret_file=c.JupyterHub.cookie_secret_file, prefix=c.DockerSpawner.prefix)
+    secret_file=c.JupyterHub.cookie_secret_file, prefix=c.DockerSpawner.prefix,
+    hub_id=c.QuotaSpawner.hub_id if "hub_id" in c.QuotaSpawner else "")
 usage["oauth_client_allowed_scopes"] += CLASS_OAUTH_SCOPES
 usage_own_role["scopes"] += class_service_scopes(CLASSES)
 c.JupyterHub.services.append(usage)

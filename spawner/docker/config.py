@@ -54,11 +54,6 @@ class QuotaSpawnerConfig(QuotaConfig):
         300.0, config=True,
         help="Seconds an unclaimed container of this hub may run before it is stopped.",
     )
-    usage_check_interval = Float(
-        60.0, config=True,
-        help="""Seconds between the hub's checks of the ledger: GPU-hour budgets of running
-        servers, and sessions whose container vanished.""",
-    )
     usage_retention_days = Float(
         400.0, config=True,
         help="Days a finished session stays in the usage ledger; 0: kept forever.",

@@ -13,7 +13,8 @@ built once, in this order:
    ``GPU inventory: …``;
 3. the usage ledger, created or upgraded in a thread before any part below
    writes to it (without one, no session is recorded and no budget enforced);
-4. the event log (its file, and the ledger's ``events`` table), the GPU pool
+4. the event log (the ledger's ``events`` table; a file without a ledger, or when
+   ``events_file`` names one), the GPU pool
    (allocation and the wait queue), the host's capacity (admission), the
    notebooks' parent cgroup, in a thread (docker/fence.py; the log says whether
    it is in effect), and the ledger's writer;
@@ -44,22 +45,23 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from spawner.docker.engine import FrameworkLabels, NvidiaRuntime, check_engine_info
-from spawner.docker.evictor import PREEMPTIONS_FILE, Evictor
+from spawner.docker.evictor import Evictor
 from spawner.docker.fence import Fence, FenceError, is_local, set_up
 from spawner.docker.reconcile import Claims, Reconciler
-from spawner.events import EVENTS_FILE, EventLog
+from spawner.events import EventLog, events_path
 from spawner.gpu.inventory import Inventory
 from spawner.gpu.pool import GpuPool, hub_inventory
-from spawner.gpu.snapshot import GPUS_FILE
 from spawner.host.admission import HostBook, HostCapacity
 from spawner.quota.model import GpuCapacity, QuotaTable, QuotaTableError
 from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_size
 from spawner.registry import Registry
+from spawner.state import GPUS, Documents, FolderDocuments
 from spawner.usage import event_store
-from spawner.usage.budgets import MEMORY_FILE
 from spawner.usage.duties import UsageDuties
 from spawner.usage.ledger import Ledger, LedgerWriter, default_url
+from spawner.usage.state_docs import DatabaseDocuments
+from spawner.usage.table_versions import table_store
 
 Log = logging.Logger | logging.LoggerAdapter
 
@@ -74,6 +76,7 @@ class Settings:
     quota_file: str
     state_dir: str
     usage_db: str
+    events_file: str
     gpu_sync_interval: float
     zombie_grace_period: float
     usage_retention_days: float
@@ -86,6 +89,8 @@ class Settings:
     cpu_overcommit: float
     memory_overcommit: float
     notebooks_cgroup: bool
+    quota_source: str  # "file", or "database": the ledger's newest version of the table
+    quota_table_name: str
 
     def host_capacity(self, info: dict[str, Any]) -> HostCapacity:
         """The notebooks' share of the engine's host, from ``docker info`` and these
@@ -188,10 +193,16 @@ class HubRuntime:
         (log.info if self.inventory.devices else log.warning)(
             "GPU inventory: %s", self.inventory.describe())
         ledger = await self._open_ledger()
-        self.events = EventLog(settings.path(EVENTS_FILE), log, store=(
-            functools.partial(event_store.append_one, ledger.engine) if ledger else None))
+        # with a ledger, its table only; without one (none, or one that could not be
+        # opened) the state folder's file, so no event is lost
+        self.events = EventLog(
+            events_path(settings.state_dir or ".", settings.events_file, ledger is not None),
+            log, store=(functools.partial(event_store.append_one, ledger.engine)
+                        if ledger else None))
+        # the state the other processes read: the ledger's rows, else the folder's files
+        documents = shared_documents(ledger, self.hub_id, settings.state_dir or ".")
         self.pool = GpuPool(self.inventory, self.hub_id, log, events=self.events,
-                            gpus_file=settings.path(GPUS_FILE))
+                            publish=functools.partial(self.events.save, documents, GPUS))
         capacity = self._host_capacity()
         self.pool.set_host(HostBook(capacity) if capacity and settings.host_admission
                            else None)
@@ -200,13 +211,14 @@ class HubRuntime:
         self.reconciler = Reconciler(
             self.pool, self.docker_client, log, sync_interval=settings.gpu_sync_interval,
             zombie_grace=settings.zombie_grace_period, claims=self.claims, usage=self.usage)
-        self.evictor = Evictor(self.pool, self.docker_client, settings.path(PREEMPTIONS_FILE),
-                               log, spawners=self.spawners, usage=self.usage)
+        self.evictor = Evictor(self.pool, self.docker_client, documents, log,
+                               spawners=self.spawners, usage=self.usage)
         self.pool.evictions = self.evictor
         await self.evictor.recover()
-        self.duties = None if ledger is None else UsageDuties(
-            ledger, self, settings.usage_retention_days, log, table=self.table,
-            budget_memory=settings.path(MEMORY_FILE), interval=settings.usage_check_interval)
+        # in a thread: the duties read their budget memory from the database as they start
+        self.duties = None if ledger is None else await asyncio.to_thread(
+            UsageDuties, ledger, self, settings.usage_retention_days, log, table=self.table,
+            budget_memory=documents, interval=settings.usage_check_interval)
         self.nvidia = None
         if self.inventory.devices:  # can the engine give them? Said in the log at once
             self.nvidia = NvidiaRuntime(self.docker_client, log, self.inventory.uuids[0],
@@ -215,7 +227,7 @@ class HubRuntime:
         log.info("Hub runtime of hub %s built%s: %d GPUs (%s), usage ledger %s, event "
                  "log %s%s", self.hub_id, f" {why}" if why else "",
                  len(self.inventory.devices), self.inventory.source,
-                 ledger.url_text if ledger is not None else "none", self.events.path,
+                 ledger.url_text if ledger is not None else "none", self.events.where,
                  "; the NVIDIA runtime probe is under way" if self.nvidia else "")
 
     def _host_capacity(self) -> HostCapacity | None:
@@ -285,15 +297,22 @@ class HubRuntime:
                            make_url(url).render_as_string(hide_password=True), e)
             return None
 
+    def table_store(self) -> QuotaStore:
+        """The store of the table this hub reads: the file, or the ledger's newest version
+        (quota_source); the same as its spawners' (RoleChoicesMixin.table_store)."""
+        s = self.settings
+        return table_store(s.quota_source, s.quota_file,
+                           s.usage_db or default_url(s.state_dir or "."),
+                           s.quota_table_name, self.log)
+
     async def table(self) -> QuotaTable:
         """The quota table as it is now, checked against this hub's GPUs (raises
         QuotaTableError when there never was a good one)."""
-        store = QuotaStore.for_path(self.settings.quota_file)
-        return await asyncio.to_thread(store.get, self.log, self.pool.capacity)
+        return await asyncio.to_thread(self.table_store().get, self.log, self.pool.capacity)
 
     async def _probe_images(self) -> list[str]:
-        store = QuotaStore.for_path(self.settings.quota_file)
-        return await asyncio.to_thread(probe_images, store, self.log, self.pool.capacity)
+        return await asyncio.to_thread(probe_images, self.table_store(), self.log,
+                                       self.pool.capacity)
 
     # --- the servers of this hub ------------------------------------------------------------
 
@@ -399,3 +418,12 @@ async def _build_at_hub_start(log: Log) -> None:
         await runtime.ready(source)
     except Exception as e:  # the next poll, spawn form or start tries again
         log.error("GPU sync with Docker failed: %s", e)
+
+
+def shared_documents(ledger: Ledger | None, hub_id: str, state_dir: str) -> Documents:
+    """Where the hub keeps the documents other processes read (spawner/state.py): its
+    ledger's database, reading the state folder's files of before the upgrade once; the
+    folder alone without a ledger."""
+    folder = FolderDocuments(state_dir)
+    return folder if ledger is None else DatabaseDocuments(ledger.engine, hub_id,
+                                                           fallback=folder)

@@ -12,12 +12,14 @@ where the container or pod is made.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 from typing import Any
 
-from traitlets import Unicode, default
+from traitlets import CaselessStrEnum, Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
+from spawner.quota.editing import DEFAULT_TABLE_NAME, FILE_SOURCE, SOURCES, database_key
 from spawner.quota.form import options_from_form
 
 
@@ -37,13 +39,52 @@ def hub_id_from_secret_file(prefix: str, path: str) -> str | None:
         return None
 
 
+def hub_id_environment(hub_id: str, secret_file: str, prefix: str) -> dict[str, str]:
+    """The variables from which a service of the hub (the usage service, the watchdog)
+    finds the hub's id as the spawner does: the id itself when the config sets it, or the
+    hub takes its secret from $JUPYTERHUB_COOKIE_SECRET (the id, never the secret), else
+    the secret file and prefix to derive it from. Both key the rows they share."""
+    found: dict[str, str] = {}
+    secret = os.environ.get("JUPYTERHUB_COOKIE_SECRET", "")
+    if not hub_id and secret:
+        try:
+            hub_id = hub_id_from_secret(prefix, bytes.fromhex(secret))
+        except ValueError:
+            pass
+    if hub_id:
+        found["QUOTA_SPAWNER_HUB_ID"] = hub_id
+    if secret_file:
+        found["QUOTA_SPAWNER_HUB_SECRET_FILE"] = secret_file
+        found["QUOTA_SPAWNER_PREFIX"] = prefix
+    return found
+
+
 class QuotaConfig(Configurable):
     """The settings every quota spawner has, on Docker and on Kubernetes."""
 
     quota_file = Unicode(
         "quotas.yaml",
         config=True,
-        help="Path of the quota table (YAML). Edits take effect at the next spawn.",
+        help="""Path of the quota table (YAML). Edits take effect at the next spawn. With
+        quota_source "database", only the first version's seed.""",
+    )
+    quota_source = CaselessStrEnum(
+        list(SOURCES), config=True,
+        help="""Where the quota table lives. "file": quota_file, read at every spawn.
+        "database": the newest version in the usage ledger's database (usage_db; the
+        table_versions rows of the key database:<quota_table_name>), which the usage
+        service's editor saves to; quota_file then only seeds the first version while
+        the database has none, and nothing writes it
+        (docs/table-editor.md#the-table-in-the-database). Default:
+        $QUOTA_SPAWNER_QUOTA_SOURCE, else "file".""",
+    )
+    quota_table_name = Unicode(
+        config=True,
+        help=f"""With quota_source "database": the table's name. Its versions are kept
+        under the key database:<name>, the same for every hub process and usage service
+        that share the ledger, whatever path quota_file has on their machine; hubs that
+        share a ledger but not a table set different names. Default:
+        $QUOTA_SPAWNER_QUOTA_TABLE_NAME, else {DEFAULT_TABLE_NAME!r}.""",
     )
     form_template = Unicode(
         "",
@@ -63,11 +104,11 @@ class QuotaConfig(Configurable):
     )
     state_dir = Unicode(
         "", config=True,
-        help="""Where the spawner keeps its files: the event log
-        (quota-spawner-events.jsonl: preemptions and the GPU wait queue, read by the
-        watchdog and usage reports) and the preemptions in their grace period
-        (quota-spawner-preemptions.json, read back after a hub restart). Default: the
-        hub's working directory, where jupyterhub.sqlite is by default.""",
+        help="""Where the spawner keeps its files: the preemptions in their grace period
+        (quota-spawner-preemptions.json, read back after a hub restart), the usage ledger
+        by default, and, without a ledger, the event log (quota-spawner-events.jsonl:
+        preemptions and the GPU wait queue, read by the watchdog). Default: the hub's
+        working directory, where jupyterhub.sqlite is by default.""",
     )
     usage_db = Unicode(
         "", config=True,
@@ -75,6 +116,20 @@ class QuotaConfig(Configurable):
         postgresql://user@db/quota_usage. Default: $QUOTA_SPAWNER_USAGE_DB when set, else
         SQLite in state_dir (quota-spawner-usage.sqlite). "none": no ledger (no reports and
         no budgets).""",
+    )
+    events_file = Unicode(
+        config=True,
+        help="""A file the hub's event log is appended to as JSON lines (relative: in
+        state_dir), besides the usage ledger's events table. Default:
+        $QUOTA_SPAWNER_EVENTS_FILE when set, else empty: the events table only, or with
+        usage_db "none" quota-spawner-events.jsonl in state_dir. On Kubernetes the hub
+        keeps one with a ledger only (its budget notices).""",
+    )
+    usage_check_interval = Float(
+        60.0, config=True,
+        help="""Seconds between the hub's checks of the ledger: GPU-hour budgets of running
+        servers (warned, and stopped when spent with stop: true), and on Docker sessions
+        whose container vanished.""",
     )
 
     @property
@@ -89,6 +144,28 @@ class QuotaConfig(Configurable):
     @default("options_from_form")
     def _options_from_form_default(self) -> Any:
         return options_from_form
+
+    @default("quota_source")
+    def _quota_source_default(self) -> str:
+        # the usage service's and the culler's variable too: all read the same table
+        return os.environ.get("QUOTA_SPAWNER_QUOTA_SOURCE", "").lower() or FILE_SOURCE
+
+    @default("quota_table_name")
+    def _quota_table_name_default(self) -> str:
+        return os.environ.get("QUOTA_SPAWNER_QUOTA_TABLE_NAME", "") or DEFAULT_TABLE_NAME
+
+    @validate("quota_table_name")
+    def _valid_quota_table_name(self, proposal: dict[str, Any]) -> str:
+        try:
+            database_key(proposal["value"])
+        except ValueError as e:
+            raise TraitError(str(e)) from None
+        return str(proposal["value"])
+
+    @default("events_file")
+    def _events_file_default(self) -> str:
+        # the watchdog's variable too: the file one writes is the file the other reads
+        return os.environ.get("QUOTA_SPAWNER_EVENTS_FILE", "")
 
     @default("hub_id")
     def _hub_id_default(self) -> str:

@@ -17,6 +17,8 @@ class dashboard's ``Prewarmer`` (prewarm.py) runs beside them.
 from __future__ import annotations
 
 import asyncio
+import functools
+import json
 import logging
 import os
 import sys
@@ -30,13 +32,24 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from tornado import web
 from tornado.httpserver import HTTPServer
-from traitlets import Float, TraitError, Unicode, default, validate
+from traitlets import CaselessStrEnum, Float, TraitError, Unicode, default, validate
 from traitlets.config import Application
 
-from spawner.events import EVENTS_FILE, EventLog
-from spawner.policy.config import hub_id_from_secret_file
+from spawner.events import EventLog, events_path
+from spawner.policy.config import hub_id_environment, hub_id_from_secret_file
+from spawner.quota.editing import (
+    DATABASE_SOURCE,
+    DEFAULT_TABLE_NAME,
+    FILE_SOURCE,
+    SOURCES,
+    database_key,
+)
+from spawner.quota.store import QuotaStore
+from spawner.state import Documents, FolderDocuments
 from spawner.usage import event_store
 from spawner.usage.ledger import default_url
+from spawner.usage.state_docs import DatabaseDocuments
+from spawner.usage.table_versions import DatabaseSource
 from spawner.webapp import classes, gpus, inputs, report, requests, table
 from spawner.webapp.access import SCOPE
 from spawner.webapp.base import STATIC, Setup, StaticFiles, templates
@@ -59,7 +72,8 @@ LOG_FORMAT = "[%(levelname).1s %(asctime)s quota-spawner usage] %(message)s"
 # The hub's variables that reach the service when set (a managed service gets only
 # what its definition names).
 PASSED_ON = ("QUOTA_SPAWNER_USAGE_TZ", "QUOTA_SPAWNER_USAGE_LOG_LEVEL", "QUOTA_SPAWNER_HUB_ID",
-             "QUOTA_SPAWNER_PREWARM_INTERVAL")
+             "QUOTA_SPAWNER_PREWARM_INTERVAL", "QUOTA_SPAWNER_EVENTS_FILE",
+             "QUOTA_SPAWNER_QUOTA_SOURCE", "QUOTA_SPAWNER_QUOTA_TABLE_NAME")
 
 
 def _env(name: str, fallback: str = "") -> str:
@@ -85,6 +99,7 @@ class UsageService(Application):
     aliases = {
         "usage-db": "UsageService.usage_db",
         "quota-file": "UsageService.quota_file",
+        "quota-source": "UsageService.quota_source",
         "state-dir": "UsageService.state_dir",
         "bind-url": "UsageService.bind_url",
         "time-zone": "UsageService.time_zone",
@@ -99,13 +114,33 @@ class UsageService(Application):
     quota_file = Unicode(
         config=True,
         help="""The quota table (QuotaSpawner.quota_file): the report's advice, the
-        editor's file, the class dashboard's choices, the requestable roles. Default:
+        editor's file, the class dashboard's choices, the requestable roles; with
+        quota_source "database", only the first version's seed. Default:
         $QUOTA_SPAWNER_QUOTA_FILE; empty: none.""")
+    quota_source = CaselessStrEnum(
+        list(SOURCES), config=True,
+        help="""Where the quota table lives: the hub's QuotaSpawner.quota_source. "file":
+        quota_file, which the editor writes. "database": the newest version in the
+        ledger's table_versions under database:<quota_table_name>, which the editor
+        saves to (it needs no write access to the file). Default:
+        $QUOTA_SPAWNER_QUOTA_SOURCE, else "file".""")
+    quota_table_name = Unicode(
+        config=True,
+        help=f"""With quota_source "database": the table's name (QuotaSpawner.
+        quota_table_name). Default: $QUOTA_SPAWNER_QUOTA_TABLE_NAME, else
+        {DEFAULT_TABLE_NAME!r}.""")
     state_dir = Unicode(
         config=True,
         help="""The hub's state folder, where the GPU pool's and the watchdog's files are
-        (the host map, the class dashboard's GPU memory) and the hub's event log (role
-        requests' changes). Default: $QUOTA_SPAWNER_STATE_DIR; empty: none.""")
+        (the host map, the class dashboard's GPU memory) and, with usage_db "none", the
+        hub's event log file (role requests' changes). Default: $QUOTA_SPAWNER_STATE_DIR;
+        empty: none.""")
+    events_file = Unicode(
+        config=True,
+        help="""A file role requests' events are appended to as JSON lines (relative: in
+        state_dir), besides the ledger's events table: the hub's
+        QuotaSpawner.events_file. Default: $QUOTA_SPAWNER_EVENTS_FILE; empty: the events
+        table only.""")
     service_prefix = Unicode(
         config=True,
         help=f"""The URL prefix the hub's proxy forwards to the service. Default:
@@ -160,9 +195,29 @@ class UsageService(Application):
     def _quota_file_default(self) -> str:
         return _env("QUOTA_SPAWNER_QUOTA_FILE")
 
+    @default("quota_source")
+    def _quota_source_default(self) -> str:
+        return _env("QUOTA_SPAWNER_QUOTA_SOURCE").lower() or FILE_SOURCE
+
+    @default("quota_table_name")
+    def _quota_table_name_default(self) -> str:
+        return _env("QUOTA_SPAWNER_QUOTA_TABLE_NAME", DEFAULT_TABLE_NAME)
+
+    @validate("quota_table_name")
+    def _valid_quota_table_name(self, proposal: dict[str, Any]) -> str:
+        try:
+            database_key(proposal["value"])
+        except ValueError as e:
+            raise TraitError(str(e)) from None
+        return str(proposal["value"])
+
     @default("state_dir")
     def _state_dir_default(self) -> str:
         return _env("QUOTA_SPAWNER_STATE_DIR")
+
+    @default("events_file")
+    def _events_file_default(self) -> str:
+        return _env("QUOTA_SPAWNER_EVENTS_FILE")
 
     @default("service_prefix")
     def _service_prefix_default(self) -> str:
@@ -245,19 +300,46 @@ class UsageService(Application):
 
     def setup(self, clock: Callable[[], float] = time.time) -> Setup:
         """What the handlers read, from the settings."""
-        if not self.state_dir:
-            log.warning("Requests: no QUOTA_SPAWNER_STATE_DIR, so their events are not "
-                        "recorded and nobody is told of them")
-        events = os.path.join(self.state_dir, EVENTS_FILE) if self.state_dir else ""
+        ledger = bool(self.usage_db) and self.usage_db != "none"
+        # with a ledger, its events table only (and a file an admin names)
+        events = events_path(self.state_dir, self.events_file, ledger)
+        if not ledger and not events:
+            log.warning("Requests: no usage ledger and no QUOTA_SPAWNER_STATE_DIR, so their "
+                        "events are not recorded and nobody is told of them")
         reader = LedgerReader(self.usage_db)
         store = (lambda record: event_store.append_one(reader.engine(), record)
-                 ) if self.usage_db else None
+                 ) if ledger else None
         return Setup(
             reader=reader, prefix=self.service_prefix,
-            quota_file=self.quota_file, state_dir=self.state_dir, tz=self.tz,
+            quota_file=self.quota_file, quota_source=self.quota_source,
+            quota_table_name=self.quota_table_name, quota_store=self.table_store(reader),
+            state_dir=self.state_dir, tz=self.tz,
+            documents=functools.partial(self.documents, reader, ledger), database=ledger,
             hub_base=self.hub_base_url, hub=HubApi(self.hub_api_url, self.hub_api_token),
             events=EventLog(events, log, store=store), hub_id=self.event_hub_id, clock=clock,
             templates=templates())
+
+    def table_store(self, reader: LedgerReader) -> QuotaStore | None:
+        """The table the pages read: the file's store, or the database table's on the
+        service's own engine (seeded from the file while it has no version); None without
+        a table."""
+        if self.quota_source == DATABASE_SOURCE:
+            seed = os.path.abspath(self.quota_file) if self.quota_file else ""
+            return QuotaStore(DatabaseSource(reader.engine, self.quota_table_name, seed))
+        return QuotaStore.for_path(self.quota_file) if self.quota_file else None
+
+    def documents(self, reader: LedgerReader, ledger: bool) -> Documents | None:
+        """The hub's and the watchdogs' documents (blocking): the ledger's rows, falling back
+        to the state folder's files (a hub or watchdog without a ledger, or before the
+        hub's upgrade); the folder alone until the ledger exists."""
+        folder = FolderDocuments(self.state_dir) if self.state_dir else None
+        if not ledger:
+            return folder
+        try:
+            engine = reader.engine()
+        except Exception:  # not made yet, or older than this code: the pages say so
+            return folder
+        return DatabaseDocuments(engine, self.event_hub_id(), fallback=folder)
 
     def web_app(self, clock: Callable[[], float] = time.time) -> web.Application:
         """The tornado app of every page and API, from the settings."""
@@ -318,6 +400,39 @@ def make_app(*, clock: Callable[[], float] = time.time, **settings: Any) -> web.
     return UsageService(**settings).web_app(clock)
 
 
+
+def external_service(service: dict[str, Any], token: str) -> dict[str, Any]:
+    """``usage_service``'s service as one the hub does not start: the same name, URL and
+    OAuth client, the process's token instead of its command and environment (it runs
+    elsewhere, with ``external_environment``'s variables)."""
+    kept = ("name", "url", "oauth_client_allowed_scopes", "oauth_no_confirm")
+    return {**{k: service[k] for k in kept if k in service}, "api_token": token}
+
+
+def external_environment(hub_url: str, api_url: str, token: str, *, name: str = "usage",
+                         url: str = DEFAULT_URL, usage_db: str = "", hub_id: str = ""
+                         ) -> dict[str, str]:
+    """The variables a usage service the hub does not start needs: those the hub gives a
+    managed service (JupyterHub's services/auth.py reads them), the ledger's URL and
+    the hub's id. ``hub_url``: the hub's public URL; ``api_url``: its API as this service
+    reaches it (…/hub/api)."""
+    prefix = f"/services/{name}/"
+    found = {
+        "JUPYTERHUB_SERVICE_NAME": name, "JUPYTERHUB_API_TOKEN": token,
+        "JUPYTERHUB_API_URL": api_url, "JUPYTERHUB_BASE_URL": "/",
+        "JUPYTERHUB_SERVICE_PREFIX": prefix, "JUPYTERHUB_SERVICE_URL": url,
+        "JUPYTERHUB_CLIENT_ID": f"service-{name}",
+        "JUPYTERHUB_OAUTH_CALLBACK_URL": f"{prefix}oauth_callback",
+        "JUPYTERHUB_OAUTH_ACCESS_SCOPES": json.dumps([f"access:services!service={name}"]),
+        "JUPYTERHUB_PUBLIC_URL": hub_url,
+    }
+    if usage_db:
+        found["QUOTA_SPAWNER_USAGE_DB"] = usage_db
+    if hub_id:
+        found["QUOTA_SPAWNER_HUB_ID"] = hub_id
+    return found
+
+
 main = UsageService.launch_instance
 
 
@@ -326,8 +441,8 @@ main = UsageService.launch_instance
 
 def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "usage",
                   url: str = DEFAULT_URL, state_dir: str = "", secret_file: str = "",
-                  prefix: str = "quota"
-                  ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+                  prefix: str = "quota", quota_source: str = "", quota_table_name: str = "",
+                  hub_id: str = "") -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The managed service, for c.JupyterHub.services, and two roles for load_roles:
     that of those who may see everything without being admins (no one until a config
     lists them), and the service's own (users, their groups and their servers' roles,
@@ -338,9 +453,13 @@ def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "
     for everyone who holds access to it: with the shipped config, every user, since
     anyone may ask for a bigger role there; its pages check who may see what.
 
-    ``state_dir``: the spawner's, where requests for a role append their events to the
-    hub's event log; ``secret_file`` and ``prefix``: the hub's id for those events, as
-    the spawner derives it (unless QUOTA_SPAWNER_HUB_ID is set).
+    ``state_dir``: the spawner's (the host map's files; without a ledger, the event log's
+    file, where requests for a role append their events); ``secret_file`` and
+    ``prefix``: the hub's id for those events, as
+    the spawner derives it (unless QUOTA_SPAWNER_HUB_ID is set, or ``hub_id`` gives the
+    id the config sets: the rows of the host map are keyed by it). ``quota_source`` and
+    ``quota_table_name``: the spawner's, so that the editor and the pages use the table
+    the hub reads (empty: the hub's variables, when set).
     """
     environment = {
         "QUOTA_SPAWNER_USAGE_DB": usage_db,
@@ -349,12 +468,15 @@ def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "
     }
     if state_dir:
         environment["QUOTA_SPAWNER_STATE_DIR"] = state_dir
-    if secret_file:
-        environment["QUOTA_SPAWNER_HUB_SECRET_FILE"] = secret_file
-        environment["QUOTA_SPAWNER_PREFIX"] = prefix
     for passed in PASSED_ON:
         if os.environ.get(passed):
             environment[passed] = os.environ[passed]
+    environment.update(hub_id_environment(
+        hub_id or environment.get("QUOTA_SPAWNER_HUB_ID", ""), secret_file, prefix))
+    if quota_source:
+        environment["QUOTA_SPAWNER_QUOTA_SOURCE"] = quota_source
+    if quota_table_name:
+        environment["QUOTA_SPAWNER_QUOTA_TABLE_NAME"] = quota_table_name
     service = {
         "name": name,
         "url": url,

@@ -54,11 +54,12 @@ class Source:
 def source(tmp_path, client: Any = None, **settings: Any) -> Any:
     values = dict(hub_id=HUB, gpu_inventory=[], gpu_discovery=False,
                   quota_file=str(tmp_path / "quotas.yaml"), state_dir=str(tmp_path),
-                  usage_db="none", gpu_sync_interval=3600.0, zombie_grace_period=300.0,
+                  usage_db="none", events_file="", gpu_sync_interval=3600.0,
+                  zombie_grace_period=300.0,
                   usage_retention_days=0.0, usage_check_interval=3600.0,
                   host_admission=False, host_cpus=0.0, host_memory="", host_reserve_cpus=1.0,
                   host_reserve_memory="", cpu_overcommit=4.0, memory_overcommit=1.0,
-                  notebooks_cgroup=False)
+                  notebooks_cgroup=False, quota_source="file", quota_table_name="default")
     values.update(settings)
     return Source(client=client if client is not None else FakeDocker(), log=LOG,
                   _log_name="alice", **values)
