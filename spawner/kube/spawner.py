@@ -34,6 +34,11 @@ it ended (``ends.pod_end``: stopped, culled, OOM, preempted by the scheduler,
 lost). The hub does not know which GPUs the device plugin gave, so
 a session records the role's GPU count and mode, not UUIDs.
 
+With the ledger comes the hub's ``KubeHub`` (spawner/kube/duties.py), one per
+hub process: its event log (the ledger's events table) and the GPU-hour budget
+duties, which warn the users of running GPU servers and stop those of a spent
+budget with ``stop: true``, as on Docker. Each spawner claims its pod in it.
+
 There is no GPU pool here: the scheduler and the device plugin place GPU
 pods, and a pod that does not fit waits Pending (docs/kubernetes.md).
 """
@@ -51,6 +56,7 @@ from traitlets import Dict, Integer, default
 from spawner import refusals
 from spawner.kube.checks import config_problems, violations
 from spawner.kube.claims import home_claim
+from spawner.kube.duties import HubSettings, KubeHub
 from spawner.kube.ends import disruption, pod_end
 from spawner.kube.names import home_claim_name
 from spawner.kube.notebook import NotebookPod
@@ -73,7 +79,9 @@ PRIORITY_HINT = (" (apply the roles' PriorityClasses: quota-spawner k8s priority
 class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
     """Spawns notebook pods whose size, security and priority come from the quota table.
 
-    Every start reads the table afresh, checks ``user_options`` against the
+    Every start reads the table afresh (the file, or with ``quota_source``
+    "database" the ledger's newest version, which the file only seeds: the
+    ConfigMap's mount need not be writable), checks ``user_options`` against the
     roles the user holds (their groups and approved role requests included),
     and writes the role onto the final pod, whatever the configuration said.
     """
@@ -91,8 +99,9 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         help="The notebook's gid, and the pod's fsGroup (the home claim is writable for it); "
              "never 0.")
 
-    # one per ledger URL, shared by the hub's spawners: sessions and approved role requests
-    _ledgers: ClassVar[Registry[str, tuple[LedgerWriter | None]]] = Registry()
+    # one per ledger URL, shared by the hub's spawners: sessions and approved role
+    # requests, and the hub's event log and budget duties
+    _ledgers: ClassVar[Registry[str, tuple[LedgerWriter | None, KubeHub | None]]] = Registry()
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -139,21 +148,45 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         """The usage ledger (sessions, budgets, approved role requests); None with
         ``usage_db`` "none" or when it cannot be opened (logged: the table's roles still
         hold, nothing is recorded)."""
+        return (await self._hub_parts())[0]
+
+    async def kube_hub(self) -> KubeHub | None:
+        """The hub's event log and budget duties, started with the ledger; None without
+        a ledger."""
+        return (await self._hub_parts())[1]
+
+    async def _hub_parts(self) -> tuple[LedgerWriter | None, KubeHub | None]:
         url = self.usage_db or default_url(self.state_dir)
         if url == "none":
-            return None
+            return None, None
 
-        async def open_ledger() -> tuple[LedgerWriter | None]:
+        async def open_ledger() -> tuple[LedgerWriter | None, KubeHub | None]:
             try:
                 ledger = await asyncio.to_thread(Ledger, url, self.log)
             except Exception as e:
                 self.log.error("The usage ledger cannot be opened (%s): sessions are not "
                                "recorded, budgets not enforced and approved role requests "
                                "grant nothing until the hub restarts with it fixed", e)
-                return (None,)
-            return (LedgerWriter(ledger, self.log),)
+                return None, None
+            try:  # reads what the budgets told: in a thread
+                hub = await asyncio.to_thread(KubeHub, HubSettings.of(self, url), ledger,
+                                              self.log)
+            except Exception as e:  # the sessions are still recorded
+                self.log.error("The hub's event log and GPU-hour budget duties cannot be "
+                               "set up (%s: %s): running servers are not warned or stopped "
+                               "for their budgets", type(e).__name__, e)
+                hub = None
+            if hub is not None:
+                hub.start()
+            return LedgerWriter(ledger, self.log), hub
 
-        return (await QuotaKubeSpawner._ledgers.aget(url, open_ledger))[0]
+        return await QuotaKubeSpawner._ledgers.aget(url, open_ledger)
+
+    async def _claim_pod(self) -> None:
+        """Tell the hub's duties that this spawner runs its pod."""
+        hub = await self.kube_hub()
+        if hub is not None:
+            hub.claim(self.pod_name, self)
 
     async def choices(self) -> list[Choice]:
         """What this user may start, from the table as it is now."""
@@ -234,6 +267,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
             self._started_options = {"profile": self.choice.role.name,
                                      "image": self.choice.image.key}
             await (await self.session()).ready()
+        await self._claim_pod()
         return started
 
     # --- the session's end ----------------------------------------------------------
@@ -267,6 +301,8 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
             ending, self._ending = self._ending, None
         if status is not None and not self._starting:
             await self._close_session(ending or pod_end(None, self._disrupted))
+        elif status is None:  # a restarted hub's servers too: JupyterHub polls them first
+            await self._claim_pod()
         return status
 
     async def stop(self, now: bool = False) -> None:

@@ -9,7 +9,10 @@
   notices go to the event log (the watchdog tells the people), and a server
   whose budget is spent is stopped when the budget says ``stop: true``.
 
-How a session ended is read from the engine through the client the hub's
+The budgets are ``BudgetDuties``, which needs no engine: the Docker hub's
+``UsageDuties`` checks them at each of its ticks, and the Kubernetes hub runs
+them on their own timer (spawner/kube/duties.py). The rest is the Docker hub's:
+how a session ended is read from the engine through the client the hub's
 runtime passes in (``record_end``, ``container_end``); nothing here imports the
 Docker SDK.
 """
@@ -20,39 +23,35 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from spawner.contract import HUB_LABEL
 from spawner.quota.model import QuotaTable
+from spawner.state import Documents
 from spawner.usage.budgets import BudgetWatch, running_gpu_sessions
 from spawner.usage.ledger import BUDGET, Ledger, ended
 
 INTERVAL = 60.0
 PRUNE_EVERY = 24 * 3600.0
+Log = logging.Logger | logging.LoggerAdapter
+SPENT_WHY = "its GPU-hour budget is spent"  # for the stop's log line
 
 
-class UsageDuties:
-    """``hub``: the hub's runtime (spawner/docker/runtime.py: its ``hub_id``, engine
-    client ``docker_client``, ``events``, ``starting`` servers and ``stop_server``);
-    ``table``: the quota table as it is now (awaited; raises when broken)."""
+class EventSink(Protocol):
+    """Where the notices go: the hub's event log (spawner/events.py ``EventLog``)."""
 
-    def __init__(self, ledger: Ledger, hub: Any, retention_days: float,
-                 log: logging.Logger | logging.LoggerAdapter,
-                 table: Callable[[], Awaitable[QuotaTable]] | None = None,
-                 budget_memory: str | None = None, interval: float = INTERVAL):
-        self.ledger = ledger
-        self.hub = hub
-        self.hub_id = hub.hub_id
-        self.retention_days = retention_days
-        self.log = log
-        self.table = table
-        self.interval = interval
-        self.watch = BudgetWatch(budget_memory, log)
-        self._missing: set[str] = set()
-        self._pruned = 0.0
-        self._stopping: set[str] = set()  # servers stopped for their budget, not yet gone
-        self._stops: set[asyncio.Task[None]] = set()  # held: the loop keeps weak references
-        self._task: asyncio.Task[None] | None = None
+    def append(self, event: str, **fields: Any) -> Any: ...
+
+
+class Periodic:
+    """A duty that ``start`` runs every ``interval`` seconds on the running loop
+    (``run``); a run that fails is logged once, until one works again."""
+
+    what = "the periodic check"  # in the log
+    interval: float
+    log: Log
+    _task: asyncio.Task[None] | None = None
+    _failing = ""  # the last run's error
 
     def start(self) -> None:
         if self._task is None or self._task.done():
@@ -62,29 +61,60 @@ class UsageDuties:
         if self._task is not None:
             self._task.cancel()
 
+    async def run(self, now: float) -> None:
+        raise NotImplementedError
+
     async def _loop(self) -> None:
         while True:
             try:
-                await self.tick(time.time())
-            except Exception:
-                self.log.exception("Usage ledger: the periodic check failed")
+                await self.run(time.time())
+            except Exception as e:  # the ledger is down, say: the next run tries again
+                if str(e) != self._failing:
+                    self.log.error("%s failed (%s: %s); trying again every %gs", self.what,
+                                   type(e).__name__, e, self.interval)
+                    self._failing = str(e)
+            else:
+                if self._failing:
+                    self.log.info("%s works again", self.what)
+                    self._failing = ""
             await asyncio.sleep(self.interval)
 
-    async def tick(self, now: float) -> None:
-        await asyncio.to_thread(self.close_lost)
-        if self.retention_days > 0 and now - self._pruned >= PRUNE_EVERY:
-            gone = await asyncio.to_thread(self.ledger.prune,
-                                           now - self.retention_days * 86400)
-            self._pruned = now
-            if gone:
-                self.log.info("Usage ledger: %d sessions older than %g days deleted", gone,
-                              self.retention_days)
-        if self.table is not None:
-            await self.check_budgets(now)
 
-    async def check_budgets(self, now: float) -> None:
+class BudgetDuties(Periodic):
+    """The GPU-hour budgets of one hub's running servers, on any backend: tells of
+    budgets passing their warn_at or spent (``events``), and stops the servers of spent
+    budgets that say ``stop: true`` through ``stop(container, why)``, after hinting the
+    reason ``budget`` to the ledger. ``table``: the quota table as it is now (awaited;
+    raises when broken); ``memory``: where what was told is kept (``BudgetWatch``).
+
+    Making one reads ``memory`` (blocking). ``start`` runs ``check`` every ``interval``
+    seconds on the running loop; the Docker hub calls ``check`` from its own duties."""
+
+    what = "GPU-hour budgets: the check"
+
+    def __init__(self, ledger: Ledger, hub_id: str, events: EventSink,
+                 table: Callable[[], Awaitable[QuotaTable]] | None,
+                 memory: Documents | None, stop: Callable[[str, str], Awaitable[Any]],
+                 log: Log, interval: float = INTERVAL):
+        self.ledger = ledger
+        self.hub_id = hub_id
+        self.events = events
+        self.table = table
+        self.stop = stop
+        self.log = log
+        self.interval = interval
+        self.watch = BudgetWatch(memory, log)
+        self._stopping: set[str] = set()  # servers stopped for their budget, not yet gone
+        self._stops: set[asyncio.Task[None]] = set()  # held: the loop keeps weak references
+
+    async def run(self, now: float) -> None:
+        await self.check(now)
+
+    async def check(self, now: float) -> None:
         """Tell of budgets passing their warn_at or spent; stop the servers of spent
-        budgets that say ``stop: true``."""
+        budgets that say ``stop: true``. Raises when the ledger cannot be read."""
+        if self.table is None:
+            return
         try:
             table = await self.table()
         except Exception:
@@ -99,7 +129,7 @@ class UsageDuties:
 
         found = await asyncio.to_thread(check)
         for notice in found.notices:
-            self.hub.events.append(notice.event, **notice.fields())
+            self.events.append(notice.event, **notice.fields())
             self.log.info("GPU-hour budget: %s", notice.text)
         for stop in found.stops:
             name = stop.session.container
@@ -107,20 +137,70 @@ class UsageDuties:
                 continue
             self._stopping.add(name)
             self.log.warning("Stopping %s: %s", name, stop.text)
-            await asyncio.to_thread(self.ledger.hint, self.hub_id, name, BUDGET)
+            try:  # the stop records this reason; without it, a plain stop
+                await asyncio.to_thread(self.ledger.hint, self.hub_id, name, BUDGET)
+            except Exception as e:
+                self.log.error("Usage ledger: could not record why %s is stopped: %s", name, e)
             task = asyncio.ensure_future(self._stop(name))
             self._stops.add(task)
             task.add_done_callback(self._stops.discard)
 
     async def _stop(self, name: str) -> None:
         try:
-            await self.hub.stop_server(name, "its GPU-hour budget is spent")
-            await asyncio.to_thread(record_end, self.ledger, self.hub.docker_client,
-                                    self.hub_id, name, None, self.log)
+            await self.stop(name, SPENT_WHY)
         except Exception:
             self.log.exception("Could not stop %s for its spent GPU-hour budget", name)
         finally:
             self._stopping.discard(name)
+
+
+class UsageDuties(Periodic):
+    """``hub``: the hub's runtime (spawner/docker/runtime.py: its ``hub_id``, engine
+    client ``docker_client``, ``events``, ``starting`` servers and ``stop_server``);
+    ``table``: the quota table as it is now (awaited; raises when broken)."""
+
+    what = "Usage ledger: the periodic check"
+
+    def __init__(self, ledger: Ledger, hub: Any, retention_days: float,
+                 log: Log, table: Callable[[], Awaitable[QuotaTable]] | None = None,
+                 budget_memory: Documents | None = None, interval: float = INTERVAL):
+        self.ledger = ledger
+        self.hub = hub
+        self.hub_id = hub.hub_id
+        self.retention_days = retention_days
+        self.log = log
+        self.table = table
+        self.interval = interval
+        self.budgets = BudgetDuties(ledger, self.hub_id, hub.events, table, budget_memory,
+                                    self._stop_for_budget, log, interval)
+        self.watch = self.budgets.watch
+        self._missing: set[str] = set()
+        self._pruned = 0.0
+
+    async def run(self, now: float) -> None:
+        await self.tick(now)
+
+    async def tick(self, now: float) -> None:
+        await asyncio.to_thread(self.close_lost)
+        if self.retention_days > 0 and now - self._pruned >= PRUNE_EVERY:
+            gone = await asyncio.to_thread(self.ledger.prune,
+                                           now - self.retention_days * 86400)
+            self._pruned = now
+            if gone:
+                self.log.info("Usage ledger: %d sessions older than %g days deleted", gone,
+                              self.retention_days)
+        if self.table is not None:
+            await self.check_budgets(now)
+
+    async def check_budgets(self, now: float) -> None:
+        """``BudgetDuties.check``: its stops go the hub's way, then the session is closed
+        from the engine's record."""
+        await self.budgets.check(now)
+
+    async def _stop_for_budget(self, name: str, why: str) -> None:
+        await self.hub.stop_server(name, why)
+        await asyncio.to_thread(record_end, self.ledger, self.hub.docker_client,
+                                self.hub_id, name, None, self.log)
 
     def close_lost(self) -> list[str]:
         """Close the open sessions whose container was missing at this check and the
