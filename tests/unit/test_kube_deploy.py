@@ -3,11 +3,12 @@
 What can be checked here: every file parses; every key of values.yaml exists in
 the Zero to JupyterHub chart it is written for (the chart's key lists are copied
 below, not fetched); hub.extraConfig compiles and, run as the chart runs it,
-sets the spawner, the table's path, the culler's arbiter and the login; the
-ConfigMap holds the shipped table byte for byte; the device plugin's shared
-resource is the name the spawner asks for, with the table's gpu_share as
-replicas; the committed PriorityClasses are the command's output. Nothing here
-has been applied to a real cluster or installed with Helm
+sets the spawner, the table's path, the culler's arbiter, the login and the
+usage ledger from its Secret; the ConfigMap holds the shipped table byte for
+byte; the device plugin's shared resource is the name the spawner asks for,
+with the table's gpu_share as replicas; the committed PriorityClasses are the
+command's output (the usage service's manifest: test_kube_usage_service.py).
+Nothing here has been applied to a real cluster or installed with Helm
 (docs/kubernetes.md#not-yet-built-not-run-against-a-real-cluster).
 """
 
@@ -101,9 +102,11 @@ CHART_KEYS = {
     "cull": "adminUsers concurrency enabled every maxAge removeNamedServers timeout users",
 }
 # Objects whose keys are free (names of env variables, config snippets, images,
-# traitlets classes): not descended into.
+# traitlets classes, services, roles): not descended into. hub.services and
+# hub.loadRoles are additionalProperties: true in the schema, as are the
+# service objects in them.
 OPEN_OBJECTS = {"hub.config", "hub.extraEnv", "hub.extraConfig", "singleuser.extraEnv",
-                "prePuller.extraImages"}
+                "prePuller.extraImages", "hub.services", "hub.loadRoles"}
 # The chart's enum for singleuser.storage.type (same schema).
 STORAGE_TYPES = {"dynamic", "static", "none"}
 
@@ -112,6 +115,17 @@ STORAGE_TYPES = {"dynamic", "static", "none"}
 CHART_CULLER = {"name": "jupyterhub-idle-culler", "command": [
     "python3", "-m", "jupyterhub_idle_culler", "--url=http://localhost:8081/hub/api",
     "--timeout=1800", "--cull-every=60", "--concurrency=10"]}
+CHART_CULLER_ROLE = {"name": "jupyterhub-idle-culler", "services": ["jupyterhub-idle-culler"],
+                     "scopes": ["list:users", "read:users:activity", "read:servers",
+                                "delete:servers"]}
+# The token the chart generates for each of hub.services and keeps in its Secret
+# "hub" (the chart's hub.fullname with fullnameOverride "", its default) under
+# hub.services.<key>.apiToken; its jupyterhub_config.py sets it as api_token.
+CHART_SECRET = "hub"
+CHART_SERVICE_TOKEN = "s" * 64
+# An in-memory ledger for the runs of hub.extraConfig that do not look at it (it is
+# created at each run, as at each hub start).
+MEMORY_LEDGER = "sqlite://"
 
 GOOD_USER_PASSWORD = "correct-horse-battery"
 GOOD_ADMIN_PASSWORD = "a" * 20 + "0123456789abcdef"
@@ -126,11 +140,14 @@ def documents(path: Path) -> list[Any]:
 
 
 def run_extra_config(monkeypatch: pytest.MonkeyPatch, user_password: str = GOOD_USER_PASSWORD,
-                     admin_password: str = GOOD_ADMIN_PASSWORD) -> Config:
+                     admin_password: str = GOOD_ADMIN_PASSWORD,
+                     usage_db: str = MEMORY_LEDGER) -> Config:
     """hub.extraConfig run as the chart runs it: exec'd, in order of its keys, after
-    the chart's own settings and hub.config."""
+    the chart's own settings (its culler, hub.services, hub.loadRoles) and
+    hub.config, with hub.extraEnv's Secrets as given."""
     for name, value in (("QUOTA_SPAWNER_DEMO_PASSWORD", user_password),
-                        ("QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD", admin_password)):
+                        ("QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD", admin_password),
+                        ("QUOTA_SPAWNER_USAGE_DB", usage_db)):
         if value:
             monkeypatch.setenv(name, value)
         else:
@@ -139,7 +156,15 @@ def run_extra_config(monkeypatch: pytest.MonkeyPatch, user_password: str = GOOD_
     c = Config()
     c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
     c.JupyterHub.services = [{**CHART_CULLER, "command": list(CHART_CULLER["command"])}]
-    c.JupyterHub.load_roles = []
+    c.JupyterHub.load_roles = [{**CHART_CULLER_ROLE, "scopes": list(CHART_CULLER_ROLE["scopes"])}]
+    # as the chart's jupyterhub_config.py (4.4.0) reads hub.services and hub.loadRoles
+    for key, service in hub.get("services", {}).items():
+        service = {"name": key, **service}
+        service.pop("apiToken", None)
+        service["api_token"] = CHART_SERVICE_TOKEN
+        c.JupyterHub.services.append(service)
+    for key, role in hub.get("loadRoles", {}).items():
+        c.JupyterHub.load_roles.append({"name": key, **role})
     for section, settings in hub["config"].items():
         c[section].update(settings)
     for key, source in sorted(hub["extraConfig"].items()):
@@ -221,7 +246,13 @@ def test_values_hub_image_is_the_dockerfiles() -> None:
     dockerfile = (DEPLOY / "Dockerfile.hub").read_text()
     assert re.search(rf"^FROM quay\.io/jupyterhub/k8s-hub:{re.escape(CHART_VERSION)}$",
                      dockerfile, re.M)
-    assert '"/src[kubernetes]"' in dockerfile
+    extras = re.search(r'"/src\[([a-z,]+)\]"', dockerfile)
+    assert extras and extras.group(1).split(",") == ["kubernetes", "postgresql"]
+    import tomllib
+
+    optional = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    assert any(d.startswith("psycopg") for d in optional["postgresql"])  # psycopg 3
     assert '"jupyterhub-idle-culler>=2,<3"' in dockerfile
     assert f"--version {CHART_VERSION}" in VALUES.read_text()
     templates = re.search(r"^COPY hub_config/templates/ (\S+)/$", dockerfile, re.M)
@@ -242,7 +273,7 @@ def test_extra_config_sets_the_spawner(monkeypatch: pytest.MonkeyPatch) -> None:
     c = run_extra_config(monkeypatch)
     assert c.JupyterHub.spawner_class == "quota-kube"
     spawner = c.QuotaKubeSpawner
-    assert spawner.usage_db == "sqlite:////srv/jupyterhub/quota-spawner-usage.sqlite"
+    assert spawner.usage_db == MEMORY_LEDGER  # the Secret's, as given
     KubeOptions(**spawner.kube_options)  # the spawner refuses every start when invalid
     singleuser = values()["singleuser"]
     assert (spawner.notebook_uid, spawner.notebook_gid) == (singleuser["uid"],
@@ -266,7 +297,7 @@ def test_the_quota_file_is_in_the_configmap_directory(monkeypatch: pytest.Monkey
 def test_extra_config_gives_the_charts_culler_the_arbiter(
         monkeypatch: pytest.MonkeyPatch) -> None:
     c = run_extra_config(monkeypatch)
-    (culler,) = c.JupyterHub.services
+    (culler,) = [s for s in c.JupyterHub.services if s["name"] == CHART_CULLER["name"]]
     assert culler["command"][:len(CHART_CULLER["command"])] == CHART_CULLER["command"]
     config = [a for a in culler["command"] if a.startswith("--config=")]
     assert len(config) == 1
@@ -289,6 +320,43 @@ def test_extra_config_login_and_roles(monkeypatch: pytest.MonkeyPatch) -> None:
     table = load_quota_table(TABLE)
     # every group the shipped table assigns exists in the hub
     assert set(table.groups) <= set(groups)
+
+
+def test_extra_config_creates_the_ledger_of_the_secrets_url(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """At each hub start, as on Docker: the usage service and the watchdog only wait
+    for it."""
+    from spawner.usage.ledger import Ledger
+
+    url = f"sqlite:///{tmp_path / 'ledger.sqlite'}"
+    c = run_extra_config(monkeypatch, usage_db=url)
+    assert c.QuotaKubeSpawner.usage_db == url
+    Ledger(url, create=False).dispose()  # there, and at this code's revision
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("", "Secret quota-spawner-usage-db"),
+    ("postgresql+psycopg://quota:s3cret@db:5432:x/y", "not a SQLAlchemy URL")])
+def test_extra_config_refuses_no_or_a_broken_ledger_url(
+        monkeypatch: pytest.MonkeyPatch, url: str, says: str) -> None:
+    with pytest.raises(SystemExit, match=says) as refused:
+        run_extra_config(monkeypatch, usage_db=url)
+    assert "s3cret" not in str(refused.value)
+
+
+def test_one_ledger_secret_for_the_hub_the_watchdog_and_the_usage_service() -> None:
+    secret = {"name": "quota-spawner-usage-db", "key": "url"}
+    assert values()["hub"]["extraEnv"]["QUOTA_SPAWNER_USAGE_DB"] == {
+        "valueFrom": {"secretKeyRef": secret}}  # not optional: no hub without its ledger
+    env = {e["name"]: e for e in watchdog_container()["env"]}
+    assert env["QUOTA_SPAWNER_USAGE_DB"]["valueFrom"] == {"secretKeyRef": secret}
+    (usage,) = [d for d in documents(DEPLOY / "usage-service.yaml") if d["kind"] == "Deployment"]
+    (container,) = usage["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["QUOTA_SPAWNER_USAGE_DB"]["valueFrom"] == {"secretKeyRef": secret}
+    text = VALUES.read_text()
+    assert "create secret generic quota-spawner-usage-db" in text
+    assert "--from-literal=url='postgresql+psycopg://" in text
 
 
 @pytest.mark.parametrize(("user", "admin"), [
@@ -494,11 +562,15 @@ def test_watchdog_starts_as_the_daemonset_runs_it(tmp_path: Path) -> None:
     kubeconfig.write_text(KUBECONFIG)
     container = watchdog_container()
     fields = {"spec.nodeName": "gpu-node-3", "metadata.namespace": "jhub"}
+    ledger = "postgresql+psycopg://quota:pw@db.example.org:5432/quota_usage"
+    secrets = {("quota-spawner-watchdog", "token"): "t" * 64,
+               ("quota-spawner-usage-db", "url"): ledger}
     env = {"PATH": os.environ["PATH"], "KUBECONFIG": str(kubeconfig)}
     for entry in container["env"]:
         source = entry.get("valueFrom") or {}
+        ref = source.get("secretKeyRef")
         env[entry["name"]] = (fields[source["fieldRef"]["fieldPath"]] if "fieldRef" in source
-                              else "t" * 64 if "secretKeyRef" in source else entry["value"])
+                              else secrets[ref["name"], ref["key"]] if ref else entry["value"])
     env["QUOTA_SPAWNER_STATE_DIR"] = str(tmp_path)  # the hostPath volume's place
     args = [f"--config-file={config}" if a.startswith("--config-file=") else a
             for a in container["args"]]
@@ -509,6 +581,6 @@ def test_watchdog_starts_as_the_daemonset_runs_it(tmp_path: Path) -> None:
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen == {"source": "Pods", "oom_source": True, "node": "gpu-node-3",
                     "namespace": "jhub", "hub": "quota-jhub",
-                    "cgroup_root": "/host/sys/fs/cgroup", "usage_db": "", "events_file": "",
-                    "hub_url": "https://hub.example.org",
+                    "cgroup_root": "/host/sys/fs/cgroup", "usage_db": ledger,
+                    "events_file": "", "hub_url": "https://hub.example.org",
                     "api_url": "http://hub:8081/hub/api"}
