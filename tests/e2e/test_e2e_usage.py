@@ -7,7 +7,6 @@ host for the watchdog, mounted into the containers for the GPU monitor).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -265,7 +264,8 @@ def midday_zone() -> str:
     return "UTC" if offset == 0 else f"Etc/GMT{offset:+d}"
 
 
-def seed(url: str, user: str, gpu_hours: float, ended_ago: float = 60) -> None:
+def seed(url: str, user: str, gpu_hours: float, ended_ago: float = 60,
+         hub: str = HUB_ID) -> None:
     """A finished session of ``user`` that reserved ``gpu_hours`` on 4 GPUs, just now,
     written whole in one transaction: the hub's budget check never sees it half-made."""
     ledger = Ledger(url, create=False)
@@ -274,7 +274,7 @@ def seed(url: str, user: str, gpu_hours: float, ended_ago: float = 60) -> None:
     try:
         with ledger.engine.begin() as db:
             db.execute(insert(sessions).values(
-                hub=HUB_ID, user_name=user, container=f"seed-{user}-{time.monotonic_ns()}",
+                hub=hub, user_name=user, container=f"seed-{user}-{time.monotonic_ns()}",
                 role="gpu", image="pytorch", gpus=",".join(f"GPU-seed-{i}" for i in range(4)),
                 gpu_count=4, gpu_mode="exclusive", gpu_reserved=4.0, cpu_limit=1,
                 mem_limit=768 * M, requested=started - 5, started=started, ready=started + 1,
@@ -284,9 +284,7 @@ def seed(url: str, user: str, gpu_hours: float, ended_ago: float = 60) -> None:
 
 
 def hub_events(hub: Hub, event: str, user: str) -> list[dict[str, Any]]:
-    path = hub.workdir / "quota-spawner-events.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [e for e in map(json.loads, lines) if e["event"] == event and e.get("user") == user]
+    return [e for e in hub.events() if e["event"] == event and e.get("user") == user]
 
 
 def test_a_gpu_hour_budget_warns_stops_and_refuses(setup, docker_client):
