@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import requests
 from postgres import fresh_database
+from receivers import HttpReceiver
 from test_e2e_usage import midday_zone, seed
 
 from harness import (
@@ -74,6 +75,10 @@ assignments:
     staff: [small, gpu, urgent]
 """
 CLASSES = {"cs101": ["prof-ada"]}
+REQUESTS = """requests:
+  roles: [urgent]
+  max_days: 2
+"""
 
 
 def hub_config(db: str, usage_url: str, usage_token: str, watchdog_token: str,
@@ -84,6 +89,8 @@ def hub_config(db: str, usage_url: str, usage_token: str, watchdog_token: str,
 c.QuotaSpawner.hub_id = {HUB_ID!r}
 c.QuotaSpawner.usage_db = {db!r}
 c.QuotaSpawner.usage_check_interval = 1
+# servers outlive a hub restart, as in production upgrades
+c.JupyterHub.cleanup_servers = False
 import jupyterhub
 from spawner.hubconfig.rbac import CLASS_OAUTH_SCOPES, class_service_scopes, instructor_roles
 from spawner.watchdog.service import watchdog_service
@@ -152,9 +159,10 @@ class UsageProcess:
 
 class Cluster:
     def __init__(self, hub: Hub, db: str, usage: UsageProcess,
-                 watchdogs: dict[str, WatchdogProcess], folders: list[Path]):
-        self.hub, self.db, self.usage, self.watchdogs, self.folders = (
-            hub, db, usage, watchdogs, folders)
+                 watchdogs: dict[str, WatchdogProcess], folders: list[Path],
+                 http: HttpReceiver):
+        self.hub, self.db, self.usage, self.watchdogs, self.folders, self.http = (
+            hub, db, usage, watchdogs, folders, http)
         self.tokens: dict[str, str] = {}
         self.ledger: Ledger | None = None  # this test's own connection, once the hub made it
 
@@ -179,6 +187,12 @@ class Cluster:
             "text": text, "version": r.json()["version"], "comment": "from the cluster test"})
         return r.status_code, r.json()
 
+    def told(self, *words: str) -> list[str]:
+        """The messages the watchdogs sent to the admins' webhook holding all ``words``."""
+        return [r.body["message"] for r in list(self.http.requests)
+                if r.kind == "json" and isinstance(r.body, dict)
+                and all(w in r.body.get("message", "") for w in words)]
+
     def documents(self) -> DatabaseDocuments:
         """The hub's rows in the shared database, as this test reads them."""
         if self.ledger is None:
@@ -196,7 +210,11 @@ def cluster(docker_client, tmp_path_factory) -> Iterator[Cluster]:
     fake = install_fake_nvml(work / "container-nvml")
     usage_url, usage_token = f"http://127.0.0.1:{free_port()}", secrets.token_hex(32)
     watchdog_token = secrets.token_hex(32)
-    with fresh_database() as db:
+    with fresh_database() as db, HttpReceiver() as http:
+        channels = f"""
+c.Notifier.retry_delay = 0.2
+c.Notifier.channels = [{{"name": "admins", "url": "json://{http.base[len('http://'):]}/hook"}}]
+"""
         hub = Hub(folders[0], quota_text=QUOTAS, prefix=PREFIX,
                   extra_config=hub_config(db, usage_url, usage_token, watchdog_token, fake))
         hub.env.update(QUOTA_SPAWNER_USAGE_DB=db, QUOTA_SPAWNER_QUOTA_SOURCE="database")
@@ -208,15 +226,16 @@ def cluster(docker_client, tmp_path_factory) -> Iterator[Cluster]:
             write_fake_nvml_state(host_fake, {"gpus": [
                 {"uuid": uuid, "name": "Fake GPU", "memory": 16 * G, "utilization": 40}]})
             watchdogs[node] = WatchdogProcess(
-                folder, host_fake, f"c.QuotaWatchdog.host_name = {node!r}\n", interval=1,
+                folder, host_fake, f"c.QuotaWatchdog.host_name = {node!r}\n" + channels,
+                interval=1,
                 env={"JUPYTERHUB_API_URL": f"{hub.url}/hub/api",
                      "JUPYTERHUB_API_TOKEN": watchdog_token, "QUOTA_SPAWNER_HUB_ID": HUB_ID,
                      "QUOTA_SPAWNER_USAGE_DB": db})
-        found = Cluster(hub, db, usage, watchdogs, folders)
+        found = Cluster(hub, db, usage, watchdogs, folders, http)
         try:
             hub.start()
             for name, groups in {"admin": [], "ann": ["cs101"], "bob": ["cs101"],
-                                 "carl": ["staff"], "prof-ada": []}.items():
+                                 "carl": ["staff"], "eve": [], "prof-ada": []}.items():
                 hub.create_user(name, groups)
             usage.start()
             for watchdog in watchdogs.values():
@@ -308,6 +327,13 @@ def test_a_preemption_reaches_the_server_with_its_grace(cluster, docker_client):
         assert json.loads(rows.read(PREEMPTIONS).text) == []
         events = [e["event"] for e in hub.events() if e.get("user") == "bob"]
         assert "preemption" in events
+        # each event told once, by one of the two watchdogs that read the table
+        wait_for(lambda: cluster.told("Preempted by", "Who: bob ("), 30, "no message of it")
+        wait_for(lambda: cluster.told("The server was stopped", "Who: bob ("), 30,
+                 "no message of the stop")
+        time.sleep(3)  # both watchdogs have read the events since (every second)
+        assert len(cluster.told("Preempted by", "Who: bob (")) == 1
+        assert len(cluster.told("The server was stopped", "Who: bob (")) == 1
     finally:
         hub.stop_servers(["ann", "bob", "carl"])
 
@@ -353,3 +379,56 @@ def test_a_spent_budget_stops_a_running_server(cluster):
     finally:
         assert cluster.save_table(QUOTAS)[0] == 200
         hub.stop_servers(["ann"])
+
+
+def test_restarts_lose_nothing_and_tell_nothing_twice(cluster):
+    """Each process restarts in turn, and all they share is in the database:
+    - the usage service between eve's request for a role and its approval: the grant
+      holds, and she starts the role;
+    - both watchdogs while the hub warns eve of her budget: once back, it is told once;
+    - the hub, with eve's server running past 90% of her budget: nobody is warned again.
+    """
+    hub = cluster.hub
+    code, found = cluster.save_table(QUOTAS + REQUESTS + f"""budgets:
+  timezone: {midday_zone()}
+  users:
+    eve: {{gpu_hours: 1, per: day}}
+""")
+    assert code == 200, found
+    try:
+        now = time.time()
+        r = cluster.service("api/requests", "eve", "POST", {
+            "role": "urgent", "starts": now, "ends": now + 3600, "reason": "a deadline"})
+        assert r.status_code == 200, r.text
+        asked = r.json()["request"]["id"]
+        cluster.usage.stop()
+        cluster.usage.start()
+        r = cluster.service(f"api/requests/{asked}/decide", "admin", "POST",
+                            {"approve": True, "comment": "granted for the deadline"})
+        assert r.status_code == 200, r.text
+
+        for watchdog in cluster.watchdogs.values():
+            watchdog.stop()
+        hub.start_server("eve", {"profile": "urgent"})  # the grant
+        seed(cluster.db, "eve", 0.95, hub=HUB_ID)
+        wait_for(lambda: [e for e in hub.events() if e["event"] == "budget-warning"
+                          and e.get("user") == "eve"], 30, "no budget warning")
+        for watchdog in cluster.watchdogs.values():
+            watchdog.start()
+        wait_for(lambda: cluster.told("is 95% used", "eve"), 30,
+                 "the warning was not told after the watchdogs' restart")
+
+        hub.stop()
+        hub.start()
+        assert hub.user("eve")["servers"], "the server outlives the hub's restart"
+        time.sleep(5)  # five budget checks of the restarted hub, and the watchdogs' cycles
+        warned = [e for e in hub.events() if e["event"] == "budget-warning"
+                  and e.get("user") == "eve"]
+        assert len(warned) == 1, warned
+        assert len(cluster.told("is 95% used", "eve")) == 1
+    finally:
+        for watchdog in cluster.watchdogs.values():
+            if watchdog.proc is None or watchdog.proc.poll() is not None:
+                watchdog.start()
+        hub.stop_servers(["eve"])
+        assert cluster.save_table(QUOTAS)[0] == 200
