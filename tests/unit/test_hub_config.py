@@ -128,6 +128,44 @@ def test_an_external_watchdog_needs_a_real_token(tmp_path, monkeypatch):
     assert {"name": "gpu-watchdog", "api_token": token} in c.JupyterHub.services
 
 
+def test_an_external_usage_service_is_registered_with_its_token_and_the_hubs_id(
+        tmp_path, monkeypatch):
+    """The hub does not start it (no command, no environment of the hub's): its URL, its
+    token and its OAuth client are the managed service's; the hub's id the config sets
+    reaches the services, which key their shared rows by it."""
+    with pytest.raises(SystemExit, match="QUOTA_SPAWNER_USAGE_TOKEN"):
+        load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1",
+                        QUOTA_SPAWNER_USAGE="external", QUOTA_SPAWNER_USAGE_TOKEN="short")
+    token = "e" * 64
+    c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1",
+                        QUOTA_SPAWNER_USAGE="external", QUOTA_SPAWNER_USAGE_TOKEN=token,
+                        QUOTA_SPAWNER_USAGE_URL="http://usage.example.org:8182",
+                        QUOTA_SPAWNER_HUB_ID="lab-hub")
+    usage = next(s for s in c.JupyterHub.services if s["name"] == "usage")
+    assert usage["api_token"] == token and usage["url"] == "http://usage.example.org:8182"
+    assert "command" not in usage and "environment" not in usage
+    assert usage["oauth_no_confirm"] and "custom:quota-spawner:usage" in \
+        usage["oauth_client_allowed_scopes"]
+    watchdog = next(s for s in c.JupyterHub.services if s["name"] == "gpu-watchdog")
+    assert watchdog["environment"]["QUOTA_SPAWNER_HUB_ID"] == "lab-hub"
+
+
+def test_a_hub_id_set_in_the_config_reaches_the_managed_services(tmp_path, monkeypatch):
+    from spawner.watchdog.service import watchdog_service
+    from spawner.webapp.app import usage_service
+
+    usage, _, _ = usage_service("http://hub", "sqlite:///u.sqlite", "q.yaml", hub_id="h-1",
+                                secret_file="/srv/secret", prefix="quota")
+    watchdog, _ = watchdog_service("http://hub", hub_id="h-1", secret_file="/srv/secret")
+    for env in (usage["environment"], watchdog["environment"]):
+        assert env["QUOTA_SPAWNER_HUB_ID"] == "h-1"
+        assert env["QUOTA_SPAWNER_HUB_SECRET_FILE"] == "/srv/secret"
+    monkeypatch.setenv("JUPYTERHUB_COOKIE_SECRET", "ab" * 32)  # the id, never the secret
+    usage, _, _ = usage_service("http://hub", "sqlite:///u.sqlite", "q.yaml")
+    assert usage["environment"]["QUOTA_SPAWNER_HUB_ID"].startswith("quota-")
+    assert "ab" * 32 not in str(usage)
+
+
 def test_compose_runs_the_watchdog_with_the_hosts_pids_and_cgroups():
     compose = yaml.safe_load((HUB_CONFIG / "compose.yaml").read_text())
     hub, watchdog = compose["services"]["hub"], compose["services"]["watchdog"]
