@@ -53,6 +53,8 @@ bench:
 	.venv/bin/python bench/usage_bench.py
 	.venv/bin/python bench/storm_bench.py
 	.venv/bin/python bench/admission_bench.py
+	scripts/test-postgres.sh
+	.venv/bin/python bench/state_bench.py
 
 # The JupyterLab status-bar item: builds labextension/ into spawner/labextension/
 # (committed, installed with the package) and stamps it with its sources
