@@ -1,8 +1,10 @@
-"""Fixtures for the end-to-end tests: a real dockerd, and the session's shared hubs with
-their proxies (tests/hubs.py says which and why)."""
+"""Fixtures for every layer: the usage ledger a test works on; and for the end-to-end
+tests, a real dockerd and the session's shared hubs with their proxies (tests/hubs.py
+says which and why)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,27 @@ def ledger_url(tmp_path) -> str:
     tests on PostgreSQL (tests/service/test_*_postgres.py) give a fresh database instead
     (tests/postgres.py)."""
     return f"sqlite:///{tmp_path / 'usage.sqlite'}"
+
+
+@pytest.fixture
+def ledger(ledger_url):
+    """A usage ledger created at ``ledger_url``, disposed of afterwards."""
+    from spawner.usage.ledger import Ledger
+
+    found = Ledger(ledger_url, logging.getLogger("test-ledger"))
+    yield found
+    found.dispose()
+
+
+@pytest.fixture
+def quiet_alembic():
+    """Alembic's own INFO lines (when another test has turned the root logger up) are not
+    what a test reads in caplog; a module asks for it with ``pytestmark``."""
+    alembic = logging.getLogger("alembic")
+    level = alembic.level
+    alembic.setLevel(logging.WARNING)
+    yield
+    alembic.setLevel(level)
 
 
 @pytest.fixture(scope="session")

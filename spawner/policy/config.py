@@ -23,6 +23,16 @@ from spawner.quota.editing import DEFAULT_TABLE_NAME, FILE_SOURCE, SOURCES, data
 from spawner.quota.form import options_from_form
 
 
+def valid_table_name(_owner: Any, proposal: dict[str, Any]) -> str:
+    """The ``quota_table_name`` validator of every app that reads the table: a name its
+    database key takes, else the key's sentence as the setting's error."""
+    try:
+        database_key(proposal["value"])
+    except ValueError as e:
+        raise TraitError(str(e)) from None
+    return str(proposal["value"])
+
+
 def hub_id_from_secret(prefix: str, secret: str | bytes) -> str:
     """The default hub id: stable across restarts, different per hub (its cookie secret)."""
     if isinstance(secret, str):
@@ -154,13 +164,7 @@ class QuotaConfig(Configurable):
     def _quota_table_name_default(self) -> str:
         return os.environ.get("QUOTA_SPAWNER_QUOTA_TABLE_NAME", "") or DEFAULT_TABLE_NAME
 
-    @validate("quota_table_name")
-    def _valid_quota_table_name(self, proposal: dict[str, Any]) -> str:
-        try:
-            database_key(proposal["value"])
-        except ValueError as e:
-            raise TraitError(str(e)) from None
-        return str(proposal["value"])
+    _valid_quota_table_name = validate("quota_table_name")(valid_table_name)
 
     @default("events_file")
     def _events_file_default(self) -> str:

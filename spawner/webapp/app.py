@@ -36,13 +36,16 @@ from traitlets import CaselessStrEnum, Float, TraitError, Unicode, default, vali
 from traitlets.config import Application
 
 from spawner.events import EventLog, events_path
-from spawner.policy.config import hub_id_environment, hub_id_from_secret_file
+from spawner.policy.config import (
+    hub_id_environment,
+    hub_id_from_secret_file,
+    valid_table_name,
+)
 from spawner.quota.editing import (
     DATABASE_SOURCE,
     DEFAULT_TABLE_NAME,
     FILE_SOURCE,
     SOURCES,
-    database_key,
 )
 from spawner.quota.store import QuotaStore
 from spawner.state import Documents, FolderDocuments
@@ -203,13 +206,7 @@ class UsageService(Application):
     def _quota_table_name_default(self) -> str:
         return _env("QUOTA_SPAWNER_QUOTA_TABLE_NAME", DEFAULT_TABLE_NAME)
 
-    @validate("quota_table_name")
-    def _valid_quota_table_name(self, proposal: dict[str, Any]) -> str:
-        try:
-            database_key(proposal["value"])
-        except ValueError as e:
-            raise TraitError(str(e)) from None
-        return str(proposal["value"])
+    _valid_quota_table_name = validate("quota_table_name")(valid_table_name)
 
     @default("state_dir")
     def _state_dir_default(self) -> str:

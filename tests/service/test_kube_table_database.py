@@ -19,19 +19,12 @@ from traitlets import TraitError  # noqa: E402
 
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
 from spawner.quota.editing import FROM_FILE, TableVersions  # noqa: E402
-from spawner.usage.ledger import Ledger  # noqa: E402
 from spawner.usage.table_versions import Audit  # noqa: E402
 
 LOG = logging.getLogger("test-kube-table-database")
 KEY = "database:default"
 SENIOR_CPUS = "    cpus: 8\n"  # senior-engineer's, the first of the shipped table's
 
-
-@pytest.fixture
-def ledger(ledger_url):
-    found = Ledger(ledger_url, LOG)
-    yield found
-    found.dispose()
 
 
 @pytest.fixture

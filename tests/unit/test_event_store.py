@@ -8,7 +8,6 @@ import json
 import logging
 import threading
 
-import pytest
 from alembic import command
 from sqlalchemy import insert
 from test_usage_ledger import open_session
@@ -21,12 +20,6 @@ from spawner.watchdog.hub_events import read_new_rows
 
 LOG = logging.getLogger("test-event-store")
 
-
-@pytest.fixture
-def ledger(ledger_url):
-    found = Ledger(ledger_url, LOG)
-    yield found
-    found.dispose()
 
 
 def record(n: int, **fields) -> dict:

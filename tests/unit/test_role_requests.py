@@ -67,12 +67,6 @@ def problems(requests: str) -> list[str]:
     return [str(p) for p in raised.value.problems]
 
 
-@pytest.fixture
-def ledger(ledger_url):
-    ledger = Ledger(ledger_url, LOG)
-    yield ledger
-    ledger.dispose()
-
 
 def ask(ledger, t, user="ada", role="gpu-training", starts=NOW, ends=NOW + 7 * DAY,
         reason="Training a model for my thesis", groups=("cs101",), now=NOW):

@@ -5,23 +5,12 @@ tests/service/test_state_docs_postgres.py runs the same on PostgreSQL."""
 from __future__ import annotations
 
 import json
-import logging
 import threading
 
 import pytest
 
 from spawner.state import BUDGET_MEMORY, GPU_USAGE, GPUS, PREEMPTIONS, FolderDocuments
-from spawner.usage.ledger import Ledger
 from spawner.usage.state_docs import DatabaseDocuments
-
-LOG = logging.getLogger("test-state-docs")
-
-
-@pytest.fixture
-def ledger(ledger_url):
-    found = Ledger(ledger_url, LOG)
-    yield found
-    found.dispose()
 
 
 def test_a_document_is_replaced_whole_and_kept_per_hub_kind_and_node(ledger):

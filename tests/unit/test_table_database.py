@@ -35,6 +35,8 @@ from spawner.usage.ledger import Ledger
 from spawner.usage.table_versions import NO_LEDGER, Audit, DatabaseSource, table_store
 from spawner.webapp.app import usage_service
 
+pytestmark = pytest.mark.usefixtures("quiet_alembic")
+
 LOG = logging.getLogger("test-table-database")
 KEY = "database:default"
 
@@ -57,20 +59,6 @@ BAD = TABLE.replace("cpus: 1", "cpus: one")
 BAD_PROBLEM = "role 'small': cpus must be a number, like 2 or 0.5, not text 'one'"
 
 
-@pytest.fixture(autouse=True)
-def quiet_alembic():
-    alembic = logging.getLogger("alembic")
-    level = alembic.level
-    alembic.setLevel(logging.WARNING)
-    yield
-    alembic.setLevel(level)
-
-
-@pytest.fixture
-def ledger(ledger_url):
-    found = Ledger(ledger_url, LOG)
-    yield found
-    found.dispose()
 
 
 @pytest.fixture

@@ -44,6 +44,8 @@ from spawner.usage.ledger import (
 from spawner.usage.schema import sessions, table_versions
 from spawner.usage.table_versions import Audit
 
+pytestmark = pytest.mark.usefixtures("quiet_alembic")
+
 LOG = logging.getLogger("test-table-edit")
 
 TABLE = """\
@@ -72,14 +74,6 @@ assignments:
 EDITED = TABLE.replace("    ml: [small, gpu-training]", "    ml: [small]").replace(
     "memory: 2G", "memory: 4G")
 
-
-@pytest.fixture(autouse=True)
-def quiet_alembic():
-    alembic = logging.getLogger("alembic")
-    level = alembic.level
-    alembic.setLevel(logging.WARNING)
-    yield
-    alembic.setLevel(level)
 
 
 @pytest.fixture

@@ -28,6 +28,8 @@ from spawner.usage.ledger import (
 )
 from spawner.usage.schema import VERSION_TABLE, metadata, session_groups, sessions
 
+pytestmark = pytest.mark.usefixtures("quiet_alembic")
+
 G = 2**30
 HUB = "hub-a"
 OTHER_HUB = "hub-b"
@@ -38,16 +40,6 @@ FINISHED_AT = "2024-05-06T07:08:09.123456789Z"
 FINISHED_NANO = 1714979289123456789
 LOG = logging.getLogger("test-usage-ledger")
 
-
-@pytest.fixture(autouse=True)
-def quiet_alembic():
-    """Alembic's own INFO lines (when another test has turned the root logger up) are not
-    what these tests read in caplog."""
-    alembic = logging.getLogger("alembic")
-    level = alembic.level
-    alembic.setLevel(logging.WARNING)
-    yield
-    alembic.setLevel(level)
 
 # every column of a session as the hub's open() leaves it, before anything else is known
 FRESH = dict(
