@@ -22,7 +22,6 @@ from test_usage_ledger import (
     group_rows,
     ledger,
     open_session,
-    quiet_alembic,
     row,
     url,
 )
@@ -41,7 +40,8 @@ from spawner.usage.ledger import (
 from spawner.usage.schema import sessions
 
 # this module's tests take these of test_usage_ledger's fixtures
-FIXTURES = (ledger, quiet_alembic, url)
+FIXTURES = (ledger, url)
+pytestmark = pytest.mark.usefixtures("quiet_alembic")
 
 # --- 4. ended, failure, docker_time -------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import threading
 import time
 from datetime import datetime, timezone
 
+import pytest
 from test_usage_ends import outcome
 from test_usage_ledger import (
     HUB,
@@ -19,7 +20,6 @@ from test_usage_ledger import (
     G,
     ledger,
     open_session,
-    quiet_alembic,
     ran,
     row,
     url,
@@ -37,7 +37,8 @@ from spawner.watchdog.app import QuotaWatchdog, usage_samples
 from spawner.watchdog.model import GpuSample, Server, ServerSample, Snapshot
 
 # this module's tests take these of test_usage_ledger's fixtures
-FIXTURES = (ledger, quiet_alembic, url)
+FIXTURES = (ledger, url)
+pytestmark = pytest.mark.usefixtures("quiet_alembic")
 
 # --- 7. LedgerWriter ------------------------------------------------------------------------
 
