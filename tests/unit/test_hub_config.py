@@ -84,6 +84,7 @@ def test_hub_image_has_no_default_passwords():
     dockerfile = (HUB_CONFIG / "Dockerfile.hub").read_text()
     assert "PASSWORD" not in dockerfile and "QUOTA_SPAWNER_DEMO" not in dockerfile
     assert DEMO_PASSWORD not in dockerfile and DEMO_ADMIN_PASSWORD not in dockerfile
+    assert '"/src[postgresql]"' in dockerfile  # a ledger on PostgreSQL needs psycopg
 
 
 def test_compose_faces_only_loopback_and_needs_passwords():
