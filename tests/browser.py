@@ -42,6 +42,29 @@ def log_in(page, hub, name: str, next_url: str = "/hub/home") -> None:
         page.wait_for_url("**/hub/home")
 
 
+LAB_WAIT_MS = 60_000
+
+
+def wait_for_lab(page, what: str) -> None:
+    """JupyterLab's launcher on ``page``, as a person sees it after a start. A Lab that has
+    not drawn it after a minute is kept for the team (its screenshot and the page's
+    console errors in test-artifacts/, named after ``what``) and reloaded once, as a
+    person would; a Lab that draws nothing after that fails the test. (Seen twice in
+    some thirty CI runs, under load, with the server up and nothing in the hub's log.)"""
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    try:
+        page.wait_for_selector(".jp-Launcher", timeout=LAB_WAIT_MS)
+        return
+    except Exception:
+        ARTIFACTS.mkdir(exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"lab-not-drawn-{what}.png"))
+        (ARTIFACTS / f"lab-not-drawn-{what}.txt").write_text(
+            f"{page.url}\n" + "\n".join(errors) + "\n" + page.content()[-20_000:])
+    page.reload()
+    page.wait_for_selector(".jp-Launcher", timeout=LAB_WAIT_MS)
+
+
 def usage_config(port: int, classes: dict[str, list[str]] | None = None) -> str:
     """The usage service's block of the shipped hub config, for Hub(extra_config=…),
     after the harness's own services and roles: the service on ``port``, its roles,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from browser import launch, log_in
+from browser import launch, log_in, wait_for_lab
 
 from harness import ARTIFACTS, container_for
 
@@ -40,7 +40,7 @@ def test_login_pick_role_and_image_reach_lab(hub, docker_client, page):
     pipeline.click()
     page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
 
-    page.wait_for_selector(".jp-Launcher", timeout=120_000)
+    wait_for_lab(page, "first-start")
     page.screenshot(path=str(ARTIFACTS / "jupyterlab.png"))
     c = container_for(docker_client, name)
     assert c.labels["quota-spawner.role"] == "pipeline"
@@ -82,7 +82,7 @@ def test_an_admin_form_template_or_the_shipped_form_when_it_is_broken(
             page.locator(".quota-choice", has_text="pipeline").click()
             page.click("form#spawn_form input[type=submit], "
                        "form#spawn_form button[type=submit]")
-            page.wait_for_selector(".jp-Launcher", timeout=120_000)
+            wait_for_lab(page, "form-template")
             assert container_for(docker_client, "form-fay").labels[
                 "quota-spawner.role"] == "pipeline"
     finally:

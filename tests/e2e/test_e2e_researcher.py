@@ -23,7 +23,7 @@ import time
 
 import pytest
 import requests
-from browser import launch, log_in
+from browser import launch, log_in, wait_for_lab
 from hubs import GPU_HUB_GPUS, on_hub
 from playwright.sync_api import expect
 
@@ -264,7 +264,7 @@ def test_gpu_page_from_the_home_link_and_the_lab_status_bar(res_hub, docker_clie
     page.screenshot(path=str(ARTIFACTS / "researcher-spawn-form.png"))
     gpu_choice.click()
     page.click("form#spawn_form input[type=submit], form#spawn_form button[type=submit]")
-    page.wait_for_selector(".jp-Launcher", timeout=120_000)
+    wait_for_lab(page, "researcher-gpu")
     # handed over from the form: the role's quota, not the boost
     assert cpu_max(container_for(docker_client, name)) == "100000 100000"
     # No news popup: JupyterLab asks nothing about news on a first start, because
@@ -330,7 +330,7 @@ def test_cpu_only_server_no_gpu_item_and_the_memory_warning(res_hub, docker_clie
     res_hub.create_user(name)
     log_in(page, res_hub, name)
     spawn_from_form(page, "one", "paddle")
-    page.wait_for_selector(".jp-Launcher", timeout=120_000)
+    wait_for_lab(page, "researcher-cpu")
     expect(page.locator("#jp-main-statusbar")).to_contain_text("Mem:", timeout=30_000)
     page.wait_for_timeout(3000)  # a few polls of the metrics
     assert page.locator(".qs-gpu-status:visible").count() == 0
