@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from spawner.contract import HUB_LABEL
 from spawner.quota.model import QuotaTable
 from spawner.state import Documents
+from spawner.usage import event_store
 from spawner.usage.budgets import BudgetWatch, running_gpu_sessions
 from spawner.usage.ledger import BUDGET, Ledger, ended
 
@@ -183,11 +184,15 @@ class UsageDuties(Periodic):
     async def tick(self, now: float) -> None:
         await asyncio.to_thread(self.close_lost)
         if self.retention_days > 0 and now - self._pruned >= PRUNE_EVERY:
-            gone = await asyncio.to_thread(self.ledger.prune,
-                                           now - self.retention_days * 86400)
+            cut = now - self.retention_days * 86400
+            gone = await asyncio.to_thread(self.ledger.prune, cut)
+            events = await asyncio.to_thread(event_store.prune, self.ledger.engine, cut)
             self._pruned = now
             if gone:
                 self.log.info("Usage ledger: %d sessions older than %g days deleted", gone,
+                              self.retention_days)
+            if events:
+                self.log.info("Usage ledger: %d events older than %g days deleted", events,
                               self.retention_days)
         if self.table is not None:
             await self.check_budgets(now)

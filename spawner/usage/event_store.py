@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import Engine, func, insert, select
+from sqlalchemy import Engine, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from spawner.usage.schema import event_claims, events
@@ -96,3 +96,16 @@ def _record(body: str) -> dict[str, Any] | None:
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
+
+
+def prune(engine: Engine, before: float) -> int:
+    """Forget the events logged before ``before`` (the ledger's retention) and who told
+    them; returns how many. The newest event always stays: SQLite gives a table emptied
+    of its highest id that id again, and a watchdog's cursor past it would skip the next
+    events."""
+    newest = select(func.max(events.c.id)).scalar_subquery()
+    old = select(events.c.id).where(events.c.time < before, events.c.id < newest)
+    with engine.begin() as connection:
+        connection.execute(delete(event_claims).where(event_claims.c.event_id.in_(old)))
+        done = connection.execute(delete(events).where(events.c.id.in_(old)))
+    return int(done.rowcount or 0)

@@ -9,13 +9,13 @@ import logging
 import threading
 
 from alembic import command
-from sqlalchemy import insert
+from sqlalchemy import func, insert, select
 from test_usage_ledger import open_session
 
 from spawner.events import EventLog
 from spawner.usage import event_store
 from spawner.usage.ledger import Ledger, _alembic_config, make_engine
-from spawner.usage.schema import events
+from spawner.usage.schema import event_claims, events
 from spawner.watchdog.hub_events import read_new_rows
 
 LOG = logging.getLogger("test-event-store")
@@ -96,6 +96,23 @@ def test_with_a_watchdog_per_node_each_event_is_told_by_one(ledger):
     assert sorted(told["a"] + told["b"]) == sorted(f"u{n}" for n in range(30))
     found, _ = event_store.claim_after(ledger.engine, 0, "c")  # from the start: all claimed
     assert found == []
+
+
+def test_prune_forgets_old_events_and_their_claims_but_never_the_newest(ledger):
+    """The retention's cut; a watchdog's cursor stays good, since the newest id stays (an
+    emptied SQLite table would hand it out again)."""
+    event_store.append(ledger.engine, [record(n) for n in range(4)])  # times 1000..1003
+    event_store.claim_after(ledger.engine, 0, "node-a")
+    newest = event_store.last_id(ledger.engine)
+    assert event_store.prune(ledger.engine, 1002.0) == 2
+    found, _ = event_store.read_after(ledger.engine, 0)
+    assert [e["user"] for e in found] == ["u2", "u3"]
+    assert event_store.prune(ledger.engine, 5000.0) == 1  # all old: the newest stays
+    assert event_store.last_id(ledger.engine) == newest
+    event_store.append_one(ledger.engine, record(9))
+    assert event_store.last_id(ledger.engine) == newest + 1  # ids never go back
+    with ledger.engine.connect() as c:  # the pruned events' claims went with them
+        assert c.execute(select(func.count()).select_from(event_claims)).scalar() == 1
 
 
 def test_writers_on_several_threads_lose_nothing_and_keep_each_ones_order(ledger):

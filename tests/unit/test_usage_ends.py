@@ -30,6 +30,7 @@ from tornado.web import HTTPError
 from spawner.contract import HUB_LABEL
 from spawner.docker.engine import container_end, docker_time
 from spawner.usage import duties as duties_module
+from spawner.usage import event_store
 from spawner.usage.duties import PRUNE_EVERY, UsageDuties, record_end
 from spawner.usage.ledger import (
     Ledger,
@@ -404,12 +405,16 @@ def test_tick_prunes_past_the_retention_once_a_day(ledger, caplog):
     assert [r["id"] for r in all_rows(ledger)] == [kept, running]
     assert [r.getMessage() for r in caplog.records] == [
         "Usage ledger: 1 sessions older than 30 days deleted"]
+    event_store.append(ledger.engine, [{"time": now - 31 * DAY, "event": "old"},
+                                       {"time": now - 29 * DAY, "event": "kept"}])
     later = stopped_session(ledger, "later", now - 40 * DAY)
     asyncio.run(duties.tick(now + PRUNE_EVERY - 1))  # within a day of the last: not pruned
     assert [r["id"] for r in all_rows(ledger)] == [kept, running, later]
     asyncio.run(duties.tick(now + PRUNE_EVERY))
     assert [r["id"] for r in all_rows(ledger)] == [running]  # kept is 30.5 days old by then
     assert group_rows(ledger) == []
+    # the event log has the same retention
+    assert [e["event"] for e in event_store.read_after(ledger.engine, 0)[0]] == ["kept"]
 
 
 async def test_tick_without_a_retention_never_prunes_and_still_closes_the_lost(ledger):
