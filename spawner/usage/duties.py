@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -44,7 +45,7 @@ class EventSink(Protocol):
     def append(self, event: str, **fields: Any) -> Any: ...
 
 
-class Periodic:
+class Periodic(ABC):
     """A duty that ``start`` runs every ``interval`` seconds on the running loop
     (``run``); a run that fails is logged once, until one works again."""
 
@@ -62,8 +63,9 @@ class Periodic:
         if self._task is not None:
             self._task.cancel()
 
+    @abstractmethod
     async def run(self, now: float) -> None:
-        raise NotImplementedError
+        """One round of the duty at ``now`` (epoch seconds); raises when it failed."""
 
     async def _loop(self) -> None:
         while True:
