@@ -23,6 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from spawner.lapses import Lapse
+
 if TYPE_CHECKING:
     from spawner.state import Documents, Kind
 
@@ -59,8 +61,8 @@ class EventLog:
         # also appends each record to the ledger's database (usage/event_store.py), for
         # processes that share no folder with this one; it blocks, so it runs on the thread
         self.store = store
-        self._store_error = ""
-        self._save_errors: dict[str, str] = {}  # kind -> the last error saving it
+        self._storing = Lapse(logging.ERROR)
+        self._saving: dict[str, Lapse] = {}  # by the document's kind
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-events")
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
@@ -108,26 +110,20 @@ class EventLog:
         try:
             self.store(record)
         except Exception as e:  # logged once until it works again: a spawn never fails on it
-            if str(e) != self._store_error:
-                self.log.error("Event log: could not add %s to the database (%s: %s)",
-                               record.get("event"), type(e).__name__, e)
-                self._store_error = str(e)
+            self._storing.failed(self.log, e, "Event log: could not add %s to the database "
+                                 "(%s: %s)", record.get("event"), type(e).__name__, e)
             return
-        if self._store_error:
-            self.log.info("Event log: the database takes events again")
-            self._store_error = ""
+        self._storing.works(self.log, "Event log: the database takes events again")
 
     def _save(self, documents: Documents, kind: Kind, text: str) -> None:
+        lapse = self._saving.setdefault(kind.name, Lapse(logging.ERROR))
         try:
             documents.write(kind, text)
         except Exception as e:  # logged once until it works again, as the events are
-            if str(e) != self._save_errors.get(kind.name):
-                self.log.error("Could not save the %s document (%s: %s)", kind.name,
-                               type(e).__name__, e)
-                self._save_errors[kind.name] = str(e)
+            lapse.failed(self.log, e, "Could not save the %s document (%s: %s)", kind.name,
+                         type(e).__name__, e)
             return
-        if self._save_errors.pop(kind.name, None) is not None:
-            self.log.info("The %s document is saved again", kind.name)
+        lapse.works(self.log, "The %s document is saved again", kind.name)
 
 
 def read_events(path: str, offset: int = 0) -> tuple[list[dict[str, Any]], int]:

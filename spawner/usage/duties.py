@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from spawner.contract import HUB_LABEL
+from spawner.lapses import Lapse
 from spawner.quota.model import QuotaTable
 from spawner.state import Documents
 from spawner.usage import event_store
@@ -53,7 +54,7 @@ class Periodic(ABC):
     interval: float
     log: Log
     _task: asyncio.Task[None] | None = None
-    _failing = ""  # the last run's error
+    _lapse: Lapse | None = None  # made at the first run: a failing run is told once
 
     def start(self) -> None:
         if self._task is None or self._task.done():
@@ -68,18 +69,15 @@ class Periodic(ABC):
         """One round of the duty at ``now`` (epoch seconds); raises when it failed."""
 
     async def _loop(self) -> None:
+        lapse = self._lapse = Lapse(logging.ERROR)
         while True:
             try:
                 await self.run(time.time())
             except Exception as e:  # the ledger is down, say: the next run tries again
-                if str(e) != self._failing:
-                    self.log.error("%s failed (%s: %s); trying again every %gs", self.what,
-                                   type(e).__name__, e, self.interval)
-                    self._failing = str(e)
+                lapse.failed(self.log, e, "%s failed (%s: %s); trying again every %gs",
+                             self.what, type(e).__name__, e, self.interval)
             else:
-                if self._failing:
-                    self.log.info("%s works again", self.what)
-                    self._failing = ""
+                lapse.works(self.log, "%s works again", self.what)
             await asyncio.sleep(self.interval)
 
 

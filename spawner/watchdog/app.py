@@ -43,6 +43,7 @@ from traitlets.config import Application
 
 from spawner.events import EVENTS_FILE
 from spawner.gpu.nvml import Nvml, XidWatcher
+from spawner.lapses import Lapse
 from spawner.policy.config import hub_id_from_secret_file
 from spawner.state import GPU_USAGE, write_atomically
 from spawner.usage.ledger import Ledger, Sample, default_url
@@ -92,15 +93,19 @@ class QuotaWatchdog(Application):
         "interval": "QuotaWatchdog.interval",
         "log-level": "Application.log_level",
     }
-    _events_error = ""  # why the hub's event log could not be read, logged once
-    _usage_error = ""  # why the usage ledger could not be written, logged once
-    _gpu_usage_error = ""  # why the GPU usage file could not be written, logged once
-    _engine_error = ""  # why the engine could not be reached, logged once
     # When each container was first seen (epoch seconds): its start, for the zombie
     # check, where the engine does not say it. Replaced each cycle, never changed in place.
     _first_seen: dict[str, float] = {}
     _ledger: Ledger | None = None
     _ledger_lock = threading.Lock()
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        # what can keep failing each cycle, each told once until it works again
+        self._events_lapse = Lapse()  # the hub's event log cannot be read
+        self._usage_lapse = Lapse()  # the usage ledger cannot be written
+        self._gpu_usage_lapse = Lapse()  # the GPU readings cannot be saved
+        self._engine_lapse = Lapse()  # the engine cannot be reached
 
     config_file = Unicode(
         os.environ.get("QUOTA_SPAWNER_WATCHDOG_CONFIG", ""), config=True,
@@ -410,15 +415,11 @@ class QuotaWatchdog(Application):
         try:
             found, self.book.events = await asyncio.to_thread(self._read_events)
         except Exception as error:  # a file or a database that cannot be read now
-            if str(error) != self._events_error:
-                self.log.warning("Cannot read the hub's event log %s (%s); preemptions and "
-                                 "budget notices are not told until it can be read",
-                                 where, error)
-                self._events_error = str(error)
+            self._events_lapse.failed(
+                self.log, error, "Cannot read the hub's event log %s (%s); preemptions and "
+                "budget notices are not told until it can be read", where, error)
             return []
-        if self._events_error:
-            self.log.info("The hub's event log %s can be read again", where)
-            self._events_error = ""
+        self._events_lapse.works(self.log, "The hub's event log %s can be read again", where)
         told: list[Event] = []
         for event in for_hub(found, self.hub_id):
             if event.get("event") == NOTICE:  # counted whether or not the rule is on
@@ -464,14 +465,10 @@ class QuotaWatchdog(Application):
         try:
             self._ledger_now().fold(usage_samples(snapshot))
         except Exception as error:
-            if str(error) != self._usage_error:
-                self.log.warning("Cannot record usage samples (%s); trying again each cycle",
-                                 error)
-                self._usage_error = str(error)
+            self._usage_lapse.failed(self.log, error, "Cannot record usage samples (%s); "
+                                     "trying again each cycle", error)
             return
-        if self._usage_error:
-            self.log.info("Usage samples are recorded again")
-            self._usage_error = ""
+        self._usage_lapse.works(self.log, "Usage samples are recorded again")
 
     def write_gpu_usage(self, snapshot: Snapshot) -> None:
         """This cycle's GPU numbers as this node's row of the hub's ``GPU_USAGE`` document
@@ -487,14 +484,10 @@ class QuotaWatchdog(Application):
             if self.gpu_usage_file:
                 write_atomically(self.gpu_usage_file, text)
         except Exception as error:  # a full disk, a database that is down or not made yet
-            if str(error) != self._gpu_usage_error:
-                self.log.warning("Cannot save this cycle's GPU readings (%s); trying again "
-                                 "each cycle", error)
-                self._gpu_usage_error = str(error)
+            self._gpu_usage_lapse.failed(self.log, error, "Cannot save this cycle's GPU "
+                                         "readings (%s); trying again each cycle", error)
             return
-        if self._gpu_usage_error:
-            self.log.info("This cycle's GPU readings are saved again")
-        self._gpu_usage_error = ""
+        self._gpu_usage_lapse.works(self.log, "This cycle's GPU readings are saved again")
 
     async def notify_in_order(self, events: list[Event]) -> None:
         for event in events:  # notify never raises: one failure does not stop the rest
@@ -538,16 +531,14 @@ class QuotaWatchdog(Application):
             try:
                 await self.cycle()
             except EngineUnreachable as error:  # down or restarting: said once, not a trace
-                if str(error) != self._engine_error:
-                    self.log.warning("Cannot reach the engine at %s (%s); trying again each "
-                                     "cycle", self.docker_host, error)
-                    self._engine_error = str(error)
+                self._engine_lapse.failed(self.log, error, "Cannot reach the engine at %s "
+                                          "(%s); trying again each cycle", self.docker_host,
+                                          error)
             except Exception:  # one bad cycle must not end the watch
                 self.log.exception("Watchdog cycle failed")
             else:
-                if self._engine_error:
-                    self.log.info("The engine at %s answers again", self.docker_host)
-                    self._engine_error = ""
+                self._engine_lapse.works(self.log, "The engine at %s answers again",
+                                         self.docker_host)
             left = max(0.0, self.interval - (time.monotonic() - began))
             try:
                 await asyncio.wait_for(stop.wait(), left)

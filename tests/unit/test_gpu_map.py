@@ -223,7 +223,7 @@ def test_the_watchdog_writes_its_file_only_in_a_state_folder(tmp_path, monkeypat
     assert os.listdir(tmp_path) == ["quota-spawner-gpu-usage.json"]
     watchdog.gpu_usage_file = str(tmp_path / "missing" / "x.json")
     watchdog.write_gpu_usage(watched())  # logged, not raised
-    assert watchdog._gpu_usage_error
+    assert watchdog._gpu_usage_lapse.error
 
 
 def test_with_a_ledger_the_watchdog_writes_its_node_row_and_no_file(tmp_path, monkeypatch,
