@@ -42,6 +42,7 @@ from spawner.host.admission import Reservation
 from spawner.quota.model import DEFAULT_GRACE_PERIOD, Role
 from spawner.quota.units import format_human, human_duration
 from spawner.state import PREEMPTIONS, Documents
+from spawner.stopping import stop_the_hubs_way
 from spawner.usage.ledger import PREEMPTED, LedgerWriter
 
 # How long a stop may take before the server is taken down by removing its container.
@@ -156,11 +157,7 @@ class Evictor:
         spawner = self.spawners.get(name)
         if spawner is not None and not spawner.pending and spawner.server is not None:
             try:
-                user = spawner.user
-                proxy = user.settings.get("proxy")
-                if proxy is not None:
-                    await proxy.delete_user(user, spawner.name)
-                await asyncio.wait_for(user.stop(spawner.name), STOP_TIMEOUT)
+                await asyncio.wait_for(stop_the_hubs_way(spawner), STOP_TIMEOUT)
                 return True
             except Exception as e:
                 self.log.error("Could not stop %s (%s) through the hub (%s); removing its "

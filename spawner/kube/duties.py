@@ -32,6 +32,7 @@ from typing import Any
 
 from spawner.events import EventLog, events_path
 from spawner.quota.model import QuotaTable
+from spawner.stopping import stop_the_hubs_way
 from spawner.usage import event_store
 from spawner.usage.duties import BudgetDuties
 from spawner.usage.ledger import Ledger
@@ -120,9 +121,8 @@ class KubeHub:
         return await asyncio.to_thread(read)
 
     async def stop_server(self, pod: str, why: str) -> bool:
-        """Stop the server in ``pod`` the way the hub stops any server (its proxy route,
-        then ``User.stop``, which calls its spawner's stop), so the hub's record and the
-        user's page agree. False when no server of this hub runs it now, or the stop
+        """Stop the server in ``pod`` the way the hub stops any server
+        (spawner/stopping.py). False when no server of this hub runs it now, or the stop
         failed; the next check tries again."""
         spawner = self.servers.get(pod)
         if spawner is None or spawner.pod_name != pod:
@@ -135,12 +135,8 @@ class KubeHub:
             self.log.info("Not stopping %s (%s) now: its server is %s", pod, why,
                           spawner.pending or "not running")
             return False
-        user = spawner.user
         try:
-            proxy = user.settings.get("proxy")
-            if proxy is not None:
-                await proxy.delete_user(user, spawner.name)
-            stopping = asyncio.ensure_future(user.stop(spawner.name))
+            stopping = asyncio.ensure_future(stop_the_hubs_way(spawner))
             # shielded: a slow stop goes on (pending "stop"), never cut off halfway
             await asyncio.wait_for(asyncio.shield(stopping), STOP_TIMEOUT)
         except TimeoutError:
