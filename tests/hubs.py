@@ -179,7 +179,9 @@ def start_gpu_hub(workdir: Path) -> Hub:
                                             gpus=tuple(GPU_HUB_GPUS))
               + f"c.QuotaSpawner.hub_id = {GPU_HUB_ID!r}\n"
               "c.QuotaSpawner.gpu_sync_interval = 1\n"
-              "c.QuotaSpawner.zombie_grace_period = 4\n"
+              # the grace starts at the restarted hub's first poll, seconds before it
+              # serves anyone on a loaded machine
+              "c.QuotaSpawner.zombie_grace_period = 10\n"
               # servers outlive a hub restart, as in production upgrades
               "c.JupyterHub.cleanup_servers = False\n"
               + usage_config(free_port()))

@@ -108,7 +108,7 @@ def hub4(docker_client, tmp_path_factory):
 @pytest.fixture(scope="module")
 def hub2(gpu_hub):
     """The session's 2-GPU hub (tests/hubs.py: GPU checks every second, a zombie stopped
-    after 4 s, servers kept over a restart) with this module's table."""
+    after 10 s, servers kept over a restart) with this module's table."""
     with on_hub(gpu_hub, GPU_QUOTAS):
         yield gpu_hub
 
@@ -379,7 +379,7 @@ def test_hub_restart_rebuilds_holdings_and_stops_zombies(hub2, docker_client):
         assert "2 are held" in message
         assert "no server of this hub claims it" in hub2.log()
 
-        # After the grace period (4 s here) the zombie is stopped and its GPU
+        # After the grace period (10 s here) the zombie is stopped and its GPU
         # returns; a's GPU is still never handed out twice.
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and containers(docker_client, "ghost"):
