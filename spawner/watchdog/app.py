@@ -46,6 +46,7 @@ from spawner.gpu.nvml import Nvml, XidWatcher
 from spawner.lapses import Lapse
 from spawner.policy.config import hub_id_from_secret_file
 from spawner.state import GPU_USAGE, write_atomically
+from spawner.usage.gpu_readings import held_elsewhere, json_object, stale_after
 from spawner.usage.ledger import Ledger, Sample, default_url
 from spawner.usage.state_docs import DatabaseDocuments
 from spawner.watchdog.containers import Containers, EngineClient, EngineUnreachable, OomEvents
@@ -106,6 +107,9 @@ class QuotaWatchdog(Application):
         self._usage_lapse = Lapse()  # the usage ledger cannot be written
         self._gpu_usage_lapse = Lapse()  # the GPU readings cannot be saved
         self._engine_lapse = Lapse()  # the engine cannot be reached
+        self._elsewhere_lapse = Lapse()  # the other nodes' readings cannot be read
+        self._left: set[str] = set()  # the GPUs left to other nodes' watchdogs, as told
+        self._started: float | None = None  # when ``run`` began watching
 
     config_file = Unicode(
         os.environ.get("QUOTA_SPAWNER_WATCHDOG_CONFIG", ""), config=True,
@@ -289,7 +293,8 @@ class QuotaWatchdog(Application):
         """Everything this cycle reads (blocking: NVML, the engine, /proc and cgroups)."""
         now, tick = time.time(), time.monotonic()
         servers = self.containers.servers()
-        gpus = self.read_gpus(servers)
+        elsewhere = self.gpus_elsewhere(now)
+        gpus = self.read_gpus(servers, elsewhere)
         by_container = gpu_memory_by_container(gpus.values(), Path(self.proc_root))
         samples = {}
         for server in servers:
@@ -306,12 +311,19 @@ class QuotaWatchdog(Application):
         engine = self.containers.engine_size()
         return Snapshot(time=now, host=self.host_name, gpus=gpus, servers=samples,
                         engine_cpus=engine[0] if engine else None,
-                        engine_memory=engine[1] if engine else None)
+                        engine_memory=engine[1] if engine else None,
+                        elsewhere={u: n for u, n in elsewhere.items() if u not in gpus})
 
-    def read_gpus(self, servers: list[Server]) -> dict[str, GpuSample]:
+    def read_gpus(self, servers: list[Server],
+                  elsewhere: dict[str, str] | None = None) -> dict[str, GpuSample]:
         """Every GPU of the host; the ones a server holds or that were seen before are
-        reported lost, with NVML's reason, when NVML cannot read them (or at all)."""
-        expected = {uuid for s in servers for uuid in s.gpus} | set(self._last_gpus)
+        reported lost, with NVML's reason, when NVML cannot read them (or at all). A GPU
+        this host's NVML never listed is left to another node's watchdog that holds it
+        (``elsewhere``, UUID -> node): it is that node's, not lost."""
+        elsewhere = elsewhere or {}
+        own = {u for u, g in self._last_gpus.items() if g.index >= 0}  # listed here before
+        wanted = {uuid for s in servers for uuid in s.gpus} | set(self._last_gpus)
+        expected = wanted - (set(elsewhere) - own)
         scan = self.nvml.host_gpus(expected)
         xids = self.xids.poll() if not scan.error else []
         found: dict[str, GpuSample] = {}
@@ -330,7 +342,36 @@ class QuotaWatchdog(Application):
                 found[uuid] = GpuSample(uuid=uuid, index=last.index if last else -1,
                                         name=last.name if last else "GPU", lost=scan.error)
         self._last_gpus = {u: g for u, g in found.items() if not u.startswith("unknown:")}
+        left = (wanted & set(elsewhere)) - set(found)
+        for uuid in sorted(left - self._left):
+            self.log.info("%s is left to %s's watchdog, which reads it: this host's NVML "
+                          "does not list it, so it is not reported lost here", name(uuid),
+                          name(elsewhere[uuid]))
+        self._left = left
         return found
+
+    def gpus_elsewhere(self, now: float) -> dict[str, str]:
+        """The GPUs other nodes' watchdogs hold (``held_elsewhere``), by UUID, from
+        their fresh rows of the hub's ``GPU_USAGE`` document in the ledger; empty
+        without a ledger, or while the rows cannot be read (logged once). In its first
+        cycles (as long as readings stay fresh) older rows count too: a watchdog started
+        with this one has not written yet. Blocking."""
+        if not self.usage_db or self.usage_db == "none":
+            return {}
+        try:
+            rows = DatabaseDocuments(self._ledger_now().engine, self.hub_id).read_all(GPU_USAGE)
+        except Exception as error:  # a database that is down or not made yet
+            self._elsewhere_lapse.failed(
+                self.log, error, "Cannot read the other watchdogs' GPU readings (%s); a "
+                "GPU that a container here holds and this host's NVML does not list is "
+                "reported lost until they can be read", error)
+            return {}
+        self._elsewhere_lapse.works(self.log, "The other watchdogs' GPU readings can be "
+                                    "read again")
+        starting = self._started is not None and now - self._started < stale_after(
+            self.interval)
+        return held_elsewhere([u for u in (json_object(r.text) for r in rows) if u],
+                              self.node, now, any_age=starting)
 
     async def zombies(self, snapshot: Snapshot) -> list[Server]:
         """Containers holding GPUs whose user has no server in the hub (once it answered).
@@ -526,6 +567,8 @@ class QuotaWatchdog(Application):
         self.log.info("Watching %s every %gs (hub %s); incidents in %s; hub events from %s",
                       self.docker_host, self.interval, self.hub_id or "any", self.state_file,
                       self.events_source or "nowhere")
+        self.log_gpus_of_other_nodes()
+        self._started = time.time()
         while not stop.is_set():
             began = time.monotonic()
             try:
@@ -546,6 +589,21 @@ class QuotaWatchdog(Application):
                 pass
         if self._sending:
             await asyncio.wait(set(self._sending), timeout=STOP_GRACE)
+
+    def log_gpus_of_other_nodes(self) -> None:
+        """Say at start what becomes of a GPU that a container on this engine holds and
+        this host's NVML does not list (two watchdogs on one engine, each with its own
+        GPUs): left to the node whose watchdog reads it, which needs the ledger."""
+        if self.usage_db and self.usage_db != "none":
+            self.log.info("This node is %s: a GPU that a container here holds and this "
+                          "host's NVML does not list is left to the node whose watchdog "
+                          "reads it (its fresh readings in the ledger), else reported lost",
+                          self.node)
+        else:
+            self.log.warning("This node is %s, and without a usage_db it cannot read the "
+                             "other watchdogs' readings: a GPU that a container here holds "
+                             "and this host's NVML does not list is reported lost. Two "
+                             "watchdogs on one engine need the ledger", self.node)
 
     async def serve(self) -> str:
         """``run`` until SIGINT or SIGTERM (the hub stops its services with these); the
@@ -587,17 +645,20 @@ class QuotaWatchdog(Application):
 
 def usage_samples(snapshot: Snapshot) -> list[Sample]:
     """Each server's usage this cycle, as the ledger folds it: CPU and memory from its
-    cgroup, GPU utilisation as the mean of its GPUs', GPU memory of its own processes."""
+    cgroup, GPU utilisation as the mean of its GPUs', GPU memory of its own processes.
+    No GPU figures for a server whose GPUs are all another node's: its watchdog folds
+    them, and this node's zeros would halve their means."""
     samples = []
     for sample in snapshot.servers.values():
         server = sample.server
+        gpus = [u for u in server.gpus if u not in snapshot.elsewhere]
         utils = [g.utilization for u in server.gpus
                  if (g := snapshot.gpus.get(u)) is not None and g.utilization is not None]
         samples.append(Sample(
             hub=server.hub_id, container=server.name, time=snapshot.time, cpu=sample.cpu_used,
             memory=sample.memory_working_set,
             gpu_util=sum(utils) / len(utils) if utils else None,
-            gpu_memory=sum(sample.gpu_memory.values()) if server.gpus else None,
+            gpu_memory=sum(sample.gpu_memory.values()) if gpus else None,
             oom_kills=sample.oom_kills))
     return samples
 

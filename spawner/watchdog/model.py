@@ -95,6 +95,9 @@ class Snapshot:
     zombies: list[Server] = field(default_factory=list)
     engine_cpus: float | None = None  # the engine's CPUs (docker info NCPU); None: unknown
     engine_memory: int | None = None  # the engine's memory in bytes (docker info MemTotal)
+    # GPUs left to the other nodes' watchdogs that hold them (UUID -> node): not in
+    # ``gpus``, as this host's NVML does not list them
+    elsewhere: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from traitlets.config import Configurable
 
 from spawner.quota.units import format_human
 from spawner.watchdog.model import GpuSample, Server, ServerSample, Snapshot
+from spawner.watchdog.text import name as plain_name
 
 # --- the rules -------------------------------------------------------------------
 
@@ -292,7 +293,11 @@ class IncidentBook:
             elif not rules.enabled(incident.rule):
                 events.append(self._resolve(key, now, "the rule was turned off"))
             elif reading is None:
-                if incident.rule == GPU_LOST:
+                owner = snapshot.elsewhere.get(incident.gpu_uuid or "")
+                if incident.rule == GPU_LOST and owner is not None:
+                    events.append(self._resolve(key, now, f"{plain_name(owner)}'s watchdog "
+                                                "reads it; it is that node's GPU, not this host's"))
+                elif incident.rule == GPU_LOST:
                     pass  # a lost GPU lasts until it reads again, even if NVML no longer lists it
                 else:
                     events.append(self._resolve(key, now, _gone_reason(incident.rule)))

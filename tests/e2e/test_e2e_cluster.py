@@ -287,6 +287,20 @@ def test_the_host_map_shows_the_holders_and_both_watchdogs_readings(cluster):
         assert doc["pool"]["hub"] == HUB_ID and doc["summary"]["exclusive"] == 1
         page = cluster.service("gpus").text
         assert "Readings from 2 watchdogs: node-a (fresh), node-b (fresh)." in page
+        # ann's GPU is one node's; the other node's watchdog sees her container, not the
+        # GPU. Over refreshes spanning both watchdogs' writes (each every second) the map
+        # shows the live reading and the nodes in one order, and neither watchdog told
+        # anyone the GPU was lost: the other leaves it to its node's watchdog.
+        held = next(g["uuid"] for g in doc["gpus"] if g["holders"])
+        for _ in range(4):
+            time.sleep(0.6)
+            again = cluster.service("api/gpus").json()
+            assert [n["node"] for n in again["watchdog"]["nodes"]] == ["node-a", "node-b"]
+            row = next(g for g in again["gpus"] if g["uuid"] == held)
+            assert (row["lost"], row["utilization"]) == (None, 0.4), row
+        assert cluster.told("NVML cannot read the GPU") == []
+        (other,) = (w for n, w in cluster.watchdogs.items() if NODES[n] != held)
+        assert f"{held} is left to " in other.log()
         rows = {d.node for d in cluster.documents().read_all(GPU_USAGE)}
         assert rows == {"node-a", "node-b"}
         # the class dashboard: the hub's API for the members, the database for the rest
