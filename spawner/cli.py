@@ -9,10 +9,11 @@ import sys
 from typing import Any
 
 from spawner.host.admission import CPU_RATIO, MEMORY_RATIO, HostCapacity
+from spawner.host.fit import describe_fit
 from spawner.quota.form import describe_limits
 from spawner.quota.loader import load_quota_table, table_duration
 from spawner.quota.model import Budget, GpuCapacity, QuotaTable, QuotaTableError, Role
-from spawner.quota.units import format_human, format_size, hours_text, parse_size
+from spawner.quota.units import format_size, hours_text, parse_size
 
 
 def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
@@ -129,25 +130,6 @@ def _host_capacity(args: argparse.Namespace) -> HostCapacity | str:
         return HostCapacity(args.host_cpus, args.host_memory, **settings)
     except ValueError as e:
         return str(e)
-
-
-def describe_fit(table: QuotaTable, host: HostCapacity) -> list[str]:
-    """The host, then a line per role: how many of its servers fit on the host alone."""
-    lines = [f"  The host: {host.describe()}."]
-    for role in table.roles.values():
-        count, limit = host.servers_that_fit(role)
-        size = f"{role.cpus:g} CPU{'s' if role.cpus != 1 else ''}, {format_human(role.memory)}"
-        if count == 0:
-            share = host.share
-            why = (f"one server's {format_human(role.memory)} of memory is more than the "
-                   f"notebooks' {format_human(share.memory)}" if role.memory > share.memory
-                   else f"one server's {role.cpus:g} CPUs are more than the notebooks' "
-                        f"{share.cpus:g}")
-            lines.append(f"  {role.name} ({size}): none fit: {why}")
-        else:
-            runs_out = "the CPUs run" if limit == "CPUs" else "the memory runs"
-            lines.append(f"  {role.name} ({size}): {count} fit ({runs_out} out first)")
-    return lines
 
 
 def _table_or_problems(path: str) -> QuotaTable | None:

@@ -1,6 +1,7 @@
 // The quota table editor page (spawner/webapp/templates/table.html): CodeMirror 6 with the
-// table's JSON Schema completion, the server's FILE:LINE problems as diagnostics, the
-// preview, the save with its conflict answer, and the audit trail. Everything a user or
+// table's JSON Schema completion, the server's FILE:LINE problems as diagnostics (and its
+// notes, roles that can never start on the hub's host, as warnings), the preview, the
+// save with its conflict answer, and the audit trail. Everything a user or
 // an admin named is put on the page with textContent, never as markup.
 import { EditorView, basicSetup } from "codemirror";
 import { hoverTooltip } from "@codemirror/view";
@@ -91,36 +92,54 @@ function scheduleCheck() {
   timer = setTimeout(runCheck, DEBOUNCE_MS);
 }
 
-function showProblems(problems) {
+// notes: roles that can never start on the hub's host; they do not stop a save
+function showProblems(problems, notes = []) {
   const doc = view.state.doc;
-  const diagnostics = problems.map((p) => {
+  const mark = (severity) => (p) => {
     const line = doc.line(Math.min(Math.max(p.line || 1, 1), doc.lines));
-    return { from: line.from, to: line.to, severity: "error", message: p.message };
-  });
-  view.dispatch(setDiagnostics(view.state, diagnostics));
+    return { from: line.from, to: line.to, severity, message: p.message };
+  };
+  view.dispatch(setDiagnostics(view.state, [...problems.map(mark("error")),
+                                            ...notes.map(mark("warning"))]));
   const list = $("problems");
   clear(list);
-  for (const p of problems) {
+  const add = (p, kind) => {
     const item = el("li");
     const where = p.line ? `Line ${p.line}` : "The table";
-    const button = el("button", `${where}: ${p.message}`, { type: "button", class: "link" });
+    const button = el("button", `${where}${kind}: ${p.message}`, { type: "button", class: "link" });
     button.addEventListener("click", () => goToLine(p.line || 1));
     item.appendChild(button);
     list.appendChild(item);
-  }
-  $("check-status").textContent = problems.length === 0
+  };
+  for (const p of problems) add(p, "");
+  for (const p of notes) add(p, ", a note");
+  const said = problems.length === 0
     ? "The table has no problems."
     : problems.length === 1
       ? "The table has one problem; it cannot be saved until it is fixed."
       : `The table has ${problems.length} problems; it cannot be saved until they are fixed.`;
+  const noted = notes.length === 0 ? ""
+    : notes.length === 1
+      ? " One role can never start on this hub's host (a note; it does not stop a save)."
+      : ` ${notes.length} roles can never start on this hub's host (notes; they do not stop a save).`;
+  $("check-status").textContent = said + noted;
 }
 
 async function runCheck() {
   const mine = ++asked;
   const { status, data } = await call("POST", "/check", { text: text() });
   if (mine !== asked) return; // a later check is on its way
-  if (status === 200) showProblems(data.problems || []);
-  else $("check-status").textContent = data.message || "The check failed.";
+  if (status === 200) {
+    showProblems(data.problems || [], data.notes || []);
+    if (data.against) $("checked-against").textContent = data.against;
+  } else $("check-status").textContent = data.message || "The check failed.";
+}
+
+// Once a good table is saved or restored, it is the newest version and the hub runs it:
+// the line saying that the hub runs an older one is no longer true.
+function savedGood() {
+  const runs = $("table-runs");
+  if (runs) runs.hidden = true;
 }
 
 // --- preview --------------------------------------------------------------------------------
@@ -175,6 +194,7 @@ $("save-form").addEventListener("submit", async (event) => {
     version = data.version;
     $("comment").value = "";
     clearPreview();
+    savedGood();
     if (data.diff) out.appendChild(diffBlock("What changed", data.diff));
     loadVersions();
   } else if (status === 409) {
@@ -282,6 +302,7 @@ $("restore-form").addEventListener("submit", async (event) => {
     version = data.version;
     $("restore-comment").value = "";
     clearPreview();
+    savedGood();
     const current = await call("GET", "");
     if (current.status === 200) { setText(current.data.text); version = current.data.version; }
     loadVersions();
@@ -292,5 +313,5 @@ $("restore-form").addEventListener("submit", async (event) => {
 
 $("close-version").addEventListener("click", () => { $("version-view").hidden = true; });
 
-showProblems(JSON.parse(page.dataset.problems || "[]"));
+showProblems(JSON.parse(page.dataset.problems || "[]"), JSON.parse(page.dataset.notes || "[]"));
 loadVersions();

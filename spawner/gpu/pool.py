@@ -110,6 +110,9 @@ class GpuPool:
         """Count the host's CPUs and memory (docs/deployment.md#host-capacity): every
         start then joins the queue, and waits while the host is full."""
         self.host = self.queue.host = book
+        # published now: the table editor checks tables against the inventory and the host
+        # before any server has started (snapshot.hub_room)
+        self.snapshots.changed()
 
     @property
     def capacity(self) -> GpuCapacity:

@@ -37,6 +37,12 @@ in bytes, CPUs as numbers of CPUs):
   (``cpus``, ``memory``: what the servers hold now) and ``servers``: one per holder,
   by owner: ``owner``, ``user`` and ``role`` (None when the pool does not know them),
   ``cpus``, ``memory``.
+
+A reader learns from it what the hub checks the quota table against (``hub_room``): its
+GPU inventory, as ``GpuPool.capacity``, and its host's share, as ``HostCapacity``, so
+that the table editor checks a table as this hub would, like ``quota-spawner validate
+--gpus N --gpu-memory SIZE --engine``. The hub publishes it as soon as its runtime is
+built (``GpuPool.set_host``), before any server starts.
 """
 
 from __future__ import annotations
@@ -45,12 +51,14 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spawner.gpu.allocator import GpuAllocator, GpuRequest, Slot
 from spawner.gpu.inventory import Inventory
 from spawner.gpu.queue import GpuQueue, Ticket
-from spawner.host.admission import HostBook
+from spawner.host.admission import HostBook, HostCapacity
+from spawner.quota.model import GpuCapacity
 
 SNAPSHOT_VERSION = 1
 WRITE_INTERVAL = 1.0  # seconds: the most often the file is written
@@ -222,3 +230,52 @@ class SnapshotWriter:
             self._timer.cancel()
             self._timer = None
 
+
+
+# --- what a reader learns of the hub's room -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class HubRoom:
+    """What the hub checks the quota table against, as its snapshot tells it."""
+
+    gpus: GpuCapacity  # the inventory: how many GPUs, and the smallest's memory
+    host: HostCapacity | None  # the host's share; None when host admission is off
+    time: float  # when the hub published it (epoch seconds)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+
+
+def hub_room(snapshot: Mapping[str, Any] | None) -> HubRoom | None:
+    """The hub's room in ``snapshot`` (a ``pool_snapshot``, as read back from its JSON);
+    None when there is none, or it is of another version or not one (a reader never
+    fails on an odd document). A host part that cannot be read is taken as none."""
+    if not snapshot or snapshot.get("version") != SNAPSHOT_VERSION:
+        return None
+    devices = snapshot.get("gpus")
+    when = snapshot.get("time")
+    if not isinstance(devices, list) or not _count(when):
+        return None
+    memories = [d.get("memory") if isinstance(d, dict) else None for d in devices]
+    # as Inventory.smallest_memory: unknown when any GPU's memory is
+    smallest = (min(memories) if memories and all(_count(m) for m in memories) else None)
+    return HubRoom(GpuCapacity(len(devices), smallest), _host_of(snapshot.get("host")),
+                   float(when))
+
+
+def _host_of(host: Any) -> HostCapacity | None:
+    if not isinstance(host, dict):
+        return None
+    values = [host.get(k) for k in ("cpus", "memory", "kept_cpus", "kept_memory",
+                                    "cpu_ratio", "memory_ratio")]
+    if not all(_count(v) for v in values):
+        return None
+    cpus, memory, kept_cpus, kept_memory, cpu_ratio, memory_ratio = values
+    try:
+        return HostCapacity(float(cpus), int(memory), reserve_cpus=float(kept_cpus),
+                            reserve_memory=int(kept_memory), cpu_ratio=float(cpu_ratio),
+                            memory_ratio=float(memory_ratio))
+    except ValueError:
+        return None

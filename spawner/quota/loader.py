@@ -56,6 +56,7 @@ class _Reader:
         self.gpus = gpus
         self.problems: list[Problem] = []
         self._unreadable: set[int] = set()  # ids of nodes YAML could not construct
+        self.role_lines: dict[str, int] = {}  # where each role is declared
 
     def problem(self, node: Node, message: str) -> None:
         if id(node) in self._unreadable:
@@ -446,6 +447,7 @@ def _read_roles(
     for name, key_node, value, where, fields in r.entries(node, "role", ROLE_FIELDS, declared):
         if not isinstance(value, MappingNode):
             continue
+        r.role_lines[name] = key_node.start_mark.line + 1
         missing = [f for f in ("cpus", "memory", "images") if f not in fields]
         if missing:
             r.problem(key_node, f"{where} needs {', '.join(missing)}")
@@ -633,7 +635,8 @@ def _read_table(r: _Reader, root: Node, path: str) -> QuotaTable:
         _read_requests(r, top["requests"][1], role_names) if "requests" in top
         else RequestRules()
     )
-    return QuotaTable(path, images, roles, default, groups, users, budgets, zone, requests)
+    return QuotaTable(path, images, roles, default, groups, users, budgets, zone, requests,
+                      role_lines={n: r.role_lines[n] for n in roles})
 
 
 def load_quota_table(path: str | Path, gpus: GpuCapacity | None = None) -> QuotaTable:

@@ -188,6 +188,9 @@ class QuotaTable:
     budgets: tuple[Budget, ...] = ()
     budget_timezone: str = DEFAULT_BUDGET_TIMEZONE  # periods start at its midnight
     requests: RequestRules = field(default_factory=RequestRules)
+    # the line each role is declared on, for checks made after loading (the host's room);
+    # not part of what the table says, so two tables that say the same are equal
+    role_lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def budget_zone(self) -> tzinfo:

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -22,6 +23,21 @@ from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableErro
 from spawner.registry import Registry
 
 Log = logging.Logger | logging.LoggerAdapter
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """What a source loaded: the table to use, and what ``peek`` sees of the source now
+    (another value when loading changed it: a database's first version, seeded).
+
+    ``passed_over``: the problems of what the source holds, when the table is an earlier
+    one that is good (a database table's newest good version, with a bad one newer);
+    ``runs`` then names that one, for the log ("version 3, the newest good version")."""
+
+    table: QuotaTable
+    seen: Hashable
+    passed_over: tuple[Problem, ...] = ()
+    runs: str = ""
 
 
 class TableSource(Protocol):
@@ -37,11 +53,10 @@ class TableSource(Protocol):
     def name(self, seen: Hashable) -> str:
         """What its problems are named by (``Problem.file``): the file's path."""
 
-    def load(self, seen: Hashable, gpus: GpuCapacity | None,
-             log: Log) -> tuple[QuotaTable, Hashable]:
-        """The table ``peek`` saw, checked, and what ``peek`` sees of it now (another
-        value when loading changed the source: a database's first version, seeded);
-        QuotaTableError with every problem."""
+    def load(self, seen: Hashable, gpus: GpuCapacity | None, log: Log) -> Loaded:
+        """The table ``peek`` saw, checked (or, where the source keeps versions, the
+        newest good one, with the problems of those passed over); QuotaTableError with
+        every problem when there is none to use."""
 
 
 class FileSource:
@@ -63,9 +78,8 @@ class FileSource:
     def name(self, seen: Hashable) -> str:
         return self.path
 
-    def load(self, seen: Hashable, gpus: GpuCapacity | None,
-             log: Log) -> tuple[QuotaTable, Hashable]:
-        return load_quota_table(self.path, gpus), seen
+    def load(self, seen: Hashable, gpus: GpuCapacity | None, log: Log) -> Loaded:
+        return Loaded(load_quota_table(self.path, gpus), seen)
 
 
 class QuotaStore:
@@ -82,6 +96,7 @@ class QuotaStore:
         self._gpus: GpuCapacity | None = None
         self._good: QuotaTable | None = None
         self._good_at = ""  # when the good table was loaded, for the log
+        self._runs = ""  # the good table's name, when the source's newest is not it
         self._problems: list[Problem] = []
 
     @classmethod
@@ -118,7 +133,8 @@ class QuotaStore:
             elif self._problems:
                 # Logged in full once; after that one line per use, so a stale table
                 # never goes unnoticed and the log is not flooded.
-                kept = (f"using the last good table loaded at {self._good_at}"
+                kept = (f"using {self._runs}" if self._runs else
+                        f"using the last good table loaded at {self._good_at}"
                         if self._good else "no good table yet")
                 log.warning("Quota table %s still has %d problem(s); %s",
                             self.source.where(seen), len(self._problems), kept)
@@ -142,19 +158,27 @@ class QuotaStore:
     def _load(self, log: Log, seen: Hashable, gpus: GpuCapacity | None) -> Hashable:
         """Load the table ``seen``; what was loaded, as ``peek`` will see it."""
         try:
-            table, seen = self.source.load(seen, gpus, log)
+            loaded = self.source.load(seen, gpus, log)
         except QuotaTableError as e:
             self._refuse(log, seen, e.problems)
+            return seen
         except Exception as e:  # a loader bug must not escape to the spawn as a 500
             problem = Problem(self.source.name(seen), 1,
                               f"could not read the quota table: {type(e).__name__}: {e}")
             self._refuse(log, seen, [problem], e)
-        else:
-            if self._good is not None:
-                log.info("Quota table %s reloaded", self.source.where(seen))
-            self._good = table
-            self._good_at = time.strftime("%Y-%m-%d %H:%M:%S")
-            self._problems = []
+            return seen
+        seen = loaded.seen
+        if loaded.passed_over:
+            # an earlier good version instead of a bad newest one: said once, in full
+            log.error("Quota table %s is invalid; using %s instead:\n%s",
+                      self.source.where(seen), loaded.runs,
+                      "\n".join(str(p) for p in loaded.passed_over))
+        elif self._good is not None:
+            log.info("Quota table %s reloaded", self.source.where(seen))
+        self._good = loaded.table
+        self._good_at = time.strftime("%Y-%m-%d %H:%M:%S")
+        self._problems = list(loaded.passed_over)
+        self._runs = loaded.runs if loaded.passed_over else ""
         return seen
 
     def _refuse(
@@ -162,6 +186,7 @@ class QuotaStore:
         error: Exception | None = None,
     ) -> None:
         self._problems = problems
+        self._runs = ""
         kept = "keeping the last good table" if self._good else "no good table yet"
         log.error("Quota table %s is invalid; %s:\n%s", self.source.where(seen), kept,
                   "\n".join(str(p) for p in problems), exc_info=error)

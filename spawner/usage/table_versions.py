@@ -11,7 +11,11 @@ the same for every process on every machine whatever path the file has there.
 
 ``DatabaseSource`` is ``QuotaStore``'s source for a database table: at each look it reads
 the newest version's id and sha256 only, and its text when they changed; while the
-database has no version, the quota file seeds the first (when it is a valid table).
+database has no version, the quota file seeds the first (when it is a valid table). The
+table it gives is the newest GOOD version (``newest_good``): a bad version written
+around the editor, or one the hub's GPUs refuse, is passed over, logged with its lines,
+and never stops a start while an earlier version is good. The editor tells the admin
+the same, from the same function.
 ``table_store`` is the hub's store for its settings, the file's or the database's.
 """
 
@@ -23,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy import Connection, Engine, false, insert, select, update
@@ -42,7 +47,7 @@ from spawner.quota.editing import (
 )
 from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError
-from spawner.quota.store import QuotaStore
+from spawner.quota.store import Loaded, QuotaStore
 from spawner.usage.ledger import Ledger
 from spawner.usage.schema import table_versions
 
@@ -94,10 +99,13 @@ class Audit:
             return int(own.execute(insert(table_versions).values(
                 **values)).inserted_primary_key[0])
 
-    def versions(self, path: str, limit: int = 50) -> list[Version]:
-        """The table's versions, newest first."""
+    def versions(self, path: str, limit: int = 50, before: int | None = None
+                 ) -> list[Version]:
+        """The table's versions, newest first; with ``before``, those older than it."""
         query = (select(table_versions).where(table_versions.c.path == trail_key(path))
                  .order_by(table_versions.c.id.desc()).limit(limit))
+        if before is not None:
+            query = query.where(table_versions.c.id < before)
         with self.engine.connect() as connection:
             return [Version(**row._mapping) for row in connection.execute(query)]
 
@@ -167,6 +175,52 @@ class Audit:
 
 # --- the table in the database ----------------------------------------------------------
 
+NEWEST_GOOD = "the newest good version"
+PAGE = 20  # versions read at a time while looking back for a good one
+
+
+@dataclass(frozen=True)
+class GoodVersion:
+    """The version of a database table that runs: the newest that passes every check,
+    and the newer ones passed over because they do not (newest first, with their
+    problems)."""
+
+    version: Version
+    table: QuotaTable
+    passed_over: tuple[tuple[Version, tuple[Problem, ...]], ...] = ()
+
+    @property
+    def problems(self) -> tuple[Problem, ...]:
+        """Every problem of the versions passed over, newest first."""
+        return tuple(p for _, found in self.passed_over for p in found)
+
+    def runs(self) -> str:
+        """'version 3, the newest good version', for the log."""
+        return f"version {self.version.id}, {NEWEST_GOOD}"
+
+
+def newest_good(audit: Audit, key: str, gpus: GpuCapacity | None,
+                newest: Version | None = None) -> GoodVersion | None:
+    """The newest version of the database table ``key`` that is a good table against
+    ``gpus`` (the hub's GPU inventory; None: not checked), looking back from ``newest``
+    (default: the newest there is); None when there is no version. QuotaTableError
+    with the newest's problems when none is good. Blocking."""
+    page = [newest] if newest is not None else audit.versions(key, limit=1)
+    passed: list[tuple[Version, tuple[Problem, ...]]] = []
+    while page:
+        for version in page:
+            try:
+                table = parse_quota_table(version.text, version_name(version.id), gpus)
+            except QuotaTableError as e:
+                passed.append((version, tuple(e.problems)))
+            else:
+                return GoodVersion(version, table, tuple(passed))
+        page = audit.versions(key, limit=PAGE, before=page[-1].id)
+    if passed:
+        raise QuotaTableError(list(passed[0][1]))
+    return None
+
+
 NO_LEDGER = ('quota_source is "database", but there is no usage ledger (usage_db is '
              '"none"): the table has nowhere to be')
 
@@ -204,8 +258,10 @@ class DatabaseSource:
             return self.seed
         return f"quota table ({self.key})"
 
-    def load(self, seen: Hashable, gpus: GpuCapacity | None,
-             log: Log) -> tuple[QuotaTable, Hashable]:
+    def load(self, seen: Hashable, gpus: GpuCapacity | None, log: Log) -> Loaded:
+        """The newest good version, looking back from the one ``seen``: a bad newest one
+        is passed over with its problems, never served, and never stops the hub while an
+        earlier version is good."""
         audit = Audit(self._engine())
         if isinstance(seen, tuple) and isinstance(seen[0], int):
             found = audit.version(seen[0])
@@ -216,8 +272,10 @@ class DatabaseSource:
             found = audit.seed(self.key, self._seed_text(seen), self.seed)
             log.info("Quota table (database, version %d): the first version of %s, seeded "
                      "from %s", found.id, self.key, self.seed)
-        return (parse_quota_table(found.text, version_name(found.id), gpus),
-                (found.id, found.sha256))
+        good = newest_good(audit, self.key, gpus, found)
+        assert good is not None  # there is a version: found
+        return Loaded(good.table, (found.id, found.sha256), good.problems,
+                      good.runs() if good.passed_over else "")
 
     def _seed_text(self, seen: Hashable) -> str:
         """The file's text, when it is a valid table (its GPUs are checked as any version's,

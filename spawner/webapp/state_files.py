@@ -3,7 +3,8 @@ read them (spawner/state.py: rows of the ledger's database, or the files of a st
 folder): the hub's ``GPUS`` (who holds which GPU, the host room reserved, the queue:
 spawner/gpu/snapshot.py) and each watchdog's ``GPU_USAGE`` (each GPU's utilisation and
 memory, each server's GPU memory, CPUs and memory reserved and used, the host's totals,
-the idle incidents: spawner/watchdog/app.py), one per node.
+the idle incidents: spawner/watchdog/app.py), one per node. The table editor reads the
+hub's GPU inventory and host share from the first (``read_room``).
 
 Any may be missing, half-written, old, or from another version: that reads as
 missing or stale, never as an error, so a page never fails on one odd document.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from spawner.gpu.snapshot import HubRoom, hub_room
 from spawner.state import GPU_USAGE, GPUS, Document, Documents
 from spawner.usage.gpu_readings import (
     VERSION,
@@ -35,6 +37,12 @@ def read_pool(documents: Documents | None) -> dict[str, Any] | None:
     """The hub's pool snapshot (blocking: run it on the worker threads)."""
     found = documents.read(GPUS) if documents is not None else None
     return json_object(found.text) if found is not None else None
+
+
+def read_room(documents: Documents | None) -> HubRoom | None:
+    """What the hub checks the quota table against, from its pool snapshot: its GPU
+    inventory and its host's share; None while it has published none (blocking)."""
+    return hub_room(read_pool(documents))
 
 
 def read_usage(documents: Documents | None, now: float) -> dict[str, Any] | None:

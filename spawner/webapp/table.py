@@ -5,8 +5,10 @@ JSON Schema, bundled into ``static/editor.js`` from ``editor/`` by ``make editor
 asset from the network). The page only shows; it reads, checks, previews and saves
 through the JSON API, with the service's XSRF token, which the page carries:
 
-- ``GET api/table``: the table's text, its version (sha256), path, JSON Schema and problems;
-- ``POST api/table/check`` ``{text}``: its problems, ``FILE:LINE`` as the CLI prints them;
+- ``GET api/table``: the table's text, its version (sha256), path, JSON Schema, problems
+  and notes, what they are checked ``against``, and (a database table) ``running``;
+- ``POST api/table/check`` ``{text}``: its problems and notes, ``FILE:LINE`` as the CLI
+  prints them, and what they are checked ``against``;
 - ``POST api/table/preview`` ``{text}``: who gains and loses what, as sentences and details;
 - ``POST api/table`` ``{text, version, comment}``: save; 400 with the problems or when the
   comment is missing, 409 with the diffs when the file changed since ``version``;
@@ -15,10 +17,17 @@ through the JSON API, with the service's XSRF token, which the page carries:
 
 Only admins (``admin`` true in the hub's user model) may use either: the usage page's
 viewers and instructors are refused with a sentence. The check, the preview and the save
-are spawner/quota/editing.py's; the audit trail is the ledger's ``table_versions``
+are spawner/quota/editing.py's, against the hub's GPU inventory as its pool snapshot
+tells it (``read_room``), as ``quota-spawner validate --gpus N --gpu-memory SIZE``: a
+table the hub would refuse is never saved. Roles larger than the host's share are
+notes, as ``validate --engine``'s "none fit" (spawner/host/fit.py), which refuse
+nothing. Without a snapshot the table is checked for everything else, and the answers
+say so (``against``). The audit trail is the ledger's ``table_versions``
 (spawner/usage/table_versions.py). With ``quota_source`` "database" the table edited is
 the newest of those versions (``TableVersions``): a save adds one, and the file, only the
-first version's seed, is never written. Files and the ledger are read and written on the
+first version's seed, is never written; the answers then say which version the hub runs
+(``running``: the newest good one, ``table_versions.newest_good``) and which newer ones
+are bad. Files and the ledger are read and written on the
 service's worker threads; the hub's users, groups and running servers are read with the
 service's own token (``list:users``, ``read:users:groups``, ``read:servers``).
 """
@@ -36,6 +45,8 @@ from typing import Any, TypeVar
 
 from tornado import web
 
+from spawner.gpu.snapshot import HubRoom
+from spawner.host.fit import never_fit
 from spawner.quota.editing import (
     CONFLICT,
     DATABASE_SOURCE,
@@ -46,18 +57,19 @@ from spawner.quota.editing import (
     TableFile,
     TableVersions,
     Version,
-    check,
     database_key,
     preview,
     trail_key,
 )
 from spawner.quota.loader import parse_quota_table
-from spawner.quota.model import Problem, QuotaTable, QuotaTableError
-from spawner.usage.table_versions import Audit
+from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError
+from spawner.quota.units import format_human, format_size
+from spawner.usage.table_versions import Audit, newest_good
 from spawner.webapp import inputs
 from spawner.webapp.access import Refused
 from spawner.webapp.base import ApiHandler, BaseHandler, PageHandler
 from spawner.webapp.hub_api import HubApi
+from spawner.webapp.state_files import read_room
 
 T = TypeVar("T")
 log = logging.getLogger("quota_spawner.usage")
@@ -142,11 +154,92 @@ def _comment(body: dict[str, Any]) -> str:
     return inputs.text(found, "comment", inputs.MAX_COMMENT) if found is not None else ""
 
 
-def _parse(text: str, path: str) -> tuple[QuotaTable | None, list[Problem]]:
+def _parse(text: str, path: str, gpus: GpuCapacity | None = None
+           ) -> tuple[QuotaTable | None, list[Problem]]:
     try:
-        return parse_quota_table(text, path), []
+        return parse_quota_table(text, path, gpus), []
     except QuotaTableError as e:
         return None, list(e.problems)
+
+
+# --- what the table is checked against: the hub's room ---------------------------------------
+
+UNKNOWN_ROOM = ("This service does not know the hub's GPUs and host yet (a Docker hub "
+                "publishes them when it starts; a Kubernetes cluster's are its scheduler's), "
+                "so the table is checked for everything else, not against them.")
+
+
+def _plural(count: float, word: str) -> str:
+    return f"{count:g} {word}{'' if count == 1 else 's'}"
+
+
+def against(room: HubRoom | None) -> str:
+    """What a table is checked against, in one sentence for the admin."""
+    if room is None:
+        return UNKNOWN_ROOM
+    gpus = room.gpus
+    if gpus.count == 0:
+        said = ("Checked against this hub, which has no GPUs (its GPU roles are refused "
+                "when they start)")
+    else:
+        smallest = flag = ""
+        if gpus.smallest_memory:
+            smallest = f", the smallest with {format_human(gpus.smallest_memory)}"
+            flag = f" --gpu-memory {format_size(gpus.smallest_memory)}"
+        said = (f"Checked against this hub's {_plural(gpus.count, 'GPU')}{smallest}, as "
+                f"quota-spawner validate --gpus {gpus.count}{flag}")
+    if room.host is None:
+        return said + "; its host's room is not counted (host admission is off)."
+    share = room.host.share
+    return (said + f", and its host: notebooks may reserve {_plural(share.cpus, 'CPU')} and "
+            f"{format_human(share.memory)} (a role larger than that is a note; it can "
+            "never start here).")
+
+
+def checked(text: str, path: str, room: HubRoom | None) -> tuple[list[Problem], list[Problem]]:
+    """The problems of ``text`` against the hub's GPUs (as the hub's store finds them;
+    a save is refused for any), and its notes: the roles that can never start on the
+    hub's host (as ``validate --engine``'s "none fit"; they refuse nothing)."""
+    table, problems = _parse(text, path, room.gpus if room else None)
+    if table is None or room is None or room.host is None:
+        return problems, []
+    return problems, never_fit(table, room.host)
+
+
+def running(audit: Audit, key: str, gpus: GpuCapacity | None) -> dict[str, Any]:
+    """Which version of a database table the hub runs (the newest good one, as its store
+    chooses) and the newer ones it passes over, with their problems (blocking)."""
+    try:
+        good = newest_good(audit, key, gpus)
+    except QuotaTableError as e:  # no version is good
+        newest = audit.newest(key)
+        return {"newest": newest[0] if newest else None, "runs": None,
+                "passed_over": [], "problems": problems_json(e.problems)}
+    if good is None:  # no version yet: the file seeds the first
+        return {"newest": None, "runs": None, "passed_over": [], "problems": []}
+    passed = [{"version": v.id, "problems": problems_json(found)}
+              for v, found in good.passed_over]
+    return {"newest": passed[0]["version"] if passed else good.version.id,
+            "runs": good.version.id, "passed_over": passed, "problems": []}
+
+
+def running_sentence(found: dict[str, Any] | None) -> str:
+    """What the hub runs, when it is not the newest version; "" when it is."""
+    if not found or found["newest"] is None:
+        return ""
+    if found["runs"] is None:
+        return (f"No version of the table is good, so no server can start: version "
+                f"{found['newest']}, the newest, has problems. Fix it below and save.")
+    if not found["passed_over"]:
+        return ""
+    newer = [v["version"] for v in found["passed_over"]]
+    which = (f"Version {newer[0]}, the newest, has problems" if len(newer) == 1 else
+             f"Versions {', '.join(str(v) for v in reversed(newer))} have problems"
+             if len(newer) <= 3 else
+             f"The {len(newer)} newest versions, {newer[-1]} to {newer[0]}, have problems")
+    return (f"{which}, so the hub runs version {found['runs']}, the newest good version. "
+            f"The text below is version {newer[0]}: fix it and save, or restore version "
+            f"{found['runs']}.")
 
 
 class TableEditor(BaseHandler):
@@ -167,34 +260,54 @@ class TableEditor(BaseHandler):
             raise Refused(NO_TABLE, 404)
         return self.setup.quota_file
 
+    async def room(self) -> HubRoom | None:
+        """The hub's GPU inventory and host share, from its pool snapshot; None while it
+        has published none, or it cannot be read (logged)."""
+        try:
+            return await self.blocking(lambda: read_room(self.setup.documents()))
+        except Exception as e:  # the check goes on without it, and says so
+            log.warning("Table editor: could not read the hub's GPU inventory: %s", e)
+            return None
+
     async def on_table(self, fn: Callable[[EditableTable, Audit | None], T], *,
-                       ledger: bool = False) -> T:
+                       ledger: bool = False, room: HubRoom | None = None) -> T:
         """``fn(table, audit)`` on the worker threads: the file, or the table's versions in
-        the ledger's database, and the audit trail (None when ``ledger`` is False and the
-        table is the file, which is read without the ledger)."""
+        the ledger's database, checked against ``room``'s GPUs, and the audit trail (None
+        when ``ledger`` is False and the table is the file, read without the ledger)."""
         path = self.table_path
+        gpus = room.gpus if room is not None else None
         if self.in_database:
             seed = self.setup.quota_file
 
             def versions(engine: Any) -> T:
                 audit = Audit(engine)
-                return fn(TableVersions(self.setup.quota_table_name, audit, seed), audit)
+                return fn(TableVersions(self.setup.quota_table_name, audit, seed, gpus),
+                          audit)
 
             return await self.reader.run(versions)
-        file = TableFile(path)
+        file = TableFile(path, gpus)
         if ledger:
             return await self.reader.run(lambda engine: fn(file, Audit(engine)))
         return await self.blocking(fn, file, None)
 
     async def read(self) -> dict[str, Any]:
-        """The table's text, version, path and problems, read on the worker threads."""
-        def read(table: EditableTable, _: Audit | None) -> dict[str, Any]:
+        """The table's text, version, path, problems and notes, what they are checked
+        against, and (a database table) which version the hub runs; on the worker
+        threads."""
+        room = await self.room()
+
+        def read(table: EditableTable, audit: Audit | None) -> dict[str, Any]:
             text, version = table.read()
             SERVED.remember(version, text)
-            return {"text": text, "version": version, "path": table.path,
-                    "problems": problems_json(table.check(text))}
+            problems, notes = checked(text, table.path, room)
+            found = {"text": text, "version": version, "path": table.path,
+                     "problems": problems_json(problems), "notes": problems_json(notes),
+                     "against": against(room), "running": None}
+            if self.in_database and audit is not None:
+                found["running"] = running(audit, table.path, room.gpus if room else None)
+            return found
 
-        return await self.on_table(read)
+        return await self.on_table(read, room=room)
 
 
 # --- the page ----------------------------------------------------------------------------------
@@ -213,8 +326,9 @@ class TablePage(TableEditor, PageHandler):
         self.render_page(
             "table.html", title="Quota table", path=found["path"], text=found["text"],
             in_database=self.in_database, seed=self.setup.quota_file,
-            version=found["version"], problems=found["problems"],
-            problems_json=json.dumps(found["problems"]),
+            version=found["version"], problems=found["problems"], notes=found["notes"],
+            problems_json=json.dumps(found["problems"]), notes_json=json.dumps(found["notes"]),
+            against=found["against"], runs=running_sentence(found["running"]),
             schema_json=json.dumps(table_schema(), separators=(",", ":")),
             xsrf=self.xsrf(), api=self.prefix + "api/table")
 
@@ -234,11 +348,16 @@ class TableApi(TableEditor, ApiHandler):
         """``fn(Audit)`` on the worker threads, with the ledger's engine."""
         return await self.reader.run(lambda engine: fn(Audit(engine)))
 
-    def saved(self, result: SaveResult) -> None:
-        """A save's or a restore's answer: 200, or why nothing was written."""
+    def saved(self, result: SaveResult, room: HubRoom | None) -> None:
+        """A save's or a restore's answer: 200, or why nothing was written; each says
+        what the table was checked against."""
         if result.saved or result.outcome == UNCHANGED:
+            message = result.message
+            if result.saved and room is None:
+                message += (" It was not checked against the hub's GPUs and host: this "
+                            "service does not know them yet.")
             self.reply({"version": result.version, "audit_id": result.audit_id,
-                        "message": result.message, "diff": result.diff})
+                        "message": message, "diff": result.diff, "against": against(room)})
         elif result.outcome == CONFLICT:
             self.reply({"message": result.message, "version": result.version,
                         "diff": result.diff, "yours": result.yours,
@@ -247,7 +366,8 @@ class TableApi(TableEditor, ApiHandler):
             self.reply({"message": result.message}, 404)
         else:  # INVALID, NO_COMMENT
             self.reply({"message": result.message, "version": result.version,
-                        "problems": problems_json(result.problems)}, 400)
+                        "problems": problems_json(result.problems),
+                        "against": against(room)}, 400)
 
 
 class TableHandler(TableApi):
@@ -259,7 +379,8 @@ class TableHandler(TableApi):
         found = await self.read()
         self.reply({"text": found["text"], "version": found["version"], "path": found["path"],
                     "source": self.setup.quota_source, "problems": found["problems"],
-                    "schema": table_schema()})
+                    "notes": found["notes"], "against": found["against"],
+                    "running": found["running"], "schema": table_schema()})
 
     @web.authenticated
     async def post(self) -> None:
@@ -267,13 +388,14 @@ class TableHandler(TableApi):
         body = self.body("text", "version")
         comment = _comment(body)
         started_from = SERVED.get(body["version"])
+        room = await self.room()
         result = await self.on_table(lambda table, audit: table.save(
             _lf(body["text"]), body["version"], who, comment, audit, base_text=started_from),
-            ledger=True)
+            ledger=True, room=room)
         if result.saved:
             log.info("Table editor: %s saved %s (audit %s)", who, self.table_path,
                      result.audit_id)
-        self.saved(result)
+        self.saved(result, room)
 
 
 class CheckHandler(TableApi):
@@ -284,8 +406,11 @@ class CheckHandler(TableApi):
         self.admin()
         text = _lf(self.body("text")["text"])
         path = self.table_path
+        room = await self.room()
         # on the worker threads: a large table's check must not hold up other visitors
-        self.reply({"problems": problems_json(await self.blocking(check, text, path))})
+        problems, notes = await self.blocking(checked, text, path, room)
+        self.reply({"problems": problems_json(problems), "notes": problems_json(notes),
+                    "against": against(room)})
 
 
 class PreviewHandler(TableApi):
@@ -295,14 +420,15 @@ class PreviewHandler(TableApi):
     async def post(self) -> None:
         self.admin()
         text = _lf(self.body("text")["text"])
+        room = await self.room()
 
         def tables(table: EditableTable, _: Audit | None
                    ) -> tuple[QuotaTable | None, QuotaTable | None, list[Problem]]:
             old, _ = _parse(table.read()[0], table.path)
-            new, problems = _parse(text, table.path)
+            new, problems = _parse(text, table.path, room.gpus if room else None)
             return old, new, problems
 
-        old, new, problems = await self.on_table(tables)
+        old, new, problems = await self.on_table(tables, room=room)
         if new is None:
             self.reply({"message": "The table has problems; fix them to see the preview.",
                         "problems": problems_json(problems)}, 400)
@@ -367,12 +493,14 @@ class RestoreHandler(TableApi):
         number = inputs.record_id(version_id, "version")
         body = self.body("version")
         comment = _comment(body)
+        room = await self.room()
         result = await self.on_table(lambda table, audit: audit.restore(
-            number, who, comment, table, base_version=body["version"]), ledger=True)
+            number, who, comment, table, base_version=body["version"]), ledger=True,
+            room=room)
         if result.saved:
             log.info("Table editor: %s restored version %s of %s (audit %s)", who,
                      version_id, self.table_path, result.audit_id)
-        self.saved(result)
+        self.saved(result, room)
 
 
 def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:

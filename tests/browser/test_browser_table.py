@@ -98,6 +98,10 @@ def test_a_typo_shows_as_a_problem_while_typing(table, visit):
     v.open_editor()
     page = v.page
     expect(page.locator("#check-status")).to_have_text("The table has no problems.")
+    # what the hub published when it started: no GPUs, host admission off on this hub
+    expect(page.locator("#checked-against")).to_have_text(
+        "Checked against this hub, which has no GPUs (its GPU roles are refused when they "
+        "start); its host's room is not counted (host admission is off).")
     page.locator(".cm-content").click()
     page.keyboard.press("Control+End")
     page.keyboard.type(TYPO)

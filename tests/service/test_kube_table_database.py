@@ -1,7 +1,8 @@
 """QuotaKubeSpawner with quota_source "database", without a cluster (FakeCluster of
 test_kube_sessions.py): its starts read the ledger's newest version of the table, which the
 ConfigMap's file only seeded; a version the editor saves applies at the next start, and a
-bad one saved by another route is refused with its line while the last good table stays."""
+bad one saved by another route is refused with its line while the newest good version runs,
+in this process and in a restarted one."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from traitlets import TraitError  # noqa: E402
 
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
 from spawner.quota.editing import FROM_FILE, TableVersions  # noqa: E402
+from spawner.quota.store import QuotaStore  # noqa: E402
+from spawner.registry import Registry  # noqa: E402
 from spawner.usage.table_versions import Audit  # noqa: E402
 
 LOG = logging.getLogger("test-kube-table-database")
@@ -73,7 +76,10 @@ async def test_starts_read_the_newest_version_and_refuse_a_bad_one(monkeypatch, 
         assert (await start_senior(monkeypatch, url, configmap, ledger))["cpu_limit"] == 6.0
     assert (f"quota table (database, version {bad}):{line}: role 'senior-engineer': cpus "
             "must be a number, like 2 or 0.5, not text 'lots'") in caplog.text
-    assert "keeping the last good table" in caplog.text
+    assert f"using version {saved.audit_id}, the newest good version instead" in caplog.text
+    # a restarted hub (a new store) runs the newest good version too, never "no good table"
+    monkeypatch.setattr(QuotaStore, "_stores", Registry())
+    assert (await start_senior(monkeypatch, url, configmap, ledger))["cpu_limit"] == 6.0
     assert configmap.read_text() == SHIPPED.read_text()
 
 

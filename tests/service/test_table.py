@@ -8,9 +8,11 @@ import asyncio
 import fnmatch
 import html
 import json
+import logging
 import re
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,12 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient
 from webapp_client import PageSite, attribute, serve
 
+from spawner.cli import main as cli_main
+from spawner.gpu.inventory import declared_inventory
+from spawner.gpu.pool import GpuPool
+from spawner.gpu.snapshot import pool_snapshot
+from spawner.host.admission import HostBook, HostCapacity
+from spawner.state import GPUS, FolderDocuments
 from spawner.usage.ledger import Ledger
 from spawner.webapp import app as service
 from spawner.webapp import table
@@ -92,8 +100,9 @@ def seed(tmp_path: Path) -> tuple[str, Path]:
     return url, quota
 
 
-@pytest.fixture
-async def api(tmp_path, monkeypatch):
+async def serve_api(tmp_path, monkeypatch, **settings):
+    """The service on a copy of the shipped table, a fake hub's users; the Api, and how to
+    stop both."""
     url, quota = seed(tmp_path)
     auth = FakeHubAuth(MODELS)
     monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
@@ -102,12 +111,44 @@ async def api(tmp_path, monkeypatch):
     hub_server, hub_port = serve(hub)
     app = service.make_app(usage_db=url, quota_file=str(quota),
                            hub_api_url=f"http://127.0.0.1:{hub_port}/hub/api",
-                           hub_api_token=HUB_TOKEN)
+                           hub_api_token=HUB_TOKEN, **settings)
     server, port = serve(app)
-    yield Api(port, quota, seen)
-    server.stop()
-    hub_server.stop()
-    app.settings["usage"].reader.close()
+
+    def stop() -> None:
+        server.stop()
+        hub_server.stop()
+        app.settings["usage"].reader.close()
+
+    return Api(port, quota, seen), stop
+
+
+@pytest.fixture
+async def api(tmp_path, monkeypatch):
+    found, stop = await serve_api(tmp_path, monkeypatch)
+    yield found
+    stop()
+
+
+@pytest.fixture
+async def hub_api(tmp_path, monkeypatch):
+    """The editor beside a hub's state folder, where the hub publishes its pool snapshot
+    (spawner/gpu/snapshot.py): ``.publish(gpus, host=True)`` writes one as the hub does."""
+    state = tmp_path / "state"
+    state.mkdir()
+    found, stop = await serve_api(tmp_path, monkeypatch, state_dir=str(state))
+
+    def publish(gpus: int, host: bool = True) -> None:
+        inventory = declared_inventory([{"uuid": f"GPU-{i}", "memory": "80G"}
+                                        for i in range(gpus)])
+        pool = GpuPool(inventory, "", logging.getLogger("test-table"))
+        # 16 CPUs and 64 GiB, 1 CPU and 4 GiB kept: notebooks may reserve 60 CPUs, 60 GiB
+        pool.set_host(HostBook(HostCapacity(cpus=16, memory=64 * 2**30, reserve_cpus=1,
+                                            reserve_memory=4 * 2**30)) if host else None)
+        FolderDocuments(str(state)).write(GPUS, json.dumps(pool_snapshot(pool, time.time())))
+
+    found.publish = publish
+    yield found
+    stop()
 
 
 def without_gpu_lab(text: str) -> str:
@@ -147,13 +188,105 @@ async def test_only_admins_may_use_the_editor(api, who):
 
 async def test_check_gives_file_and_line(api):
     code, found = await api.post("/check", {"text": api.quota.read_text()})
-    assert (code, found) == (200, {"problems": []})
+    assert (code, found["problems"], found["notes"]) == (200, [], [])
     broken = api.quota.read_text().replace("cpus: 8", "cpus: lots", 1)
     code, found = await api.post("/check", {"text": broken})
     assert code == 200 and found["problems"]
     problem = found["problems"][0]
     assert problem["file"] == str(api.quota) and problem["line"] > 1
     assert "cpus" in problem["message"]
+
+
+# --- against the hub's GPUs and host, as validate --gpus and --engine ------------------------
+
+GPU_TRAINING = "    gpus: 1\n    gpu_mode: exclusive"  # gpu-training's, the first GPU role
+
+
+def asking(text: str, gpus: int) -> str:
+    edited = text.replace(GPU_TRAINING, f"    gpus: {gpus}\n    gpu_mode: exclusive", 1)
+    assert edited != text
+    return edited
+
+
+async def test_a_role_asking_more_gpus_than_the_hub_has_is_never_saved(hub_api, capsys):
+    """The hub has 3 GPUs: a role asking 4 is refused by the check and the save with the
+    words and line of quota-spawner validate --gpus 3; a role asking 3 is saved."""
+    hub_api.publish(gpus=3)
+    code, opened = await hub_api.get()
+    assert code == 200 and opened["problems"] == []
+    assert opened["against"] == (
+        "Checked against this hub's 3 GPUs, the smallest with 80 GiB, as quota-spawner "
+        "validate --gpus 3 --gpu-memory 80G, and its host: notebooks may reserve 60 CPUs "
+        "and 60 GiB (a role larger than that is a note; it can never start here).")
+    four = asking(opened["text"], 4)
+    line = four.splitlines().index("    gpus: 4") + 1
+    hub_api.quota.with_name("four.yaml").write_text(four)
+    assert cli_main(["validate", "--gpus", "3", "--gpu-memory", "80G",
+                     str(hub_api.quota.with_name("four.yaml"))]) == 1
+    [said] = capsys.readouterr().out.splitlines()
+    message = "role 'gpu-training': gpus is 4, but this hub has only 3 GPUs"
+    assert said.endswith(f":{line}: {message}")
+
+    code, found = await hub_api.post("/check", {"text": four})
+    assert code == 200 and [(p["line"], p["message"]) for p in found["problems"]] == [
+        (line, message)]
+    code, found = await hub_api.post("/preview", {"text": four})
+    assert code == 400 and found["problems"][0]["message"] == message
+    before = hub_api.quota.read_bytes()
+    code, found = await hub_api.post("", {"text": four, "version": opened["version"],
+                                          "comment": "four GPUs"})
+    assert code == 400 and found["message"] == "The table has 1 problem; nothing was written."
+    assert [(p["line"], p["message"]) for p in found["problems"]] == [(line, message)]
+    assert hub_api.quota.read_bytes() == before
+    code, versions = await hub_api.get("/versions")
+    assert versions["versions"] == []
+
+    code, saved = await hub_api.post("", {"text": asking(opened["text"], 3),
+                                          "version": opened["version"],
+                                          "comment": "three GPUs"})
+    assert code == 200 and saved["message"] == "Saved; the hub uses it from the next spawn."
+    assert "    gpus: 3" in hub_api.quota.read_text()
+
+
+async def test_a_role_larger_than_the_hosts_share_is_a_note_as_validate_says(hub_api):
+    """validate --engine says "none fit" and exits 0: the editor marks the role's line and
+    saves. Notebooks may reserve 60 GiB on the hub's host."""
+    hub_api.publish(gpus=3)
+    _, opened = await hub_api.get()
+    huge = opened["text"].replace("memory: 32G", "memory: 100G", 1)
+    line = huge.splitlines().index("    memory: 100G") - 2  # senior-engineer:
+    assert huge.splitlines()[line - 1] == "  senior-engineer:"
+    code, found = await hub_api.post("/check", {"text": huge})
+    assert code == 200 and found["problems"] == []
+    assert [(n["line"], n["message"]) for n in found["notes"]] == [
+        (line, "role 'senior-engineer' (8 CPUs, 100 GiB): none fit on this host: one "
+               "server's 100 GiB of memory is more than the notebooks' 60 GiB")]
+    code, saved = await hub_api.post("", {"text": huge, "version": opened["version"],
+                                          "comment": "a big box"})
+    assert code == 200, saved
+    _, now = await hub_api.get()
+    assert now["notes"] == found["notes"]
+
+
+async def test_without_the_hubs_inventory_the_editor_says_so_and_checks_the_rest(hub_api):
+    code, opened = await hub_api.get()
+    assert code == 200 and opened["against"] == table.UNKNOWN_ROOM
+    code, found = await hub_api.post("/check", {"text": asking(opened["text"], 4)})
+    assert (code, found["problems"], found["against"]) == (200, [], table.UNKNOWN_ROOM)
+    broken = opened["text"].replace("cpus: 8", "cpus: lots", 1)
+    code, found = await hub_api.post("", {"text": broken, "version": opened["version"],
+                                          "comment": "typo"})
+    assert code == 400 and "cpus must be a number" in found["problems"][0]["message"]
+    code, saved = await hub_api.post("", {"text": asking(opened["text"], 4),
+                                          "version": opened["version"], "comment": "four"})
+    assert code == 200 and saved["message"] == (
+        "Saved; the hub uses it from the next spawn. It was not checked against the hub's "
+        "GPUs and host: this service does not know them yet.")
+    hub_api.publish(gpus=0, host=False)  # a hub without GPUs or host admission
+    _, now = await hub_api.get()
+    assert now["problems"] == [] and now["against"] == (
+        "Checked against this hub, which has no GPUs (its GPU roles are refused when they "
+        "start); its host's room is not counted (host admission is off).")
 
 
 async def test_posts_must_be_json(api):
@@ -302,7 +435,7 @@ async def test_a_save_comment_has_a_limit(api):
     assert (code, found["message"]) == (400, "Please keep the comment under 2000 characters.")
 
 
-@pytest.mark.parametrize("endpoint, name", [("/check", "check"), ("/preview", "preview")])
+@pytest.mark.parametrize("endpoint, name", [("/check", "checked"), ("/preview", "preview")])
 async def test_a_slow_table_check_holds_up_no_other_visitor(api, monkeypatch, endpoint, name):
     """The check and the preview run on the service's threads: while one is slow (a large
     table), another visitor is answered. On the event loop, the second answer would wait."""

@@ -20,7 +20,7 @@ from webapp_client import PageSite, serve
 from spawner.quota.editing import FROM_FILE
 from spawner.quota.store import QuotaStore
 from spawner.usage.ledger import Ledger
-from spawner.usage.table_versions import DatabaseSource
+from spawner.usage.table_versions import Audit, DatabaseSource
 from spawner.webapp import app as service
 from spawner.webapp.base import BaseHandler
 
@@ -130,3 +130,49 @@ async def test_the_page_names_the_database_table_and_its_seed(db_site):
         f"The table the hub reads is kept in the usage ledger's database, as {KEY} (the file "
         f"{api.quota} only seeds its first version, and is never written). Each save is a "
         "new version.")
+
+
+async def test_the_editor_shows_a_bad_newest_version_and_the_version_the_hub_runs(
+        db_site, ledger_url):
+    """A bad version written around the editor: the hub runs the newest good one, and the
+    editor says so, with the bad one's problems by line, until a good one is newer."""
+    api, site, hub = db_site
+    _, opened = await api.get()
+    assert opened["running"] == {"newest": None, "runs": None, "passed_over": [],
+                                 "problems": []}
+    edited = opened["text"].replace("cpus: 8", "cpus: 6", 1)
+    code, saved = await api.post("", {"text": edited, "version": opened["version"],
+                                      "comment": "fewer CPUs"})
+    assert code == 200
+    good = saved["audit_id"]
+    ledger = Ledger(ledger_url, create=False)
+    try:
+        bad = Audit(ledger.engine).record(path=KEY, who="a script", comment="by hand",
+                                          text=edited.replace("cpus: 6", "cpus: lots", 1),
+                                          previous=edited)
+    finally:
+        ledger.dispose()
+    line = edited.splitlines().index("    cpus: 6") + 1
+    problem = {"file": f"quota table (database, version {bad})", "line": line,
+               "message": "role 'senior-engineer': cpus must be a number, like 2 or 0.5, "
+                          "not text 'lots'"}
+    code, now = await api.get()
+    assert code == 200 and now["running"] == {
+        "newest": bad, "runs": good, "passed_over": [{"version": bad, "problems": [problem]}],
+        "problems": []}
+    assert [(p["line"], p["message"]) for p in now["problems"]] == [
+        (line, problem["message"])]  # the newest, in the editor, with its line
+    assert hub.get(LOG).roles["senior-engineer"].cpus == 6  # the hub's choice: the same
+    page = (await site.get("table", "admin")).body.decode()
+    runs = re.search(r'<p id="table-runs"[^>]*>(.*?)</p>', page, re.S).group(1)
+    assert " ".join(html.unescape(runs).split()) == (
+        f"Version {bad}, the newest, has problems, so the hub runs version {good}, the "
+        f"newest good version. The text below is version {bad}: fix it and save, or restore "
+        f"version {good}.")
+
+    code, restored = await api.post(f"/versions/{good}/restore",
+                                    {"comment": "back to 6", "version": now["version"]})
+    assert code == 200, restored
+    _, after = await api.get()
+    assert after["running"]["runs"] == after["running"]["newest"] == restored["audit_id"]
+    assert 'id="table-runs"' not in (await site.get("table", "admin")).body.decode()

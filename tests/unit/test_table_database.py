@@ -29,10 +29,17 @@ from spawner.quota.editing import (
     database_key,
     version_of,
 )
-from spawner.quota.model import QuotaTableError
+from spawner.quota.model import GpuCapacity, QuotaTableError
 from spawner.quota.store import QuotaStore
 from spawner.usage.ledger import Ledger
-from spawner.usage.table_versions import NO_LEDGER, Audit, DatabaseSource, table_store
+from spawner.usage.table_versions import (
+    NO_LEDGER,
+    PAGE,
+    Audit,
+    DatabaseSource,
+    newest_good,
+    table_store,
+)
 from spawner.webapp.app import usage_service
 
 pytestmark = pytest.mark.usefixtures("quiet_alembic")
@@ -119,32 +126,69 @@ def test_a_new_version_applies_at_the_next_read(ledger, audit, seed, caplog):
     assert f"Quota table (database, version {new_id}) reloaded" in caplog.text
 
 
-def test_a_bad_version_is_refused_with_its_line_and_the_last_good_stays(
+def test_a_bad_version_is_refused_with_its_line_and_the_newest_good_stays(
         ledger, audit, seed, caplog):
     store = store_of(ledger, seed)
     good = store.get(LOG)
+    [seeded] = audit.versions(KEY)
     # saved by some other route than the editor, which would refuse it
     bad_id = audit.record(path=KEY, who="a script", comment="oops", text=BAD, previous=TABLE)
     where = f"quota table (database, version {bad_id})"
     with caplog.at_level(logging.INFO, LOG.name):
-        assert store.get(LOG) is good
+        assert store.get(LOG) == good
     [error] = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert error.getMessage() == (
-        f"Quota table (database, version {bad_id}) is invalid; keeping the last good table:\n"
-        f"{where}:{CPUS_LINE}: {BAD_PROBLEM}")
+        f"Quota table (database, version {bad_id}) is invalid; using version {seeded.id}, "
+        f"the newest good version instead:\n{where}:{CPUS_LINE}: {BAD_PROBLEM}")
     assert [str(p) for p in store.problems] == [f"{where}:{CPUS_LINE}: {BAD_PROBLEM}"]
 
     caplog.clear()
     with caplog.at_level(logging.INFO, LOG.name):
-        assert store.get(LOG) is good  # the same bad version: one line, not the problems
+        assert store.get(LOG) == good  # the same bad version: one line, not the problems
     [warning] = caplog.records
-    assert warning.levelno == logging.WARNING and warning.getMessage().startswith(
-        f"Quota table (database, version {bad_id}) still has 1 problem(s); using the last "
-        "good table loaded at ")
+    assert warning.levelno == logging.WARNING and warning.getMessage() == (
+        f"Quota table (database, version {bad_id}) still has 1 problem(s); using version "
+        f"{seeded.id}, the newest good version")
 
     audit.record(path=KEY, who="ann", comment="fixed", text=BIGGER, previous=BAD)
     assert store.get(LOG).roles["small"].memory == 4 * 2**30
     assert store.problems == []
+
+
+def test_a_restarted_hub_runs_the_newest_good_version_under_bad_ones(ledger, audit, caplog):
+    """Versions 1 to 3 good, 4 and 5 bad (one for its text, one for the hub's GPUs): a
+    hub process that starts now runs 3, and says why once, with each bad line."""
+    texts = [TABLE, BIGGER, TABLE.replace("memory: 2G", "memory: 3G"), BAD,
+             TABLE.replace("cpus: 1\n", "cpus: 1\n    gpus: 4\n")]
+    ids = [audit.record(path=KEY, who="a script", comment=f"v{n}", text=text, previous=None)
+           for n, text in enumerate(texts, 1)]
+    store = store_of(ledger, None)  # a new process: nothing good in memory
+    with caplog.at_level(logging.INFO, LOG.name):
+        table = store.get(LOG, GpuCapacity(3))
+        assert store.get(LOG, GpuCapacity(3)) is table
+    assert table.roles["small"].memory == 3 * 2**30 and table.path == (
+        f"quota table (database, version {ids[2]})")
+    [error, warning] = caplog.records
+    assert error.levelno == logging.ERROR and error.getMessage() == (
+        f"Quota table (database, version {ids[4]}) is invalid; using version {ids[2]}, the "
+        "newest good version instead:\n"
+        f"quota table (database, version {ids[4]}):{CPUS_LINE + 1}: role 'small': gpus is 4, "
+        "but this hub has only 3 GPUs\n"
+        f"quota table (database, version {ids[3]}):{CPUS_LINE}: {BAD_PROBLEM}")
+    assert warning.levelno == logging.WARNING
+    # with 4 GPUs, version 5 is good: it runs, as it would for the editor's check
+    assert store.get(LOG, GpuCapacity(4)).roles["small"].gpus == 4
+    assert store.problems == []
+
+
+def test_the_newest_good_version_is_looked_for_past_a_page_of_bad_ones(ledger, audit):
+    good_id = audit.record(path=KEY, who="ann", comment="good", text=TABLE, previous=None)
+    bad_ids = [audit.record(path=KEY, who="a script", comment="bad", text=BAD, previous=None)
+               for _ in range(PAGE + 3)]
+    found = newest_good(audit, KEY, None)
+    assert found.version.id == good_id
+    assert [v.id for v, _ in found.passed_over] == bad_ids[::-1]
+    assert newest_good(audit, "database:nothing-here", None) is None
 
 
 def test_a_bad_version_before_any_good_one_is_a_quota_table_error(ledger, audit):

@@ -1,0 +1,61 @@
+"""How the quota table's roles fit on a host: how many servers of each fit on the host
+alone, and which role can never start there, because one server of it is more than the
+notebooks' share (``HostCapacity.share``; docs/deployment.md#host-capacity).
+
+One implementation for ``quota-spawner validate --engine`` (its lines) and the table
+editor (its notes, ``FILE:LINE`` at the role). Neither refuses such a table: the hub
+loads it, and refuses that role's starts with ``refusals.host_never_fits``; a table
+shared by hubs on hosts of different sizes may hold a role for the bigger ones.
+"""
+
+from __future__ import annotations
+
+from spawner.host.admission import HostCapacity
+from spawner.quota.model import Problem, QuotaTable, Role
+from spawner.quota.units import format_human
+
+
+def size_of(role: Role) -> str:
+    """'8 CPUs, 32 GiB'."""
+    return f"{role.cpus:g} CPU{'s' if role.cpus != 1 else ''}, {format_human(role.memory)}"
+
+
+def never_fits(role: Role, host: HostCapacity) -> str | None:
+    """Why no server of ``role`` fits on ``host``, even empty: "one server's 32 GiB of
+    memory is more than the notebooks' 21.2 GiB"; None when one does."""
+    share = host.share
+    if role.memory > share.memory:
+        return (f"one server's {format_human(role.memory)} of memory is more than the "
+                f"notebooks' {format_human(share.memory)}")
+    if role.cpus > share.cpus + 1e-9:
+        return f"one server's {role.cpus:g} CPUs are more than the notebooks' {share.cpus:g}"
+    return None
+
+
+def describe_fit(table: QuotaTable, host: HostCapacity) -> list[str]:
+    """The host, then a line per role: how many of its servers fit on the host alone
+    (``validate --engine``)."""
+    lines = [f"  The host: {host.describe()}."]
+    for role in table.roles.values():
+        why = never_fits(role, host)
+        if why is not None:
+            lines.append(f"  {role.name} ({size_of(role)}): none fit: {why}")
+            continue
+        count, limit = host.servers_that_fit(role)
+        runs_out = "the CPUs run" if limit == "CPUs" else "the memory runs"
+        lines.append(f"  {role.name} ({size_of(role)}): {count} fit ({runs_out} out first)")
+    return lines
+
+
+def never_fit(table: QuotaTable, host: HostCapacity) -> list[Problem]:
+    """A note per role that can never start on ``host``, at the line it is declared on,
+    with validate's words: "role 'senior-engineer' (8 CPUs, 32 GiB): none fit on this
+    host: one server's 32 GiB of memory is more than the notebooks' 21.2 GiB"."""
+    notes = []
+    for role in table.roles.values():
+        why = never_fits(role, host)
+        if why is not None:
+            notes.append(Problem(table.path, table.role_lines.get(role.name, 0),
+                                 f"role '{role.name}' ({size_of(role)}): none fit on this "
+                                 f"host: {why}"))
+    return notes
