@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import time
+from types import SimpleNamespace
 
+from spawner.docker.gpus import GpuStart
 from spawner.gpu.inventory import declared_inventory
 from spawner.gpu.pool import GpuPool, Server
 from spawner.gpu.queue import BEST_EFFORT_FIFO, STRICT_FIFO
@@ -100,6 +102,44 @@ async def test_best_effort_fifo_lets_a_gpu_start_that_fits_pass_one_waiting_for_
     p.release("a", "stopped")  # room for big now; the GPU it waits for is small's
     assert not big.grant.done() and not big.waits_for_room
     p.leave("big", "test")
+
+
+def spawn_page(p: GpuPool, owner: str, r: Role) -> str:
+    """What the spawn page of ``owner``'s waiting start says (docker/gpus.py)."""
+    runtime = SimpleNamespace(pool=p, evictor=SimpleNamespace(waiting_on=lambda owner: []))
+    start = GpuStart(runtime, owner, owner, logging.getLogger("test"),  # type: ignore[arg-type]
+                     lambda text, percent: None)
+    return start._standing(p.queue.ticket(owner), r)[1]
+
+
+ORDER = "by priority, then a user's first server before anyone's second, then arrival"
+
+
+async def test_the_spawn_page_says_the_strategy_and_whom_a_start_waits_behind():
+    p = pool(memory_gib=8, gpus=1, strategy=STRICT_FIFO)
+    join(p, "a", role("half", 4))
+    big, tiny, gpu = role("big", 6), role("tiny", 1), role("gpu", 1, gpus=1)
+    join(p, "big", big)
+    join(p, "tiny", tiny)
+    assert spawn_page(p, "big", big) == (
+        "Waiting for room on the host for the role 'big': the host's memory is fully "
+        "reserved: 10 GiB of 8 GiB. Number 1 of 2 in the queue (StrictFIFO, fair between "
+        f"users: {ORDER}); you start when a server stops.")
+    assert spawn_page(p, "tiny", tiny) == (
+        "Waiting for room on the host for the role 'tiny': this start would fit, but the "
+        "queue is StrictFIFO and an older start waits ahead of it for room: big's (role "
+        "'big'), for which the host's memory is fully reserved: 10 GiB of 8 GiB. Number 2 "
+        f"of 2 in the queue (StrictFIFO, fair between users: {ORDER}); you start when that "
+        "start is served or leaves the queue.")
+    p.queue.strategy = BEST_EFFORT_FIFO
+    p.dispatch()  # tiny starts; a GPU start then waits for the GPU, not for room
+    join(p, "holder", role("gpu", 0, gpus=1))
+    join(p, "gpu", gpu)
+    assert spawn_page(p, "gpu", gpu) == (
+        "Waiting for 1 exclusive GPU for the role 'gpu': number 2 of 2 in the queue "
+        f"(BestEffortFIFO, fair between users: {ORDER}).")
+    for owner in ("big", "gpu"):
+        p.leave(owner, "test")
 
 
 async def test_priority_goes_first_and_a_leaver_holds_nothing():
