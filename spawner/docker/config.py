@@ -12,8 +12,19 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default, validate
+from traitlets import (
+    Bool,
+    CaselessStrEnum,
+    Dict,
+    Float,
+    Integer,
+    List,
+    Unicode,
+    default,
+    validate,
+)
 
+from spawner.gpu.queue import BEST_EFFORT_FIFO, STRATEGIES
 from spawner.host.admission import CPU_RATIO, MEMORY_RATIO
 from spawner.policy.config import QuotaConfig
 
@@ -63,6 +74,15 @@ class QuotaSpawnerConfig(QuotaConfig):
         help="""Admit a start only while the servers of this hub, with it, reserve no more
         CPUs and memory than the notebooks' share of the host; else it waits in the
         queue, up to its role's queue_timeout (docs/deployment.md#host-capacity).""",
+    )
+    queue_strategy = CaselessStrEnum(
+        list(STRATEGIES), default_value=BEST_EFFORT_FIFO, config=True,
+        help="""How the wait queue serves starts, with Kueue's names: "BestEffortFIFO" (a
+        start that fits now is not held up by an older one that does not, which keeps its
+        place and its right to preempt) or "StrictFIFO" (nobody behind takes room on the
+        host, or a GPU, that a start ahead waits for). Either way the order is by
+        priority, then a user's first server before anyone's second, then arrival
+        (docs/preemption.md#the-queues-strategies).""",
     )
     host_cpus = Float(
         0.0, config=True,

@@ -27,7 +27,7 @@ from spawner.docker.evictor import preemption_time
 from spawner.docker.runtime import HubRuntime, Log
 from spawner.gpu.allocator import GpuRequest, NoGpuFree
 from spawner.gpu.pool import Server, mode_label, request_for
-from spawner.gpu.queue import Ticket
+from spawner.gpu.queue import ORDER, Ticket
 from spawner.quota.model import Choice, Role
 from spawner.quota.units import human_duration
 
@@ -112,8 +112,9 @@ class GpuStart:
         pool = self.pool
         arrived = time.monotonic()
         if role.queue_timeout <= 0 and ticket.plan is None:
-            if ticket.short is not None:
-                self._refuse(refusals.host_full(role, ticket.short.sentence(), None, 1))
+            room = ticket.room_sentence()
+            if room is not None:
+                self._refuse(refusals.host_full(role, room, None, 1))
             assert ticket.request is not None
             self.refuse_no_gpu(ticket.request, role, choices)
         self._event("queued", ticket, role, position=pool.queue.position(ticket.owner)[0])
@@ -129,10 +130,10 @@ class GpuStart:
             if now >= deadline:
                 waited = now - arrived
                 self._event("queue-timeout", ticket, role, waited=round(waited, 1))
-                message = (refusals.host_full(role, ticket.short.sentence(), waited, place)
-                           if ticket.short is not None else
-                           refusals.queue_timeout(role, waited, place, pool.allocator.usage(),
-                                                  choices))
+                room = ticket.room_sentence()
+                message = (refusals.host_full(role, room, waited, place) if room is not None
+                           else refusals.queue_timeout(role, waited, place,
+                                                       pool.allocator.usage(), choices))
                 self.log.warning("Refused %s after %s in the queue: %s", self.who,
                                  human_duration(waited), message)
                 raise web.HTTPError(503, message)
@@ -165,16 +166,23 @@ class GpuStart:
             return (("preempting", whom), f"Waiting for {whom} to save its work and stop: it "
                     f"was preempted for you and stops in {human_duration(left)}. {kept} is "
                     "kept for you.")
-        if ticket.short is not None:
-            place, total = self.pool.queue.position(ticket.owner)
-            return (("host", ticket.short.resource, place, total),
-                    f"Waiting for room on the host for the role '{role.name}': "
-                    f"{ticket.short.sentence()}. Number {place} of {total} in the queue "
-                    "(by priority, then arrival); you start when a server stops.")
-        wanted = f"{role.gpus} {role.gpu_mode} GPU{'s' if role.gpus != 1 else ''}"
         place, total = self.pool.queue.position(ticket.owner)
-        text = (f"Waiting for {wanted} for the role '{role.name}': number {place} of {total} "
-                f"in the queue (by priority, then arrival).")
+        where = f"{place} of {total} in the queue ({self.pool.queue.policy}: {ORDER})"
+        room = ticket.room_sentence()
+        if room is not None:
+            short, behind = ticket.short, ticket.behind
+            if behind is None:
+                when = "a server stops"
+            elif behind.short is not None:
+                when = "that start is served or leaves the queue"
+            else:
+                when = "its preemption is over and room is left"
+            return (("host", short.resource if short else None,
+                     behind.owner if behind else None, place, total),
+                    f"Waiting for room on the host for the role '{role.name}': {room}. "
+                    f"Number {where}; you start when {when}.")
+        wanted = f"{role.gpus} {role.gpu_mode} GPU{'s' if role.gpus != 1 else ''}"
+        text = f"Waiting for {wanted} for the role '{role.name}': number {where}."
         due = self.pool.next_release(ticket)
         if due is not None:
             left = human_duration(due[0] - time.time())

@@ -82,6 +82,7 @@ class Settings:
     usage_retention_days: float
     usage_check_interval: float
     host_admission: bool
+    queue_strategy: str
     host_cpus: float
     host_memory: str
     host_reserve_cpus: float | None
@@ -202,7 +203,8 @@ class HubRuntime:
         # the state the other processes read: the ledger's rows, else the folder's files
         documents = shared_documents(ledger, self.hub_id, settings.state_dir or ".")
         self.pool = GpuPool(self.inventory, self.hub_id, log, events=self.events,
-                            publish=functools.partial(self.events.save, documents, GPUS))
+                            publish=functools.partial(self.events.save, documents, GPUS),
+                            strategy=settings.queue_strategy)
         capacity = self._host_capacity()
         self.pool.set_host(HostBook(capacity) if capacity and settings.host_admission
                            else None)
@@ -229,6 +231,8 @@ class HubRuntime:
                  len(self.inventory.devices), self.inventory.source,
                  ledger.url_text if ledger is not None else "none", self.events.where,
                  "; the NVIDIA runtime probe is under way" if self.nvidia else "")
+        log.info("Queue: %s (docs/preemption.md#the-queues-strategies)",
+                 self.pool.queue.policy)
 
     def _host_capacity(self) -> HostCapacity | None:
         """The host's CPUs and memory as this hub counts them; None when the engine's size

@@ -30,7 +30,7 @@ from spawner.gpu.inventory import (
     discover_nvml,
 )
 from spawner.gpu.preemption import Running
-from spawner.gpu.queue import Dispatched, GpuQueue, Ticket, next_release
+from spawner.gpu.queue import BEST_EFFORT_FIFO, Dispatched, GpuQueue, Ticket, next_release
 from spawner.gpu.snapshot import SnapshotWriter
 from spawner.host.admission import HostBook, Reservation
 from spawner.quota.model import GpuCapacity, Role
@@ -84,7 +84,8 @@ class GpuPool:
     def __init__(self, inventory: Inventory, hub_id: str,
                  log: logging.Logger | logging.LoggerAdapter,
                  events: EventLog | None = None,
-                 publish: Callable[[str], None] | None = None):
+                 publish: Callable[[str], None] | None = None,
+                 strategy: str = BEST_EFFORT_FIFO):
         self.inventory = inventory
         self.allocator = GpuAllocator(inventory.devices)
         self.hub_id = hub_id
@@ -93,8 +94,9 @@ class GpuPool:
         # owner -> when its holding last changed here; a container list taken
         # before that says nothing about the holding (changed_since)
         self._changed: dict[str, float] = {}
-        self.queue = GpuQueue(self.allocator)
-        self.servers: dict[str, Server] = {}  # holder -> who, for preemption
+        self.servers: dict[str, Server] = {}  # holder -> who, for preemption and fairness
+        # ``strategy``: c.QuotaSpawner.queue_strategy (docs/preemption.md#the-queues-strategies)
+        self.queue = GpuQueue(self.allocator, strategy=strategy, user_of=self._user_of)
         self.roles: Mapping[str, Role] = {}  # the quota table's roles, as last read
         self.events = events or EventLog("")
         # the admins' host map reads the snapshot (gpu/snapshot.py), which ``publish``
@@ -113,6 +115,10 @@ class GpuPool:
         # published now: the table editor checks tables against the inventory and the host
         # before any server has started (snapshot.hub_room)
         self.snapshots.changed()
+
+    def _user_of(self, owner: str) -> str | None:
+        server = self.servers.get(owner)
+        return server.user if server is not None else None
 
     @property
     def capacity(self) -> GpuCapacity:
@@ -198,7 +204,7 @@ class GpuPool:
         """Hand free GPUs to the queue in order, and hand the preemptions it plans (and
         calls off) to ``evictions``."""
         done = (self.queue.dispatch(self.running, time.monotonic())
-                if self.queue.waiting() else Dispatched())
+                if self.queue.any_waiting() else Dispatched())
         for ticket in done.granted:
             self._changed[ticket.owner] = time.monotonic()
         if self.evictions is not None:
@@ -215,7 +221,7 @@ class GpuPool:
     async def _queue_loop(self) -> None:
         # min_runtime and reclaim_after expire with time, not with an event
         try:
-            while self.queue.waiting():
+            while self.queue.any_waiting():
                 await asyncio.sleep(1.0)
                 self.dispatch()
         finally:

@@ -1,19 +1,30 @@
 """The GPU wait queue: requests that cannot be met now wait in order.
 
-Order is by priority, then arrival. A GPU that is freed goes to the first
-request in that order that it can serve; a request further back may take a
-GPU only if no request ahead of it could use that GPU (so nobody jumps the
-queue, and a small shared request is not held up by a large exclusive one
-for GPUs the large one cannot use anyway).
+Order is by priority, then fairness between users (a user's first server before
+anyone's second: the servers the user holds, plus their starts that joined
+earlier), then arrival. Whatever comes free goes to the first request in that
+order that it can serve. What a request further back may take depends on the
+strategy, with Kueue's names (docs/preemption.md#the-queues-strategies):
+
+- ``BestEffortFIFO`` (the default): a request that fits now is served, whatever
+  waits ahead of it that does not fit; only what a preemption under way keeps
+  for a request ahead (its reserved GPUs, the room its victims free on the host)
+  is out of reach. The older request keeps its place and is served first as soon
+  as it fits. A large request can starve behind a stream of small ones that fit;
+  preemption is the remedy, as in Kueue.
+- ``StrictFIFO``: nobody behind takes room on the host while a request ahead
+  waits for room, and nobody behind takes a GPU that a request ahead could use
+  (a small shared request may still take a slot on a shared GPU that a large
+  exclusive one cannot use anyway).
 
 A request whose role may preempt, and that cannot be met from free GPUs,
 gets a preemption plan (gpu/preemption.py): the GPUs it will get are
 reserved for it at once, so nobody else takes them during the victims'
 grace period. With host admission, the first request waiting for room on
 the host (CPUs and memory) may likewise preempt servers that hold room; the
-room they free goes to it first, since nobody behind takes room while it
-waits. If it is served some other way first, or leaves, the victims
-still in their grace are called off.
+room they free is kept for it (nobody behind takes room it would need once its
+victims have stopped). If it is served some other way first, or leaves, the
+victims still in their grace are called off.
 
 Pure bookkeeping on the hub's event loop: no Docker, no sleeping. The pool
 calls ``dispatch`` whenever something changes; the start waiting for GPUs
@@ -25,17 +36,45 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from spawner.gpu.allocator import GpuAllocator, GpuRequest
 from spawner.gpu.preemption import Plan, Running, choose_host_victims, choose_victims
-from spawner.host.admission import HostBook, Reservation, Shortfall
+from spawner.host.admission import NOTHING, HostBook, Reservation, Shortfall
 from spawner.quota.model import Role
 
 # The longest a ticket that found no victims goes without looking again, in case
 # a server started since (and so unknown to its last look) is already preemptible.
 RETRY = 5.0
+
+# The strategies, with Kueue's names (c.QuotaSpawner.queue_strategy)
+BEST_EFFORT_FIFO = "BestEffortFIFO"
+STRICT_FIFO = "StrictFIFO"
+STRATEGIES = (BEST_EFFORT_FIFO, STRICT_FIFO)
+# The order, in the words the spawn page and the host map use
+ORDER = "by priority, then a user's first server before anyone's second, then arrival"
+
+
+@dataclass(frozen=True)
+class Behind:
+    """The older start a start that fits is held behind: one that waits for room
+    (StrictFIFO), or one whose preemption keeps the room that is free (``short`` None)."""
+
+    owner: str
+    user: str
+    role: str
+    short: Shortfall | None
+
+    def sentence(self) -> str:
+        whose = f"{self.user}'s (role '{self.role}')"
+        if self.short is not None:
+            return (f"this start would fit, but the queue is {STRICT_FIFO} and an older start "
+                    f"waits ahead of it for room: {whose}, for which "
+                    f"{self.short.sentence()}")
+        return (f"the room that is free is kept for an older start, {whose}, while servers "
+                "are preempted for it")
 
 
 @dataclass(eq=False)
@@ -57,11 +96,27 @@ class Ticket:
     # queue's clock): when a holder passes min_runtime or reclaim_after, or RETRY later
     retry: tuple[int, float] | None = None
     host: Reservation | None = None  # the CPUs and memory it reserves, when admission is on
-    short: Shortfall | None = None  # what is full on the host, while it waits for room
+    short: Shortfall | None = None  # what is full on the host for it, while it does not fit
+    behind: Behind | None = None  # the older start it is held behind, while it fits
+    # the servers its user has before this one: held (running or granted), and their
+    # starts that joined earlier and still wait (set by GpuQueue.waiting)
+    servers: int = 0
 
     @property
-    def order(self) -> tuple[int, int]:
-        return (-self.priority, self.seq)
+    def order(self) -> tuple[int, int, int]:
+        return (-self.priority, self.servers, self.seq)
+
+    @property
+    def waits_for_room(self) -> bool:
+        return self.short is not None or self.behind is not None
+
+    def room_sentence(self) -> str | None:
+        """Why it waits for room on the host, with its own figures: 'the host's memory
+        is fully reserved: 2.25 GiB of 2 GiB', or whom it is held behind; None when it
+        does not wait for room."""
+        if self.short is not None:
+            return self.short.sentence()
+        return self.behind.sentence() if self.behind is not None else None
 
 
 @dataclass
@@ -74,18 +129,62 @@ class Dispatched:
 
 
 class GpuQueue:
-    def __init__(self, allocator: GpuAllocator, host: HostBook | None = None):
+    def __init__(self, allocator: GpuAllocator, host: HostBook | None = None,
+                 strategy: str = BEST_EFFORT_FIFO,
+                 user_of: Callable[[str], str | None] | None = None):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"the queue's strategy is one of {', '.join(STRATEGIES)} "
+                             f"(got {strategy!r})")
         self.allocator = allocator
         self.host = host  # the host's CPUs and memory; None: not counted
-        self._tickets: dict[str, Ticket] = {}
+        self.strategy = strategy
+        # whose server a holder (an owner) is, for fairness; None: unknown
+        self.user_of = user_of or (lambda owner: None)
+        self._tickets: dict[str, Ticket] = {}  # in order of arrival
+        self._users: tuple[tuple[int, int], dict[str, set[str]]] | None = None  # _held's
         self._seq = itertools.count()
         self.evicting: dict[str, str] = {}  # victim owner -> the owner it is preempted for
 
+    @property
+    def policy(self) -> str:
+        """'BestEffortFIFO, fair between users'."""
+        return f"{self.strategy}, fair between users"
+
     # --- reading ---------------------------------------------------------------
 
+    def any_waiting(self) -> bool:
+        return any(not t.grant.done() for t in self._tickets.values())
+
     def waiting(self) -> list[Ticket]:
-        return sorted((t for t in self._tickets.values() if not t.grant.done()),
-                      key=lambda t: t.order)
+        """The waiting tickets in the order they are served: by priority, then how many
+        servers the user has before each (held, or asked for earlier), then arrival."""
+        tickets = [t for t in self._tickets.values() if not t.grant.done()]
+        if not tickets:
+            return tickets
+        held = self._held()
+        earlier: Counter[str] = Counter()  # the tickets are in order of arrival
+        for t in tickets:
+            mine = held.get(t.user)
+            t.servers = (len(mine) - (t.owner in mine) if mine else 0) + earlier[t.user]
+            earlier[t.user] += 1
+        return sorted(tickets, key=lambda t: t.order)
+
+    def _held(self) -> dict[str, set[str]]:
+        """user -> the owners that hold GPUs or room on the host for them; counted again
+        only when the holdings change (a holder's user is known before it holds)."""
+        key = (self.allocator.version, self.host.version if self.host is not None else 0)
+        if self._users is not None and self._users[0] == key:
+            return self._users[1]
+        owners = set(self.allocator.holdings())
+        if self.host is not None:
+            owners.update(self.host.owners())
+        found: dict[str, set[str]] = {}
+        for owner in owners:
+            user = self.user_of(owner)
+            if user is not None:
+                found.setdefault(user, set()).add(owner)
+        self._users = (key, found)
+        return found
 
     def ticket(self, owner: str) -> Ticket | None:
         return self._tickets.get(owner)
@@ -149,14 +248,20 @@ class GpuQueue:
 
     def _pass(self, running: _Lazy, now: float, done: Dispatched) -> bool:
         changed = False
-        blocked: set[str] = set()  # GPUs someone ahead is waiting for
-        full: Shortfall | None = None  # the host room someone ahead is waiting for
+        strict = self.strategy == STRICT_FIFO
+        # GPUs a start ahead keeps: those its preemption frees (reserved for it), and,
+        # StrictFIFO, every GPU it could use
+        blocked: set[str] = set()
+        first: Ticket | None = None  # the first start that does not fit on the host: the
+        # one that may preempt for room, and (StrictFIFO) the one everyone behind waits for
+        keeper: Ticket | None = None  # the first start ahead whose preemption frees room
+        kept = NOTHING  # the room such starts ahead will take once their victims stop
+        freeing = NOTHING  # what those victims hold now
         for ticket in self.waiting():
             if ticket.plan is not None and not self._victims_of(ticket):
                 self.allocator.unreserve(ticket.owner)  # its victims are gone: plan afresh
                 ticket.plan = None
             if self.host is not None and ticket.host is not None:
-                # nobody behind takes host room while someone ahead waits for it
                 own = self.host.shortfall(ticket.host, ticket.owner)
                 if own is None and ticket.plan is not None and not ticket.plan.uuids:
                     spared = self._call_off(ticket)  # room came free another way
@@ -164,14 +269,25 @@ class GpuQueue:
                     if spared:
                         done.called_off.append((ticket, spared))
                         changed = True
-                ticket.short = own or full
-                if ticket.short is not None:
-                    if own is not None and full is None:  # only the first may preempt for it
+                ticket.short, ticket.behind = own, None
+                if own is None and strict and first is not None:
+                    ticket.behind = Behind(first.owner, first.user, first.role, first.short)
+                elif own is None and keeper is not None and self.host.shortfall(
+                        ticket.host + kept, ticket.owner, freeing) is not None:
+                    # it fits now, but not beside what the preemption ahead frees room for
+                    ticket.behind = Behind(keeper.owner, keeper.user, keeper.role, None)
+                if ticket.waits_for_room:
+                    if first is None and own is not None:  # only the first may preempt
+                        first = ticket
                         changed |= self._make_room(ticket, running, now, done)
-                    full = full or ticket.short
+                    if ticket.plan is not None and not ticket.plan.uuids:
+                        keeper = keeper or ticket
+                        kept += ticket.host
+                        for victim in self._victims_of(ticket):
+                            freeing += self.host.holding(victim) or NOTHING
                     continue
             if ticket.request is None:
-                uuids, could = (), set()
+                uuids, could = (), []
             else:
                 uuids, could = self.allocator.try_acquire(ticket.owner, ticket.request, blocked)
             if uuids is not None:
@@ -192,7 +308,8 @@ class GpuQueue:
                 self._plan(ticket, running, blocked, now)
                 if ticket.plan is not None:
                     done.planned.append(ticket)
-            blocked.update(could)
+            if strict:
+                blocked.update(could)
             if ticket.plan is not None:
                 blocked.update(ticket.plan.uuids)
         return changed

@@ -22,13 +22,19 @@ in bytes, CPUs as numbers of CPUs):
   ("exclusive" or "shared:N"), ``memory_cap`` (a shared role's soft cap, or
   None), ``since`` (the server's start, None when unknown), ``evicting_for``
   (the owner whose preemption stops it, or None);
+- ``queue_strategy``: the queue's strategy ("BestEffortFIFO" or "StrictFIFO") and
+  ``queue_fair``: true, the queue serves a user's first server before anyone's second
+  (docs/preemption.md#the-queues-strategies);
 - ``queue``: the waiting tickets in order: ``position`` (1-based), ``owner``,
   ``user``, ``role``, ``priority``, ``since``, ``gpus`` (how many asked; 0 for a
   CPU-only start, which waits for host room only), ``mode`` ("" for none),
   ``preempting`` (a preemption is under way for it), ``victims`` (the owners being
   stopped for it), ``reserved`` (the GPUs kept for it), ``cpus`` and ``memory`` (the
-  host room it asks for; None when host admission is off) and ``waiting_for`` (what
-  is full on the host while it waits for room, as a sentence; else None);
+  host room it asks for; None when host admission is off), ``waiting_for`` (why it
+  waits for room on the host, as a sentence with its own figures, or whom it is held
+  behind; else None), ``behind`` (the owner of the older start it is held behind while
+  it fits, or None) and ``user_servers`` (the servers its user has before it, held or
+  asked for earlier: its place among equal priorities);
 - ``host``: None when host admission is off, else the host's room
   (docs/deployment.md#host-capacity): ``cpus`` and ``memory`` (what the hub counts of
   the engine), ``kept_cpus`` and ``kept_memory`` (kept back for the hub, the proxy and
@@ -135,6 +141,7 @@ def pool_snapshot(pool: PoolView, now: float, monotonic_now: float | None = None
             "mode": _mode(ticket.request),
             "preempting": ticket.plan is not None, "victims": victims,
             "reserved": sorted(u for u, o in reserved.items() if o == ticket.owner),
+            "user_servers": ticket.servers,
             **_room(ticket),
         })
     return {
@@ -145,17 +152,20 @@ def pool_snapshot(pool: PoolView, now: float, monotonic_now: float | None = None
         "usage": {"total": usage.total, "exclusive": usage.exclusive,
                   "shared": usage.shared, "free": usage.free},
         "gpus": gpus,
+        "queue_strategy": pool.queue.strategy,
+        "queue_fair": True,
         "queue": queue,
         "host": _host(pool.host, pool.servers) if pool.host is not None else None,
     }
 
 
 def _room(ticket: Ticket) -> dict[str, Any]:
-    """A queue row's host room, and what is full while it waits for room."""
+    """A queue row's host room, and why it waits for room."""
     room = ticket.host
     return {"cpus": _cpus(room.cpus) if room is not None else None,
             "memory": room.memory if room is not None else None,
-            "waiting_for": ticket.short.sentence() if ticket.short is not None else None}
+            "waiting_for": ticket.room_sentence(),
+            "behind": ticket.behind.owner if ticket.behind is not None else None}
 
 
 def _host(book: HostBook, servers: Mapping[str, Any]) -> dict[str, Any]:

@@ -49,6 +49,7 @@ from urllib.parse import quote
 
 from tornado import web
 
+from spawner.gpu.queue import ORDER, STRATEGIES, STRICT_FIFO
 from spawner.state import GPU_USAGE, GPUS, Documents
 from spawner.webapp.base import FORMAT_SCRIPT, ApiHandler, BaseHandler, PageHandler
 from spawner.webapp.formatting import duration, half_up, size
@@ -242,6 +243,7 @@ def map_document(pool: dict[str, Any] | None, usage: dict[str, Any] | None, now:
     inventory = pool.get("inventory") if isinstance(pool.get("inventory"), dict) else {}
     in_pool = [r for r in rows if r["in_pool"]]
     for_room = sum(t["waiting_for"] is not None for t in queue)
+    strategy = pool.get("queue_strategy")
     return {
         "generated_at": now,
         "poll_seconds": POLL_SECONDS,
@@ -267,6 +269,8 @@ def map_document(pool: dict[str, Any] | None, usage: dict[str, Any] | None, now:
         },
         "host": host_view(pool, usage, now),
         "gpus": rows,
+        "queue_strategy": strategy if strategy in STRATEGIES else None,  # None: an older hub
+        "queue_fair": pool.get("queue_fair") is True,
         "queue": queue,
     }
 
@@ -346,6 +350,21 @@ def room_text(cpus: Any, memory: Any) -> str:
     if not number(cpus):
         return "–"
     return f"{cpus_text(cpus)} CPU{'' if cpus == 1 else 's'}, {size(memory)}"
+
+
+def queue_text(doc: dict[str, Any]) -> str:
+    """The queue's strategy and order, as the spawn page says them: 'Queue: BestEffortFIFO,
+    fair between users. Served by priority, then …'; "" when the hub does not say."""
+    strategy = doc.get("queue_strategy")
+    if not strategy:
+        return ""
+    fair = doc.get("queue_fair") is True
+    order = ORDER if fair else "by priority, then arrival"
+    rule = ("nobody behind takes room on the host while a start ahead waits for room, nor "
+            "a GPU a start ahead could use" if strategy == STRICT_FIFO else
+            "a start that fits is not held up by an older one that does not")
+    return (f"Queue: {strategy}{', fair between users' if fair else ''}. Served "
+            f"{order}; {rule}.")
 
 
 def waiting_for_text(ticket: dict[str, Any]) -> str:
@@ -437,6 +456,7 @@ class GpuPage(GpuMap, PageHandler):
             plural=plural, mode_text=mode_text, cpus_text=cpus_text,
             amount_text=amount_text, attr_number=attr_number, host_text=host_text,
             room_text=room_text, waiting_for_text=waiting_for_text, gpus_text=gpus_text,
+            queue_text=queue_text,
             user_link=lambda user: user_link(self.prefix, user), holder_users=users,
             preemption_text=lambda t: preemption_text(t, users, indexes), xsrf=self.xsrf(),
             api=self.prefix + "api/gpus", user_page=self.prefix + "user?name=")

@@ -3,9 +3,11 @@
 This module's hub counts 2 GiB of memory for its notebooks (``host_memory``, nothing kept
 back), so two servers of 768 MiB fit and a third does not: it waits in the queue with its
 place, starts when one stops, or is refused after its role's queue_timeout; a role that
-does not queue is refused at once; nothing is created for a refused start; a role that
-preempts frees the room it needs, with the notice and grace period; a restarted hub
-counts the servers that kept running (docs/deployment.md#host-capacity).
+does not queue is refused at once; nothing is created for a refused start; under the
+default BestEffortFIFO a small start that fits starts at once while a big one waits, and
+a start that waits is told its own shortfall; a role that preempts frees the room it
+needs, with the notice and grace period; a restarted hub counts the servers that kept
+running (docs/deployment.md#host-capacity, docs/preemption.md#the-queues-strategies).
 """
 
 from __future__ import annotations
@@ -39,11 +41,12 @@ roles:
   brief: {cpus: 0.25, memory: 768M, queue_timeout: 3, images: [pytorch]}
   now: {cpus: 0.25, memory: 768M, queue_timeout: 0, images: [pytorch]}
   huge: {cpus: 0.25, memory: 3G, images: [pytorch]}
+  big: {cpus: 0.25, memory: 1536M, queue_timeout: 60, images: [pytorch]}
 assignments:
-  default: [small, brief, now, huge, urgent]
+  default: [small, brief, now, huge, urgent, big]
 """
-SMALL, BRIEF, NOW, HUGE, URGENT = ({"profile": p}
-                                   for p in ("small", "brief", "now", "huge", "urgent"))
+SMALL, BRIEF, NOW, HUGE, URGENT, BIG = ({"profile": p} for p in
+                                        ("small", "brief", "now", "huge", "urgent", "big"))
 HOST = """
 c.QuotaSpawner.host_memory = "2G"
 c.QuotaSpawner.host_reserve_memory = "0"
@@ -52,7 +55,9 @@ c.QuotaSpawner.gpu_sync_interval = 1
 c.JupyterHub.cleanup_servers = False  # servers outlive a hub restart
 """
 FULL = "the host's memory is fully reserved: 2.25 GiB of 2 GiB"
-USERS = ("ann", "ben", "cal", "dee", "eve", "fay", "gil")
+USERS = ("ann", "ben", "cal", "dee", "eve", "fay", "gil", "hal", "ivy", "jon")
+ORDER = ("(BestEffortFIFO, fair between users: by priority, then a user's first server "
+         "before anyone's second, then arrival)")
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +138,39 @@ def test_a_role_larger_than_the_notebooks_share_is_refused(admit, docker_client)
         r.json()["message"]
     assert "so it can never start here" in r.json()["message"]
     assert containers(docker_client, "fay") == []
+
+
+def test_a_start_that_fits_is_not_held_up_by_a_big_one_and_each_is_told_its_own_shortfall(
+        admit, docker_client):
+    """BestEffortFIFO, the default: with ann's 768 MiB held, hal's 1.5 GiB start does not
+    fit and waits; ivy's 768 MiB start fits, and starts at once; jon's then does not fit,
+    and is told its own figures (2.25 GiB of 2 GiB), not hal's (3 GiB of 2 GiB)."""
+    assert "Queue: BestEffortFIFO, fair between users" in admit.log()
+    admit.start_servers({"ann": SMALL})
+    try:
+        hal = spawn_in_background(admit, "hal", BIG)
+        said = progress_messages(admit, "hal", until="Waiting for room", timeout=20)
+        assert any(f"Waiting for room on the host for the role 'big': {FULL}. Number 1 of 1 "
+                   f"in the queue {ORDER}" in m for m in said), said
+        ivy = spawn_in_background(admit, "ivy", SMALL)
+        admit.wait_ready("ivy", timeout=30)  # StrictFIFO would hold it behind hal
+        ivy["thread"].join(30)
+        assert not [e for e in admit.events() if e.get("event") == "queued"
+                    and e.get("user") == "ivy"]
+        jon = spawn_in_background(admit, "jon", SMALL)
+        said = progress_messages(admit, "jon", until="Waiting for room", timeout=20)
+        assert any(f"Waiting for room on the host for the role 'small': {FULL}. Number 2 of "
+                   f"2 in the queue {ORDER}; you start when a server stops." in m
+                   for m in said), said
+        hal_now = progress_messages(admit, "hal", until="3 GiB of 2 GiB", timeout=20)
+        assert any("the host's memory is fully reserved: 3 GiB of 2 GiB" in m
+                   for m in hal_now), hal_now
+        assert not admit.user("hal")["servers"][""]["ready"]
+        assert containers(docker_client, "hal") == [] and containers(docker_client, "jon") == []
+    finally:  # the waiting starts first, so that none is served as the others stop
+        admit.stop_servers(["hal", "jon", "ann", "ivy"])
+    for started in (hal, jon):
+        started["thread"].join(30)
 
 
 def test_a_preempting_role_frees_memory_with_the_notice_and_grace_period(

@@ -15,7 +15,9 @@ from test_gpus import HOSTILE, HOSTILE_ROLE, row_of, state_site, words
 from test_host_map import G, busy_host, leave_all, pool, watched
 
 from spawner.gpu.pool import Server
+from spawner.gpu.queue import STRICT_FIFO
 from spawner.gpu.snapshot import pool_snapshot
+from spawner.quota.model import Role
 from spawner.state import GPU_USAGE, GPUS
 from spawner.watchdog.app import gpu_usage_snapshot
 from spawner.watchdog.rules import IncidentBook
@@ -142,6 +144,34 @@ async def test_hostile_names_in_the_host_section_are_escaped(site):
     assert words(row_of(page, "quota-carol")).startswith(f"1 {HOSTILE} small none")
     doc = json.loads((await site.get("api/gpus", "admin")).body)
     assert doc["host"]["servers"][1]["user"] == HOSTILE
+
+
+async def test_the_wait_queue_says_its_strategy_and_why_each_start_waits(site):
+    await write_host(site)  # BestEffortFIFO, the default
+    page = (await site.get("gpus", "admin")).body.decode()
+    assert words(re.search(r'<p id="queue-policy">(.*?)</p>', page).group(1)) == (
+        "Queue: BestEffortFIFO, fair between users. Served by priority, then a user's "
+        "first server before anyone's second, then arrival; a start that fits is not "
+        "held up by an older one that does not.")
+    # StrictFIFO: a start that fits, held behind an older one, is not given its figures
+    p = pool(gpus=0)
+    p.queue.strategy = STRICT_FIFO
+    for user, memory in (("alice", 58), ("bob", 4), ("carol", 1)):
+        p.join(f"quota-{user}", Server(user, "r", time.time()),
+               Role("r", 1, memory * G, ("p",)))
+    site.write(GPUS.file, pool_snapshot(p, time.time()))
+    leave_all(p)
+    page = (await site.get("gpus", "admin")).body.decode()
+    assert words(re.search(r'<p id="queue-policy">(.*?)</p>', page).group(1)).startswith(
+        "Queue: StrictFIFO, fair between users. Served by priority")
+    assert words(row_of(page, "quota-bob")).endswith(
+        "room on the host (the host's memory is fully reserved: 62 GiB of 60 GiB) –")
+    assert words(row_of(page, "quota-carol")).endswith(
+        "room on the host (this start would fit, but the queue is StrictFIFO and an older "
+        "start waits ahead of it for room: bob's (role 'r'), for which the host's memory "
+        "is fully reserved: 62 GiB of 60 GiB) –")
+    doc = json.loads((await site.get("api/gpus", "admin")).body)
+    assert (doc["queue_strategy"], doc["queue_fair"]) == ("StrictFIFO", True)
 
 
 async def test_the_host_is_for_admins_only(site):

@@ -88,8 +88,10 @@ async def test_pool_snapshot_lists_gpus_holders_and_queue():
     assert snap["queue"] == [{
         "position": 1, "owner": "quota-dave", "user": "dave", "role": "train",
         "priority": 10, "since": T + 6, "gpus": 2, "mode": "exclusive",
-        "preempting": False, "victims": [], "reserved": [],
-        "cpus": None, "memory": None, "waiting_for": None}]  # no host admission here
+        "preempting": False, "victims": [], "reserved": [], "user_servers": 0,
+        "cpus": None, "memory": None, "waiting_for": None,  # no host admission here
+        "behind": None}]
+    assert (snap["queue_strategy"], snap["queue_fair"]) == ("BestEffortFIFO", True)
     assert snap["host"] is None
     pool.leave("quota-dave", "test")
     assert pool_snapshot(pool, T)["queue"] == []

@@ -19,7 +19,7 @@ from spawner.gpu.allocator import GpuAllocator, GpuRequest, NoGpuFree, fits
 from spawner.gpu.inventory import GpuDevice, declared_inventory
 from spawner.gpu.pool import GpuPool, Server
 from spawner.gpu.preemption import Running
-from spawner.gpu.queue import Dispatched, GpuQueue, Ticket
+from spawner.gpu.queue import BEST_EFFORT_FIFO, STRICT_FIFO, Dispatched, GpuQueue, Ticket
 from spawner.quota.model import Role
 
 EX = GpuRequest(1)
@@ -61,14 +61,16 @@ def gpus(n: int) -> list[GpuDevice]:
     return [GpuDevice(str(i), "ABCDEFGH"[i]) for i in range(n)]
 
 
-def make_queue(n: int = 2) -> tuple[GpuQueue, RecordingAllocator]:
+def make_queue(n: int = 2, strategy: str = BEST_EFFORT_FIFO,
+               users: dict[str, str] | None = None) -> tuple[GpuQueue, RecordingAllocator]:
+    """A queue on ``n`` GPUs; ``users``: holder -> user, for fairness."""
     alloc = RecordingAllocator(gpus(n))
-    return GpuQueue(alloc), alloc
+    return GpuQueue(alloc, strategy=strategy, user_of=(users or {}).get), alloc
 
 
 def join(q: GpuQueue, owner: str, priority: int = 0, request: GpuRequest = EX,
-         may_preempt: bool = False) -> Ticket:
-    return q.join(owner, f"user-{owner}", "role", priority, may_preempt, request, 0.0)
+         may_preempt: bool = False, user: str | None = None) -> Ticket:
+    return q.join(owner, user or f"user-{owner}", "role", priority, may_preempt, request, 0.0)
 
 
 def old(owner: str, priority: int, age: float = 1000.0, protected: bool = False) -> Running:
@@ -138,8 +140,8 @@ async def test_backfill_takes_a_shared_slot_the_blocked_exclusive_head_cannot_us
     assert alloc.holders("C") == []  # the free GPU the head wants is left alone
 
 
-async def test_backfill_never_takes_a_free_gpu_the_head_wants():
-    q, alloc = make_queue(3)
+async def test_strict_fifo_never_takes_a_free_gpu_the_head_wants():
+    q, alloc = make_queue(3, STRICT_FIFO)
     alloc.acquire("x", EX)  # A
     alloc.acquire("s0", shared(1))  # B: shared, full
     join(q, "big", request=GpuRequest(2))
@@ -154,6 +156,33 @@ async def test_backfill_never_takes_a_free_gpu_the_head_wants():
     assert granted(q.dispatch({})) == ["small"] and small.grant.result() == ("B",)
 
 
+async def test_best_effort_fifo_serves_a_start_that_fits_before_an_older_one_that_does_not():
+    q, alloc = make_queue(3)  # BestEffortFIFO, the default
+    alloc.acquire("x", EX)  # A
+    alloc.acquire("s0", shared(1))  # B: shared, full
+    big = join(q, "big", request=GpuRequest(2))  # only C is free: one is not two
+    small = join(q, "small", request=shared(4))
+    assert granted(q.dispatch({})) == ["small"] and small.grant.result() == ("C",)
+    assert q.position("big") == (1, 1)
+    # the older one keeps its place: served first as soon as it fits
+    join(q, "later", request=EX)
+    alloc.release("x")
+    alloc.release("small")
+    assert granted(q.dispatch({})) == ["big"] and big.grant.result() == ("A", "C")
+    assert q.position("later") == (1, 1)
+
+
+async def test_best_effort_fifo_keeps_the_gpus_a_preemption_reserves_for_an_older_start():
+    q, alloc = make_queue(2)
+    alloc.acquire("v", EX)  # A: a victim
+    big = join(q, "big", 5, request=GpuRequest(2), may_preempt=True)
+    done = q.dispatch({"v": old("v", 0)})
+    assert [t.owner for t in done.planned] == ["big"] and set(big.plan.uuids) == {"A", "B"}
+    small = join(q, "small", request=EX)
+    assert q.dispatch({"v": old("v", 0)}).granted == []  # B is kept for big
+    assert not small.grant.done() and alloc.holders("B") == []
+
+
 async def test_a_later_request_may_take_what_nobody_ahead_can_use():
     q, alloc = make_queue(2)
     alloc.acquire("x", EX)  # A
@@ -163,6 +192,47 @@ async def test_a_later_request_may_take_what_nobody_ahead_can_use():
     done = q.dispatch({})
     assert granted(done) == ["later"] and later.grant.result() == ("B",)
     assert not head.grant.done()
+
+
+# --- fairness between users ---------------------------------------------------------------
+
+
+async def test_a_users_first_server_goes_before_another_users_second():
+    q, alloc = make_queue(2, users={"alice-1": "alice"})
+    alloc.acquire("alice-1", EX)  # A: alice's first server runs
+    alloc.acquire("x", EX)  # B
+    second = join(q, "alice-2", user="alice")  # her second, asked for first
+    first = join(q, "bob-1", user="bob")  # bob's first, later
+    q.dispatch({})
+    assert [t.owner for t in q.waiting()] == ["bob-1", "alice-2"]
+    assert (second.servers, first.servers) == (1, 0)
+    assert q.position("bob-1") == (1, 2) and q.position("alice-2") == (2, 2)
+    alloc.release("x")
+    assert granted(q.dispatch({})) == ["bob-1"] and not second.grant.done()
+
+
+async def test_a_users_waiting_starts_count_towards_their_place():
+    q, alloc = make_queue(1, users={"alice-1": "alice"})
+    alloc.acquire("x", EX)
+    join(q, "alice-1", user="alice")
+    join(q, "alice-2", user="alice")
+    join(q, "alice-3", user="alice")
+    join(q, "bob-1", user="bob")
+    join(q, "bob-2", user="bob")
+    assert [t.owner for t in q.waiting()] == ["alice-1", "bob-1", "alice-2", "bob-2",
+                                              "alice-3"]
+    # her first served: the others keep their places (she now holds one, asked one less)
+    alloc.release("x")
+    assert granted(q.dispatch({})) == ["alice-1"]
+    assert [t.owner for t in q.waiting()] == ["bob-1", "alice-2", "bob-2", "alice-3"]
+
+
+async def test_priority_goes_before_fairness():
+    q, alloc = make_queue(1, users={"alice-1": "alice"})
+    alloc.acquire("alice-1", EX)
+    join(q, "bob-1", 0, user="bob")
+    join(q, "alice-2", 5, user="alice")
+    assert [t.owner for t in q.waiting()] == ["alice-2", "bob-1"]
 
 
 # --- leaving ---------------------------------------------------------------------------
@@ -339,6 +409,7 @@ class Storm:
     """A queue on 4 GPUs and the servers holding them, driven at random."""
 
     rng: random.Random
+    strategy: str = BEST_EFFORT_FIFO
     alloc: RecordingAllocator = field(default_factory=lambda: RecordingAllocator(gpus(4)))
     servers: dict[str, tuple[int, int, float, bool]] = field(default_factory=dict)
     clock: int = 0
@@ -348,7 +419,7 @@ class Storm:
     stats: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.q = GpuQueue(self.alloc)
+        self.q = GpuQueue(self.alloc, strategy=self.strategy)
 
     def count(self, what: str, n: int = 1) -> None:
         self.stats[what] = self.stats.get(what, 0) + n
@@ -421,9 +492,9 @@ class Storm:
         self.check()
 
     def check_order(self, done: Dispatched) -> None:
-        """No ticket took or planned on a GPU that a ticket ahead of it, still waiting
-        and without a plan, could use when its own acquire failed (in the state the
-        queue saw then); none took a GPU planned for a ticket ahead."""
+        """None took a GPU planned for a ticket ahead; and, StrictFIFO, no ticket took or
+        planned on a GPU that a ticket ahead of it, still waiting and without a plan,
+        could use when its own acquire failed (in the state the queue saw then)."""
         waiting = {t.owner: t for t in self.q.waiting()}
         new_plans = {t.owner: set(t.plan.uuids) for t in done.planned}
         ahead: list[Call] = []  # failed acquires of tickets still waiting
@@ -438,6 +509,8 @@ class Storm:
                 if plan is not None:
                     assert not set(plan.uuids) & set(call.got or ()), (call, before)
                     continue
+                if self.strategy != STRICT_FIFO:
+                    continue  # BestEffortFIFO: what fits is served
                 usable = {u for u, on in before.holders.items()
                           if before.reserved.get(u, before.owner) == before.owner
                           and fits(before.request, on)}
@@ -475,7 +548,8 @@ class Storm:
             assert victim in waiting[owner].plan.victims
             assert self.servers[victim][0] < waiting[owner].priority
         # the dispatch was complete: no waiting ticket could be served from GPUs that
-        # the tickets ahead of it do not want, so no plan was made that was not needed.
+        # the tickets ahead of it do not keep (StrictFIFO: do not want), so no plan was
+        # made that was not needed.
         # Except a GPU still reserved for a ticket behind when this one's turn came: its
         # reservation ended later in the same dispatch (see the fixpoint test above)
         tried = {c.owner: c for c in alloc.calls}
@@ -485,14 +559,16 @@ class Storm:
             free = [u for u in alloc.candidates(ticket.request, ticket.owner, exclude=blocked)
                     if then.get(u, ticket.owner) == ticket.owner]
             assert len(free) < ticket.request.count, (ticket, free, blocked)
-            blocked |= set(alloc.candidates(ticket.request, ticket.owner))
+            if self.strategy == STRICT_FIFO:
+                blocked |= set(alloc.candidates(ticket.request, ticket.owner))
             if ticket.plan is not None:
                 blocked |= set(ticket.plan.uuids)
 
 
+@pytest.mark.parametrize("strategy", [BEST_EFFORT_FIFO, STRICT_FIFO])
 @pytest.mark.parametrize("seed", range(6))
-async def test_storm_of_mixed_tickets_keeps_every_invariant(seed: int):
-    storm = Storm(random.Random(seed))
+async def test_storm_of_mixed_tickets_keeps_every_invariant(seed: int, strategy: str):
+    storm = Storm(random.Random(seed), strategy)
     for owner, request in (("x0", EX), ("x1", GpuRequest(2)), ("s0", shared(4))):
         storm.alloc.acquire(owner, request)
         storm.hold(owner, storm.rng.choice((0, 1)))

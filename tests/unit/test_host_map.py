@@ -68,7 +68,7 @@ async def test_a_cpu_only_start_in_the_queue_asks_for_no_gpu_and_says_what_is_fu
     assert (carol["cpus"], carol["memory"]) == (0.5, 2 * G)
     assert carol["waiting_for"] == "the host's memory is fully reserved: 61 GiB of 60 GiB"
     assert not carol["preempting"] and carol["victims"] == [] and carol["reserved"] == []
-    # dave waits behind her for the same room, and would take a GPU after it
+    # dave does not fit either (his own figures, the same as hers); a GPU comes after room
     assert (dave["gpus"], dave["mode"], dave["cpus"]) == (1, "exclusive", 0.5)
     assert dave["waiting_for"] == carol["waiting_for"]
     leave_all(p)

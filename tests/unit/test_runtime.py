@@ -1,6 +1,7 @@
 """The hub's runtime (spawner/docker/runtime.py) without an engine: one per inventory and
 hub id, claims taken before it is built, built once (again after a failure), its parts in
-their order, and the hub-start build that never runs outside a starting hub."""
+their order, the queue's strategy setting, and the hub-start build that never runs outside
+a starting hub."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from traitlets import TraitError
 
 from spawner.contract import GPUS_LABEL, HUB_LABEL, USER_LABEL
 from spawner.docker import runtime as hub_runtime
+from spawner.docker.config import QuotaSpawnerConfig
 from spawner.docker.gpus import start_time_for
 from spawner.docker.runtime import HubRuntime, Settings, build_at_hub_start
 from spawner.quota.model import Role
@@ -57,7 +60,8 @@ def source(tmp_path, client: Any = None, **settings: Any) -> Any:
                   usage_db="none", events_file="", gpu_sync_interval=3600.0,
                   zombie_grace_period=300.0,
                   usage_retention_days=0.0, usage_check_interval=3600.0,
-                  host_admission=False, host_cpus=0.0, host_memory="", host_reserve_cpus=1.0,
+                  host_admission=False, queue_strategy="BestEffortFIFO", host_cpus=0.0,
+                  host_memory="", host_reserve_cpus=1.0,
                   host_reserve_memory="", cpu_overcommit=4.0, memory_overcommit=1.0,
                   notebooks_cgroup=False, quota_source="file", quota_table_name="default")
     values.update(settings)
@@ -124,9 +128,25 @@ async def test_built_once_in_order_and_again_after_a_failure(tmp_path, caplog):
     assert messages[1].startswith("GPU inventory: no GPUs")
     assert messages[2].startswith(f"Hub runtime of hub {HUB} built at hub start: 0 GPUs "
                                   "(none), usage ledger none, event log ")
+    assert messages[3] == ("Queue: BestEffortFIFO, fair between users "
+                           "(docs/preemption.md#the-queues-strategies)")
     assert runtime.engine_info == {"SwapLimit": False, "MemoryLimit": True, "NCPU": 4}
     assert runtime.nvidia is None and runtime.duties is None and runtime.usage is None
     assert runtime.pool.evictions is runtime.evictor
+
+
+def test_the_queue_strategy_setting_takes_kueues_names_only():
+    assert QuotaSpawnerConfig().queue_strategy == "BestEffortFIFO"
+    assert QuotaSpawnerConfig(queue_strategy="strictfifo").queue_strategy == "StrictFIFO"
+    with pytest.raises(TraitError, match="BestEffortFIFO"):
+        QuotaSpawnerConfig(queue_strategy="LIFO")
+
+
+async def test_the_queue_strategy_setting_reaches_the_pools_queue(tmp_path):
+    spawner = source(tmp_path, queue_strategy="StrictFIFO")
+    runtime = await HubRuntime.of(spawner).built(spawner)
+    assert runtime.pool.queue.strategy == "StrictFIFO"
+    assert runtime.pool.queue.policy == "StrictFIFO, fair between users"
 
 
 async def test_with_a_ledger_the_duties_start_when_it_is_ready(tmp_path):

@@ -66,6 +66,21 @@
     return `${cpusText(cpus)} CPU${cpus === 1 ? "" : "s"}, ${size(memory)}`;
   }
 
+  // as gpus.py's queue_text
+  function queueText(doc) {
+    const strategy = doc.queue_strategy;
+    if (!strategy) return "";
+    const fair = doc.queue_fair === true;
+    const order = fair
+      ? "by priority, then a user's first server before anyone's second, then arrival"
+      : "by priority, then arrival";
+    const rule = strategy === "StrictFIFO"
+      ? "nobody behind takes room on the host while a start ahead waits for room, nor " +
+        "a GPU a start ahead could use"
+      : "a start that fits is not held up by an older one that does not";
+    return `Queue: ${strategy}${fair ? ", fair between users" : ""}. Served ${order}; ${rule}.`;
+  }
+
   function waitingForText(ticket) {
     if (ticket.waiting_for) return `room on the host (${ticket.waiting_for})`;
     return isNumber(ticket.gpus) && ticket.gpus > 0 ? plural(ticket.gpus, "GPU") : "–";
@@ -299,8 +314,10 @@
           h("td", {class: "text"}, waitingForText(t)),
           h("td", {class: "text"}, preemptionText(t, users, indexes)))))))
       : h("p", {id: "queue-empty"}, "Nobody is waiting for a GPU or for room on the host.");
+    const policy = queueText(doc);
     return h("section", {"aria-labelledby": "queue-label"},
-      h("h2", {id: "queue-label"}, "Wait queue"), body);
+      h("h2", {id: "queue-label"}, "Wait queue"),
+      policy ? h("p", {id: "queue-policy"}, policy) : null, body);
   }
 
   function render(doc) {
