@@ -146,10 +146,11 @@ def test_a_user_with_max_open_waiting_requests_is_refused_another_until_one_is_w
 
 def test_forty_asks_at_once_for_one_role_store_one(ledger):
     table = flood_table()
-    outcomes = at_once(40, lambda i: ask(ledger, table))
-    assert Counter(o.refusal if isinstance(o, rr.Outcome) else repr(o)
-                   for o in outcomes) == {None: 1, SAME_ROLE: 39}
-    assert stored(ledger) == [("ada", "lab-00", "pending")]
+    for role in ROLES[:3]:  # three rounds: a race that one round may miss
+        outcomes = at_once(40, lambda i, role=role: ask(ledger, table, role))
+        assert Counter(o.refusal if isinstance(o, rr.Outcome) else repr(o)
+                       for o in outcomes) == {None: 1, SAME_ROLE.replace("lab-00", role): 39}
+    assert stored(ledger) == [("ada", role, "pending") for role in ROLES[:3]]
 
 
 def test_forty_asks_at_once_for_forty_roles_store_max_open(ledger):
