@@ -24,6 +24,7 @@ from spawner.quota.model import (
     MAX_GPU_HOURS,
     MAX_GPU_SHARE,
     MAX_GPUS,
+    MAX_OPEN_REQUESTS,
     MAX_PIDS,
     MAX_PRIORITY,
     MAX_REQUEST_DAYS,
@@ -327,7 +328,7 @@ ROLE_FIELDS = (
 ASSIGNMENT_FIELDS = ("default", "groups", "users")
 BUDGETS_FIELDS = ("timezone", "groups", "users")
 BUDGET_FIELDS = ("gpu_hours", "per", "stop", "warn_at")
-REQUESTS_FIELDS = ("roles", "max_days", "instructors_approve")
+REQUESTS_FIELDS = ("roles", "max_days", "instructors_approve", "max_open")
 TOP_FIELDS = ("images", "roles", "assignments", "budgets", "requests")
 REQUIRED_TOP_FIELDS = ("images", "roles", "assignments")
 
@@ -544,7 +545,8 @@ def _read_budgets(r: _Reader, node: Node) -> tuple[tuple[Budget, ...], str]:
 
 
 def _read_requests(r: _Reader, node: Node, role_names: set[str]) -> RequestRules:
-    """Which roles may be requested, for how long, and whether instructors decide."""
+    """Which roles may be requested, for how long, whether instructors decide, and how
+    many requests one user may have waiting."""
     fields = r.mapping(node, "requests", REQUESTS_FIELDS)
     values: dict[str, Any] = {}
     if "roles" in fields:
@@ -556,6 +558,9 @@ def _read_requests(r: _Reader, node: Node, role_names: set[str]) -> RequestRules
     if "instructors_approve" in fields:
         values["instructors_approve"] = r.flag(fields["instructors_approve"][1],
                                                "requests: instructors_approve")
+    if "max_open" in fields:
+        values["max_open"] = r.whole_number(fields["max_open"][1], "requests: max_open",
+                                            MAX_OPEN_REQUESTS, minimum=1)
     return RequestRules(**{k: v for k, v in values.items() if v is not None})
 
 

@@ -38,6 +38,9 @@ DEFAULT_BUDGET_TIMEZONE = "UTC"
 # Requests for a bigger role (docs/role-requests.md).
 DEFAULT_REQUEST_MAX_DAYS = 14.0
 MAX_REQUEST_DAYS = 366.0
+# Requests one user may have waiting at once (docs/security.md#per-user-limits)
+DEFAULT_MAX_OPEN_REQUESTS = 3
+MAX_OPEN_REQUESTS = 100
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ class RequestRules:
     roles: tuple[str, ...] = ()  # none: requests are off
     max_days: float = DEFAULT_REQUEST_MAX_DAYS  # the longest window
     instructors_approve: bool = False  # a group's instructors decide for its members
+    max_open: int = DEFAULT_MAX_OPEN_REQUESTS  # a user's requests waiting at once
 
     @property
     def max_seconds(self) -> float:

@@ -7,8 +7,8 @@ a watchdog on another machine, given only the database's URL, reads them in orde
 
 Order: ids are the order of the log. On a server, concurrent writers could commit ids
 out of order (a reader might then pass over one that commits later), so each append
-first takes a transaction-scoped advisory lock: appends commit one at a time, in id
-order. SQLite's writers take turns anyway. Blocking: call from a thread.
+first takes a transaction-scoped advisory lock (usage/locks.py): appends commit one at a
+time, in id order. SQLite's writers take turns anyway. Blocking: call from a thread.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Engine, delete, func, insert, select
 from sqlalchemy.exc import IntegrityError
 
+from spawner.usage.locks import one_at_a_time
 from spawner.usage.schema import event_claims, events
 
 # pg_advisory_xact_lock's key for appending events ("events" in ASCII)
@@ -37,8 +38,7 @@ def append(engine: Engine, records: Sequence[Mapping[str, Any]]) -> None:
              "event": str(r.get("event") or "")[:64],
              "body": json.dumps(dict(r), sort_keys=True, default=str)} for r in records]
     with engine.begin() as connection:
-        if connection.dialect.name == "postgresql":
-            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({APPEND_LOCK})")
+        one_at_a_time(connection, APPEND_LOCK)
         connection.execute(insert(events), rows)
 
 

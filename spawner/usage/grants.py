@@ -9,6 +9,11 @@ clean-up to end: ``granted_roles`` only counts approved windows that hold now.
 Each change returns an ``Outcome``: the request, or a sentence saying why nothing was
 done, and the event for the hub's event log, so the user is told either way.
 
+One user may have at most the table's ``requests: max_open`` requests waiting, one per
+role. ``ask`` counts and checks under a lock of that user (usage/locks.py), so asks sent
+all at once are taken one at a time, and the ledger's unique index on waiting requests
+(``uq_role_requests_open``) refuses a second one for the same role from any writer.
+
 Everything here reads or writes the ledger and blocks: call it from a thread.
 """
 
@@ -20,9 +25,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine, and_, delete, insert, select, update
+from sqlalchemy.exc import IntegrityError
 
 from spawner.quota.model import QuotaTable
 from spawner.quota.units import format_moment, valid_moment
+from spawner.usage.locks import one_at_a_time
 from spawner.usage.schema import role_requests
 
 PENDING, APPROVED, REFUSED, WITHDRAWN = "pending", "approved", "refused", "withdrawn"
@@ -36,6 +43,8 @@ MAX_REASON = 2000  # characters; a reason is a sentence or two, not a document
 DAY = 86400.0
 # How far ahead a request may start (docs/security.md#input-limits).
 REQUEST_HORIZON_DAYS = 366
+# pg_advisory_xact_lock's kind for one user's asks ("reqs" in ASCII): usage/locks.py
+REQUESTS_LOCK = 0x72657173
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,8 @@ def get(engine: Engine, request_id: int) -> RoleRequest | None:
 def ask(engine: Engine, table: QuotaTable, user: str, groups: Iterable[str], role: str,
         starts: float, ends: float, reason: str, now: float) -> Outcome:
     """Record ``user``'s request for ``role`` from ``starts`` to ``ends`` (a start in the
-    past means now), or refuse it with a sentence for the user."""
+    past means now), or refuse it with a sentence for the user: also when they have a
+    request for it waiting, or ``max_open`` requests waiting."""
     groups = tuple(groups)
     rules = table.requests
     reason = reason.strip()
@@ -157,21 +167,25 @@ def ask(engine: Engine, table: QuotaTable, user: str, groups: Iterable[str], rol
         refusal = f"Please keep the reason under {MAX_REASON} characters."
     if refusal:
         return Outcome(refusal=refusal)
-    with engine.begin() as connection:
-        mine = [_row(r) for r in connection.execute(select(role_requests).where(and_(
-            role_requests.c.user_name == user, role_requests.c.role == role,
-            role_requests.c.state.in_((PENDING, APPROVED)))))]
-        for other in mine:
-            if other.state == PENDING:
-                return Outcome(refusal=(
-                    f"You already asked for the role '{role}' on {when(other.asked_at)}; "
-                    "that request is still waiting for a decision."))
-            if other.starts < ends and starts < other.ends and other.ends > now:
-                return Outcome(refusal=(
-                    f"You already have the role '{role}' granted {other.window}."))
-        new_id = connection.execute(insert(role_requests).values(
-            user_name=user, groups=",".join(groups), role=role, starts=starts, ends=ends,
-            reason=reason, state=PENDING, asked_at=now)).inserted_primary_key[0]
+    try:
+        with engine.begin() as connection:
+            # this user's asks one at a time: the count and the check see every ask before
+            one_at_a_time(connection, REQUESTS_LOCK, user)
+            mine = [_row(r) for r in connection.execute(select(role_requests).where(and_(
+                role_requests.c.user_name == user,
+                role_requests.c.state.in_((PENDING, APPROVED)))))]
+            refusal = _refusal(mine, role, starts, ends, now, rules.max_open)
+            if refusal:
+                return Outcome(refusal=refusal)
+            new_id = connection.execute(insert(role_requests).values(
+                user_name=user, groups=",".join(groups), role=role, starts=starts, ends=ends,
+                reason=reason, state=PENDING, asked_at=now)).inserted_primary_key[0]
+    except IntegrityError:
+        # the unique index on open requests: another writer stored this one first
+        waiting = [r for r in requests_of(engine, user) if r.role == role and r.state == PENDING]
+        if not waiting:
+            raise
+        return Outcome(refusal=_asked_already(waiting[0]))
     request = RoleRequest(new_id, user, groups, role, starts, ends, reason, PENDING, now)
     deciders = "Admins" + (", or an instructor of your class," if rules.instructors_approve
                            else "")
@@ -179,6 +193,30 @@ def ask(engine: Engine, table: QuotaTable, user: str, groups: Iterable[str], rol
                                   f"{reason}",
                   f"You asked for the role '{role}' {request.window}. {deciders} will "
                   "decide, and you are told either way.")
+
+
+def _asked_already(other: RoleRequest) -> str:
+    return (f"You already asked for the role '{other.role}' on {when(other.asked_at)}; "
+            "that request is still waiting for a decision.")
+
+
+def _refusal(mine: list[RoleRequest], role: str, starts: float, ends: float, now: float,
+             max_open: int) -> str | None:
+    """Why the user, with their pending and approved requests ``mine``, may not ask for
+    ``role`` for this window now; None when they may."""
+    for other in mine:
+        if other.role == role and other.state == PENDING:
+            return _asked_already(other)
+        if (other.role == role and other.starts < ends and starts < other.ends
+                and other.ends > now):
+            return f"You already have the role '{role}' granted {other.window}."
+    waiting = sum(r.state == PENDING for r in mine)
+    if waiting >= max_open:
+        have = f"{waiting} request{'' if waiting == 1 else 's'} waiting for a decision"
+        return (f"You have {have}, and this hub allows {max_open} at once: withdraw one on "
+                "the requests page (its Withdraw button), or wait for a decision, before "
+                "you ask for another.")
+    return None
 
 
 def decider(table: QuotaTable, *, admin: bool, instructor_of: Iterable[str] = (),

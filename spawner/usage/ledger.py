@@ -48,6 +48,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.sql.expression import bindparam
 
 from spawner.quota.units import rfc3339_time as docker_time
+from spawner.usage.locks import one_at_a_time
 from spawner.usage.schema import VERSION_TABLE, metadata, session_groups, sessions
 
 LEDGER_FILE = "quota-spawner-usage.sqlite"
@@ -230,12 +231,10 @@ UPGRADE_LOCK = 0x71756F7461
 
 
 def _one_at_a_time(connection: Connection) -> None:
-    """On a server, one process at a time creates or upgrades the ledger (the hub, the
-    usage service and each watchdog may start together): two CREATE TABLEs of the same
-    table at once fail there. The lock ends with the transaction. A SQLite file is
-    locked by its writer already."""
-    if connection.dialect.name == "postgresql":
-        connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({UPGRADE_LOCK})")
+    """One process at a time creates or upgrades the ledger (the hub, the usage service
+    and each watchdog may start together): two CREATE TABLEs of the same table at once
+    fail on a server. The lock ends with the transaction."""
+    one_at_a_time(connection, UPGRADE_LOCK)
 
 
 class Ledger:

@@ -116,6 +116,12 @@ role_requests = Table(
 )
 Index("ix_role_requests_user", role_requests.c.user_name, role_requests.c.state)
 Index("ix_role_requests_state", role_requests.c.state, role_requests.c.ends)
+# At most one open (pending) request per user and role, whatever several writers do at
+# once (usage/grants.py asks under a lock; this holds for any writer)
+OPEN_REQUEST_INDEX = "uq_role_requests_open"
+Index(OPEN_REQUEST_INDEX, role_requests.c.user_name, role_requests.c.role, unique=True,
+      sqlite_where=role_requests.c.state == "pending",
+      postgresql_where=role_requests.c.state == "pending")
 
 # Class pre-warms an instructor scheduled: at ``at`` the usage service starts every
 # member's server of ``group_name`` with ``role`` and ``image``, with its own token;

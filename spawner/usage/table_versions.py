@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import Connection, Engine, false, insert, select, update
+from sqlalchemy import Connection, Engine, insert, select
 
 from spawner.quota.editing import (
     DATABASE_SOURCE,
@@ -49,6 +49,7 @@ from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError
 from spawner.quota.store import Loaded, QuotaStore
 from spawner.usage.ledger import Ledger
+from spawner.usage.locks import one_at_a_time
 from spawner.usage.schema import table_versions
 
 Log = logging.Logger | logging.LoggerAdapter
@@ -69,13 +70,9 @@ class Audit:
         time, from every process and machine, so that two saves on the same base version
         never both go through."""
         with self.engine.begin() as connection:
-            if connection.dialect.name == "postgresql":
-                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({WRITE_LOCK})")
-            else:
-                # A write first: SQLite takes its write lock now, so the reads below see
-                # the last save and no other writer comes between them and this one's.
-                connection.execute(update(table_versions).where(false())
-                                   .values(id=table_versions.c.id))
+            # SQLite's write lock too: the reads below see the last save, and no other
+            # writer comes between them and this one's
+            one_at_a_time(connection, WRITE_LOCK)
             yield connection
 
     def record(self, *, path: str, who: str, comment: str, text: str,

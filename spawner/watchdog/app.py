@@ -13,6 +13,8 @@ Each cycle (``interval``, 5 s by default):
 3. each event goes to its channels (``notify.py``) in the background, so a
    slow channel never delays the next cycle, and on its own, so one that
    cannot be worded or sent is one line in the log and the others go on;
+   past a few messages about one user in an hour, a channel gets the rest in
+   one digest when the hour ends (``limits.py``, kept in the incident book);
    the gauges (``metrics.py``) and dcgm-exporter's job mapping are updated,
    and the incidents saved;
 4. in a thread: each server's sample is folded into its session in the
@@ -415,6 +417,7 @@ class QuotaWatchdog(Application):
         told = await self.hub_events(snapshot)
         if told:  # one after the other: a notice must not come after its follow-up
             self._spawn(self.notify_in_order(told))
+        self._spawn(self.send_digests())
         opened = Counter(i.rule for i in self.book.open.values())
         self.metrics.update(snapshot, {rule: opened.get(rule, 0) for rule in RULES})
         if self.dcgm_mapping_dir:
@@ -543,13 +546,23 @@ class QuotaWatchdog(Application):
         try:
             message = self.notifier.message(event)
             self.log.warning("%s | %s", message.title, message.body.replace("\n", " | "))
-            results = await self.notifier.send(event, self.hub.groups_for, message=message)
+            results = await self.notifier.send(event, self.hub.groups_for, message=message,
+                                               limits=self.book.messages)
         except Exception as error:
             self.log.error("Cannot tell %s of %s (%s: %s); it is skipped", event.kind,
                            one_line(event.incident.key), type(error).__name__,
                            one_line(str(error)))
             return
         for channel, delivered in results.items():
+            if delivered:
+                self.metrics.notification_sent(channel)
+            else:
+                self.metrics.notification_failed(channel)
+
+    async def send_digests(self) -> None:
+        """The digests of the messages about a user held back since their hour began
+        (notify.py), once it has ended; counted as the channels' other messages."""
+        for channel, delivered in await self.notifier.send_digests(self.book.messages):
             if delivered:
                 self.metrics.notification_sent(channel)
             else:

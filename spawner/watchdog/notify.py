@@ -32,6 +32,12 @@ http://127.0.0.1:8080/open-apis/bot/v2/hook/TOKEN. All three check the reply's
 
 Logs name a channel by its ``name`` and never show its URL: the URL holds
 the tokens and secrets.
+
+One user cannot flood others' channels (``user_message_limit``, limits.py): a channel
+gets at most 5 messages about one user in an hour, and one digest of the rest when the
+hour ends (``send_digests``, each cycle). A channel that names the user in its ``users``
+is theirs and gets every message about them, so the answer to their own request always
+reaches them. Every message, sent or held, is in the watchdog's log.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from traitlets import Dict, Float, Integer, List, TraitError, Unicode, default, 
 from traitlets.config import LoggingConfigurable
 
 from spawner.quota.units import format_human
+from spawner.watchdog.limits import MessageLimits, Window
 from spawner.watchdog.rules import (
     BUDGET,
     GPU_IDLE,
@@ -423,6 +430,67 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
     return Message(title=one_line(title), body="\n".join(one_line(line) for line in lines))
 
 
+# --- one user's many messages ----------------------------------------------------------
+
+DIGEST = "digest"  # the rule of a digest's incident (in the log and on channels)
+
+
+def about(incident: Incident) -> str:
+    """The user a message is about (their server's, or who asked for a role); "" for
+    none (a GPU or a host, or a container no server claims)."""
+    if incident.rule == ZOMBIE or incident.server is None:
+        return ""
+    return incident.server.user
+
+
+def limited(channel: Mapping[str, Any], user: str) -> bool:
+    """Whether ``channel``'s messages about ``user`` count against the limit: not on a
+    channel that names the user (theirs: what they did is told to them, and the
+    decisions on their requests always reach them)."""
+    return user not in (channel.get("users") or ())
+
+
+def kind_of(event: Event) -> str:
+    """What a message is, for a digest: the hub's event ("role-request", "preempted"),
+    else the rule, with "reminder" or "resolved" for the follow-ups."""
+    incident = event.incident
+    hub_event = incident.hub_event.get("event") if incident.hub_event else None
+    kind = hub_event if isinstance(hub_event, str) and hub_event else incident.rule
+    follow_up = {"remind": " reminder", "resolve": " resolved"}.get(event.kind, "")
+    return one_line(kind) + follow_up
+
+
+def digest_key(user: str) -> str:
+    return f"{DIGEST}:{user}"
+
+
+def digest_message(window: Window, host: str, limit: int, period: float,
+                   now: float) -> Message:
+    """The digest of one window: how many messages about its user were held for this
+    channel, of which kinds, and where to read them."""
+    count = window.held_count
+    user = name(window.user)
+    kinds = ", ".join(f"{n} {kind}" for kind, n in
+                      sorted(window.held.items(), key=lambda item: (-item[1], item[0])))
+    messages = f"{count} message{'' if count == 1 else 's'}"
+    title = (f"[info] {messages} about {user} held: over {limit} in "
+             f"{duration(period)}")
+    came = window.sent + count
+    lines = [
+        f"What: From {_day_and_time(window.start)} to "
+        f"{_day_and_time(window.start + period)}, {came} messages about {user} came for "
+        f"this channel; the first {window.sent} were sent and these {count} held: {kinds}.",
+        f"Who: {user}",
+        f"Host: {host}",
+        f"At: {utc(now)}",
+        "What to do: Each held message is in the watchdog's log in full. The usage "
+        "service's requests page lists the user's role requests, and the quota table's "
+        "requests: max_open limits how many may wait.",
+        f"Incident: {digest_key(window.user)}",
+    ]
+    return Message(title=one_line(title), body="\n".join(one_line(line) for line in lines))
+
+
 # --- routing ---------------------------------------------------------------------------
 
 
@@ -693,6 +761,33 @@ class Notifier(LoggingConfigurable):
                         help="Seconds before the second try; doubled before each next one.")
     admin_only_rules = List(Unicode(), list(ADMIN_ONLY_RULES), config=True,
                             help="Rules whose incidents only admin channels get.")
+    user_message_limit = Integer(5, config=True, help="""
+        At most this many messages about one user (their server's incidents, their role
+        requests) go to one channel in user_message_period; the rest of that period's are
+        held and told in one digest when it ends. A channel that names the user in its
+        users gets every message about them. 0: no limit.""")
+    user_message_period = Float(3600.0, config=True, help="""
+        Seconds of user_message_limit's window, from the first message about the user to
+        the channel; its digest goes out at the first cycle after it.""")
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        # the windows of a Notifier used alone; the watchdog passes its book's (kept)
+        self.limits = MessageLimits()
+
+    @validate("user_message_limit")
+    def _check_limit(self, proposal: dict[str, Any]) -> int:
+        if proposal["value"] < 0:
+            raise TraitError(f"user_message_limit must be 0 (no limit) or more, not "
+                             f"{proposal['value']}")
+        return int(proposal["value"])
+
+    @validate("user_message_period")
+    def _check_period(self, proposal: dict[str, Any]) -> float:
+        value = proposal["value"]
+        if not (math.isfinite(value) and value > 0):
+            raise TraitError(f"user_message_period must be seconds above 0, not {value}")
+        return float(value)
 
     @default("hub_url")
     def _hub_url_default(self) -> str:
@@ -784,14 +879,16 @@ class Notifier(LoggingConfigurable):
 
     async def send(self, event: Event,
                    groups_of: GroupsOf | Callable[[str], Awaitable[list[str]]] | None = None,
-                   now: float | None = None, message: Message | None = None
-                   ) -> dict[str, bool]:
+                   now: float | None = None, message: Message | None = None,
+                   limits: MessageLimits | None = None) -> dict[str, bool]:
         """Send one event to every channel that routes it, all at once.
 
         ``groups_of`` gives a user's groups (a dict, or a function answering from
         a cache: it is called on the event loop); ``message``, the event's message
-        when the caller made it already. Returns {channel name: delivered}; never
-        raises for a channel's failure.
+        when the caller made it already; ``limits``, the counts of messages about each
+        user (the Notifier's own by default). Returns {channel name: delivered} of the
+        channels it went to (not those that hold it for a digest); never raises for a
+        channel's failure.
         """
         if event.kind not in KINDS:
             raise ValueError(f"unknown event kind {event.kind!r}; expected one of {KINDS}")
@@ -809,12 +906,63 @@ class Notifier(LoggingConfigurable):
             except Exception as error:  # admins still get it
                 self.log.warning("Cannot read %s's groups (%s): only admin and role channels "
                                  "get %s", incident.server.user, error, incident.key)
-        channels = self.channels_for(incident, groups)
+        channels = self.held_back(event, self.channels_for(incident, groups),
+                                  time.time() if now is None else now,
+                                  self.limits if limits is None else limits)
         if not channels:
             return {}
         message = message or self.message(event, now)
         results = await asyncio.gather(*(self._deliver(c, message, event) for c in channels))
         return {c["name"]: ok for c, ok in zip(channels, results, strict=True)}
+
+    def held_back(self, event: Event, channels: list[dict[str, Any]], now: float,
+                  limits: MessageLimits) -> list[dict[str, Any]]:
+        """The ``channels`` that get ``event`` now: each counts it against the user it is
+        about (``limited``), and one past user_message_limit holds it for its digest."""
+        user = about(event.incident)
+        if not user:
+            return channels
+        kind = kind_of(event)
+        going = []
+        for channel in channels:
+            if not limited(channel, user) or limits.admit(
+                    channel["name"], user, kind, now, self.user_message_limit,
+                    self.user_message_period):
+                going.append(channel)
+                continue
+            # the first held one of a window is said; the rest are in the log anyway
+            log = self.log.info if limits.held(channel["name"], user) == 1 else self.log.debug
+            log("Channel %s: holding %s of %s for the digest: over %d messages about %s "
+                "in %s", channel["name"], event.kind, one_line(event.incident.key),
+                self.user_message_limit, name(user), duration(self.user_message_period))
+        return going
+
+    async def send_digests(self, limits: MessageLimits | None = None,
+                           now: float | None = None) -> list[tuple[str, bool]]:
+        """One digest to each channel whose window of messages about a user has ended
+        holding some; (channel name, delivered) of each. A channel no longer configured
+        gets none (logged)."""
+        now = time.time() if now is None else now
+        limits = self.limits if limits is None else limits
+        by_name = {c["name"]: c for c in self.channels}
+        going = []
+        for window in limits.due(now, self.user_message_period):
+            channel = by_name.get(window.channel)
+            if channel is None:
+                self.log.info("No channel %s any more: its digest of %d messages about %s "
+                              "is not sent", window.channel, window.held_count,
+                              name(window.user))
+                continue
+            message = digest_message(window, self.host, self.user_message_limit,
+                                     self.user_message_period, now)
+            incident = Incident(key=digest_key(window.user), rule=DIGEST, severity="info",
+                                server=None, since=window.start, opened=now,
+                                what=message.body)
+            self.log.warning("%s | %s", message.title, message.body.replace("\n", " | "))
+            going.append((channel, message, Event("open", incident)))
+        # all at once, as an event's channels: a slow one holds up no other digest
+        results = await asyncio.gather(*(self._deliver(*one) for one in going))
+        return [(c["name"], ok) for (c, _, _), ok in zip(going, results, strict=True)]
 
     def test_channel(self, url: str, name: str = "test") -> bool:
         """Send a test message to one channel URL, with the usual tries; blocks.

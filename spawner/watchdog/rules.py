@@ -33,6 +33,7 @@ from traitlets import Float, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from spawner.quota.units import format_human
+from spawner.watchdog.limits import MessageLimits
 from spawner.watchdog.model import GpuSample, Server, ServerSample, Snapshot
 from spawner.watchdog.text import name as plain_name
 
@@ -261,13 +262,16 @@ class IncidentBook:
 
     It also keeps ``events``, where the hub's event log was read to, so that
     the file saved after a cycle records both what was announced and what was
-    read, and a restart tells nothing twice.
+    read, and a restart tells nothing twice; and ``messages``, how many
+    messages about each user each channel got this hour (limits.py), so that a
+    restart neither lifts the limit nor loses a digest.
     """
 
     pending: dict[str, Incident] = field(default_factory=dict)
     open: dict[str, Incident] = field(default_factory=dict)
     oom: dict[str, _OomCounter] = field(default_factory=dict)
     events: EventCursor | None = None  # None: never read; the first read starts at the end
+    messages: MessageLimits = field(default_factory=MessageLimits)
 
     def evaluate(self, snapshot: Snapshot, rules: WatchdogRules,
                  oom_events: Iterable[Server] = ()) -> list[Event]:
@@ -397,6 +401,7 @@ class IncidentBook:
             "pending": [i.to_json() for i in self.pending.values()],
             "oom": {cid: dataclasses.asdict(c) for cid, c in self.oom.items()},
             "events": dataclasses.asdict(self.events) if self.events else None,
+            "messages": self.messages.to_json(),
         }
 
     def save(self, path: str | os.PathLike[str]) -> None:
@@ -441,7 +446,8 @@ class IncidentBook:
             entries = {"open": list(data.get("open") or ()),
                        "pending": list(data.get("pending") or ()),
                        "oom": dict(data.get("oom") or {}),
-                       "events": data.get("events")}
+                       "events": data.get("events"),
+                       "messages": data.get("messages")}
         except (ValueError, TypeError) as e:
             log.warning("The incident file %s is unreadable (%s); starting with no "
                         "incidents, so open ones may be announced again. It is kept as %s.",
@@ -475,6 +481,7 @@ class IncidentBook:
             except (TypeError, ValueError) as e:
                 # Read from the end again: events written meanwhile are missed, none twice.
                 log.warning("Skipping the event log position in %s: %s", path, e)
+        book.messages = MessageLimits.from_json(entries["messages"], log, str(path))
         return book
 
 

@@ -15,8 +15,9 @@ performs the actions through the JSON API, with the XSRF token the page carries,
 reloads the page. Every user-chosen text (names, reasons, comments) goes through Jinja's
 autoescape; the script only sets textContent. The API, under ``api/requests``:
 
-- ``GET options``: the roles this user may ask for, the longest window, whether
-  instructors decide, and the roles the user holds (with their grants);
+- ``GET options``: the roles this user may ask for, the longest window, how many
+  requests may wait at once (``max_open``), whether instructors decide, and the roles
+  the user holds (with their grants);
 - ``GET mine``: the user's requests, newest first;
 - ``POST`` ``{role, starts, ends, reason}`` (Unix seconds): ask;
 - ``POST <id>/withdraw``: take back a waiting request or give up a grant;
@@ -275,7 +276,7 @@ class OptionsHandler(RequestsApi):
                   "description": table.roles[name].description}
                  for name in rules.roles if name in table.roles and name not in held]
         self.reply({"roles": roles, "held": held, "granted": sorted(granted),
-                    "max_days": rules.max_days,
+                    "max_days": rules.max_days, "max_open": rules.max_open,
                     "instructors_approve": rules.instructors_approve,
                     "message": "" if rules.roles else
                     "Roles cannot be requested on this hub; ask an admin."})

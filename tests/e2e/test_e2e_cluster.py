@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ import pytest
 import requests
 from postgres import fresh_database
 from receivers import HttpReceiver
+from sqlalchemy import select
 from test_e2e_usage import midday_zone, seed
 
 from harness import (
@@ -49,6 +52,7 @@ from harness import (
 from spawner.contract import PREEMPT_NOTICE
 from spawner.state import BUDGET_MEMORY, GPU_USAGE, GPUS, PREEMPTIONS
 from spawner.usage.ledger import Ledger
+from spawner.usage.schema import role_requests
 from spawner.usage.state_docs import DatabaseDocuments
 from spawner.webapp.app import external_environment
 
@@ -79,6 +83,10 @@ REQUESTS = """requests:
   roles: [urgent]
   max_days: 2
 """
+# A flood of requests: forty small roles anyone may ask for, and how long the watchdogs
+# count one user's messages to a channel before the digest (the default is an hour)
+FLOOD_ROLES = [f"lab-{n:02d}" for n in range(40)]
+FLOOD_PERIOD = 60
 
 
 def hub_config(db: str, usage_url: str, usage_token: str, watchdog_token: str,
@@ -193,11 +201,15 @@ class Cluster:
                 if r.kind == "json" and isinstance(r.body, dict)
                 and all(w in r.body.get("message", "") for w in words)]
 
-    def documents(self) -> DatabaseDocuments:
-        """The hub's rows in the shared database, as this test reads them."""
+    def engine(self) -> Any:
+        """The shared database, as this test reads it."""
         if self.ledger is None:
             self.ledger = Ledger(self.db, create=False)
-        return DatabaseDocuments(self.ledger.engine, HUB_ID)
+        return self.ledger.engine
+
+    def documents(self) -> DatabaseDocuments:
+        """The hub's rows in the shared database, as this test reads them."""
+        return DatabaseDocuments(self.engine(), HUB_ID)
 
 
 @pytest.fixture(scope="module")
@@ -213,6 +225,7 @@ def cluster(docker_client, tmp_path_factory) -> Iterator[Cluster]:
     with fresh_database() as db, HttpReceiver() as http:
         channels = f"""
 c.Notifier.retry_delay = 0.2
+c.Notifier.user_message_period = {FLOOD_PERIOD}
 c.Notifier.channels = [{{"name": "admins", "url": "json://{http.base[len('http://'):]}/hook"}}]
 """
         hub = Hub(folders[0], quota_text=QUOTAS, prefix=PREFIX,
@@ -445,4 +458,86 @@ def test_restarts_lose_nothing_and_tell_nothing_twice(cluster):
             if watchdog.proc is None or watchdog.proc.poll() is not None:
                 watchdog.start()
         hub.stop_servers(["eve"])
+        assert cluster.save_table(QUOTAS)[0] == 200
+
+
+def test_one_users_flood_of_requests_is_stored_within_the_limits_and_told_in_a_digest(
+        cluster):
+    """dan sends forty requests at once for one role, then forty at once for forty roles:
+    the database keeps one for the role and three in all (requests: max_open), and each
+    other ask is a 400 that says why. Then he asks and withdraws twenty times: the admins'
+    channel gets 5 messages about him and, when the watchdog's window ends, one digest
+    that counts every other one. One watchdog tells them all (the other is stopped): each
+    counts its own."""
+    hub = cluster.hub
+    hub.create_user("dan")
+    roles = "".join(f"  {r}: {{cpus: 0.25, memory: 256M, images: [pytorch]}}\n"
+                    for r in FLOOD_ROLES)
+    code, found = cluster.save_table(
+        QUOTAS.replace("assignments:", roles + "assignments:")
+        + f"requests:\n  roles: [urgent, {', '.join(FLOOD_ROLES)}]\n  max_days: 2\n")
+    assert code == 200, found
+    quiet = cluster.watchdogs["node-b"]
+    quiet.stop()
+    try:
+        def ask(role: str) -> tuple[int, str]:
+            now = time.time()
+            r = cluster.service("api/requests", "dan", "POST", {
+                "role": role, "starts": now, "ends": now + 3600, "reason": "a flood"})
+            return r.status_code, r.json()["message"]
+
+        def stored() -> list[tuple[int, str]]:
+            with cluster.engine().connect() as db:
+                return [tuple(r) for r in db.execute(
+                    select(role_requests.c.id, role_requests.c.role)
+                    .where(role_requests.c.user_name == "dan",
+                           role_requests.c.state == "pending").order_by(role_requests.c.id))]
+
+        cluster.token("dan")  # one token, before the threads
+        with ThreadPoolExecutor(40) as pool:
+            same = list(pool.map(ask, ["urgent"] * 40))
+        assert sorted(code for code, _ in same) == [200] + [400] * 39, same
+        for code, message in same:
+            assert code == 200 or re.fullmatch(
+                r"You already asked for the role 'urgent' on \d{4}-\d\d-\d\d \d\d:\d\d "
+                r"UTC; that request is still waiting for a decision\.", message), message
+        assert [role for _, role in stored()] == ["urgent"]
+
+        with ThreadPoolExecutor(40) as pool:
+            many = list(pool.map(ask, FLOOD_ROLES))
+        assert sorted(code for code, _ in many) == [200] * 2 + [400] * 38, many
+        assert {message for code, message in many if code == 400} == {
+            "You have 3 requests waiting for a decision, and this hub allows 3 at once: "
+            "withdraw one on the requests page (its Withdraw button), or wait for a "
+            "decision, before you ask for another."}
+        waiting = stored()
+        assert len(waiting) == 3 and waiting[0][1] == "urgent"
+
+        # the flood the admins would read: ask and withdraw, again and again
+        def withdraw(request_id: int) -> None:
+            r = cluster.service(f"api/requests/{request_id}/withdraw", "dan", "POST", {})
+            assert r.status_code == 200, r.text
+
+        for request_id, _ in waiting:
+            withdraw(request_id)
+        for _ in range(20):
+            code, _ = ask("lab-00")
+            assert code == 200
+            withdraw(stored()[0][0])
+        events = 3 + 3 + 40
+
+        def digests() -> list[str]:
+            return cluster.told("Who: dan", "Incident: digest:dan")
+
+        wait_for(digests, FLOOD_PERIOD + 60, "no digest of dan's messages")
+        told = cluster.told("Who: dan", "Incident: role_request:")
+        held = sum(int(n) for digest in digests()
+                   for n, kind in (part.split(" ", 1) for part in digest.split(
+                       " held: ", 1)[1].split("\n", 1)[0].rstrip(".").split(", "))
+                   if kind.startswith("role-request"))
+        assert len(told) + held == events, (len(told), held, digests())
+        assert 5 <= len(told) <= 5 * len(digests()), (len(told), digests())
+        assert "came for this channel; the first 5 were sent" in digests()[0]
+    finally:
+        quiet.start()
         assert cluster.save_table(QUOTAS)[0] == 200

@@ -148,7 +148,8 @@ async def test_a_student_sees_what_they_may_ask_for(api):
     assert code == 200, found
     assert [r["name"] for r in found["roles"]] == ["gpu-training", "senior-engineer"]
     assert found["held"] == ["student", "gpu-lab"]
-    assert (found["max_days"], found["instructors_approve"]) == (14, True)
+    assert (found["max_days"], found["max_open"], found["instructors_approve"]) == (
+        14, 3, True)
 
 
 async def test_a_student_asks_lists_and_withdraws(api):

@@ -95,7 +95,7 @@ def test_every_mistake_in_requests_is_reported_with_its_line():
         "q.yaml:17: requests: instructors_approve must be true or false, not text 'yes'; "
         "write true or false without quotes",
         "q.yaml:18: unknown key 'expires' in requests; expected one of: roles, max_days, "
-        "instructors_approve",
+        "instructors_approve, max_open",
     ]
     assert problems("requests: {max_days: -2}\n") == [
         "q.yaml:14: requests: max_days must be greater than 0, not -2"]

@@ -129,7 +129,7 @@ def test_the_migrations_from_empty_build_exactly_the_schema(tmp_path):
         context = MigrationContext.configure(connection, opts={
             "version_table": VERSION_TABLE, "compare_type": True})
         assert compare_metadata(context, metadata) == []
-        assert current_revision(connection) == head_revision() == "0007"
+        assert current_revision(connection) == head_revision() == "0008"
         tables = set(connection.exec_driver_sql(
             "SELECT name FROM sqlite_master WHERE type='table'").scalars())
     assert tables == {"sessions", "session_groups", "table_versions", "role_requests",
@@ -183,7 +183,7 @@ def test_a_ledger_not_created_yet_is_not_ready_and_says_how_to_create_it(tmp_pat
         assert not path.parent.exists()
     else:
         assert str(raised.value) == (
-            f"the usage ledger at {url} is at revision none, not 0007; the hub creates or "
+            f"the usage ledger at {url} is at revision none, not 0008; the hub creates or "
             "upgrades it when it starts (or run: quota-spawner ledger upgrade)")
 
 
@@ -199,7 +199,7 @@ def test_the_ledger_is_created_beside_jupyterhubs_own_alembic_version(tmp_path):
     with ledger.engine.connect() as connection:
         assert connection.exec_driver_sql(
             "SELECT version_num FROM alembic_version").scalars().all() == ["4621fec11365"]
-        assert current_revision(connection) == "0007"
+        assert current_revision(connection) == "0008"
         tables = set(connection.exec_driver_sql(
             "SELECT name FROM sqlite_master WHERE type='table'").scalars())
     assert tables == {"alembic_version", "users", "sessions", "session_groups", "table_versions",
