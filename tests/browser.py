@@ -94,6 +94,70 @@ else:
 """
 
 
+# A name whose U+202E (RIGHT-TO-LEFT OVERRIDE) makes "…gnp.exe" read "…exe.png" (Unicode
+# TR36's spoofing): not refused, isolated where the pages show it.
+BIDI_NAME = "eve\u202egnp.exe"
+
+# Where Chromium draws ``name`` in ``root``'s text and the first letter after it: without
+# isolation the override runs on to the end of the line and the words after the name are
+# drawn reversed, before its end (that letter's left < the name's right).
+READING_ORDER = r"""([root, name]) => {
+  const nodes = [];
+  const walk = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  while (walk.nextNode()) nodes.push(walk.currentNode);
+  let text = "";
+  const starts = nodes.map((n) => { const at = text.length; text += n.data; return at; });
+  const point = (i) => {
+    let k = nodes.length - 1;
+    while (starts[k] > i) k--;
+    return [nodes[k], i - starts[k]];
+  };
+  const box = (from, to) => {
+    const range = document.createRange();
+    range.setStart(...point(from));
+    const [node, offset] = point(to - 1);
+    range.setEnd(node, offset + 1);
+    return range.getBoundingClientRect();
+  };
+  const i = text.indexOf(name);
+  if (i < 0) return {error: `no ${JSON.stringify(name)} in ${JSON.stringify(text)}`};
+  let j = i + name.length;  // the next letter drawn: not a space, not a bidi control
+  while (j < text.length && /[\s\u200e\u200f\u202a-\u202e\u2066-\u2069]/.test(text[j])) j++;
+  if (j >= text.length) return {error: `nothing after the name in ${JSON.stringify(text)}`};
+  const own = box(i, i + name.length), next = box(j, j + 1);
+  return {text, after: text[j], name_left: own.left, name_right: own.right,
+          after_left: next.left, same_line: Math.abs(own.top - next.top) < own.height};
+}"""
+# A string no element lays out (a tooltip, an <option>), laid out in a line of the page.
+TEXT_ORDER = r"""([text, name]) => {
+  const line = document.createElement("span");
+  line.style.whiteSpace = "pre";
+  line.textContent = text;
+  document.body.append(line);
+  try { return (READING_ORDER)([line, name]); } finally { line.remove(); }
+}""".replace("READING_ORDER", READING_ORDER)
+
+
+def reading_order(locator, name: str = BIDI_NAME) -> dict[str, Any]:
+    """How ``name`` and what follows it in ``locator``'s element are drawn (READING_ORDER)."""
+    return locator.evaluate(f"(root, name) => ({READING_ORDER})([root, name])", name)
+
+
+def assert_reads_in_order(locator, name: str = BIDI_NAME) -> None:
+    """The words after ``name`` are drawn after it, on its line: its bidi controls stayed
+    inside it."""
+    found = reading_order(locator, name)
+    assert "error" not in found, found
+    assert found["same_line"] and found["after_left"] >= found["name_right"] - 0.5, found
+
+
+def assert_text_reads_in_order(page, text: str, name: str = BIDI_NAME) -> None:
+    """As assert_reads_in_order, for a string no element draws (a tooltip, an option)."""
+    found = page.evaluate(TEXT_ORDER, [text, name])
+    assert "error" not in found, found
+    assert found["same_line"] and found["after_left"] >= found["name_right"] - 0.5, found
+
+
 class Visit:
     """One person's browser context: script errors, requests and dialogs recorded."""
 
@@ -165,5 +229,6 @@ def visits(browser: Browser, hub, kind: type[Visit] = Visit, **context: Any) -> 
         v.context.close()
 
 
-__all__ = ["CHROMIUM", "CHROMIUM_ARGS", "Visit", "expect", "launch", "log_in", "password",
-           "usage_config", "visits"]
+__all__ = ["BIDI_NAME", "CHROMIUM", "CHROMIUM_ARGS", "Visit", "assert_reads_in_order",
+           "assert_text_reads_in_order", "expect", "launch", "log_in", "password",
+           "reading_order", "usage_config", "visits"]

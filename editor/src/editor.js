@@ -1,8 +1,9 @@
 // The quota table editor page (spawner/webapp/templates/table.html): CodeMirror 6 with the
 // table's JSON Schema completion, the server's FILE:LINE problems as diagnostics (and its
 // notes, roles that can never start on the hub's host, as warnings), the preview, the
-// save with its conflict answer, and the audit trail. Everything a user or
-// an admin named is put on the page with textContent, never as markup.
+// save with its conflict answer, and the audit trail. Everything a user or an admin named
+// is put on the page with textContent, never as markup, and in a <bdi> of its own
+// (``named``), so its bidi controls cannot reorder the words around it.
 import { EditorView, basicSetup } from "codemirror";
 import { hoverTooltip } from "@codemirror/view";
 import { yaml, yamlLanguage } from "@codemirror/lang-yaml";
@@ -22,6 +23,15 @@ function el(tag, text, attrs = {}) {
   const node = document.createElement(tag);
   if (text !== undefined && text !== null) node.textContent = String(text);
   for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  return node;
+}
+
+// ``node`` holding parts: text, or {name} for what someone named or typed, in a <bdi>
+function named(node, ...parts) {
+  for (const part of parts) {
+    node.appendChild(typeof part === "string" ? document.createTextNode(part)
+      : el("bdi", part.name));
+  }
   return node;
 }
 
@@ -252,9 +262,9 @@ async function loadVersions() {
   for (const v of versions) {
     const row = el("tr");
     row.appendChild(el("td", when(v.at)));
-    row.appendChild(el("td", v.who, { class: "text" }));
-    const why = v.restored_from ? `${v.comment} (restores version ${v.restored_from})` : v.comment;
-    row.appendChild(el("td", why, { class: "text" }));
+    row.appendChild(named(el("td", null, { class: "text" }), { name: v.who }));
+    row.appendChild(named(el("td", null, { class: "text" }), { name: v.comment },
+      v.restored_from ? ` (restores version ${v.restored_from})` : ""));
     const cell = el("td");
     const button = el("button", `View version ${v.id}`, { type: "button" });
     button.addEventListener("click", () => showVersion(v.id));
@@ -279,8 +289,10 @@ async function showVersion(id) {
     return;
   }
   shown = data.id;
-  $("version-title").textContent = `Version ${data.id}, saved by ${data.who} on ${when(data.at)}`;
-  content.appendChild(el("p", `Why: ${data.comment}`));
+  const title = $("version-title");
+  title.textContent = "";
+  named(title, `Version ${data.id}, saved by `, { name: data.who }, ` on ${when(data.at)}`);
+  content.appendChild(named(el("p"), "Why: ", { name: data.comment }));
   content.appendChild(diffBlock("Its change from the version before", data.diff));
   content.appendChild(diffBlock("The table as it was then", data.text));
   $("restore-form").hidden = false;

@@ -144,6 +144,11 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     def prefix(self) -> str:
         return self.setup.prefix
 
+    def decode_argument(self, value: bytes, name: str | None = None) -> str:
+        # a query's or a path's argument: text, or a sentence naming it (tornado's own
+        # answer is a bare 400)
+        return inputs.argument(value, name)
+
     async def prepare(self) -> None:
         inputs.check_body_size(len(self.request.body or b""))
         # fetch the user model without blocking the loop; current_user then reads the cache

@@ -3,7 +3,9 @@
 Each function takes plain numbers and names and returns one ``<svg>`` element
 as a string: bars with a ``<title>`` tooltip each, axes, labels and a legend.
 Every name (user, role, group, image) is escaped where it lands, in text and
-in attributes alike; an empty input gives a chart that says so in words.
+in attributes alike, and isolated in the text a reader sees (labels, legends, titles
+and tooltips: ``isolate``), so its bidi controls cannot reorder the words around it; an
+empty input gives a chart that says so in words.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from datetime import datetime, timedelta, timezone, tzinfo
 from html import escape
 from typing import Any
 
-from spawner.webapp.formatting import duration, moment
+from spawner.webapp.formatting import FSI, PDI, duration, isolate, moment
 
 # Tableau 10: tells ten series apart, also for most colour-blind readers.
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2",
@@ -45,8 +47,9 @@ def esc(value: Any) -> str:
 
 def text_width(text: str) -> float:
     """An upper estimate of ``text``'s width in pixels in the charts' 12px sans-serif font
-    (wide letters are about 7px, the common ones less), for room to leave beside it."""
-    return 7.0 * len(text)
+    (wide letters are about 7px, the common ones less), for room to leave beside it; the
+    isolates around a name take none."""
+    return 7.0 * (len(text) - text.count(FSI) - text.count(PDI))
 
 
 def _value_text(value: float, share: float | None) -> str:
@@ -55,7 +58,8 @@ def _value_text(value: float, share: float | None) -> str:
 
 
 def short(name: str, limit: int = 20) -> str:
-    return name if len(name) <= limit else name[: limit - 1] + "…"
+    """The name, isolated, cut to ``limit`` characters with "…" after it (outside)."""
+    return isolate(name) if len(name) <= limit else isolate(name[: limit - 1]) + "…"
 
 
 def hours(value: float) -> str:
@@ -174,7 +178,7 @@ def gpu_hours_per_day(rows: Sequence[tuple[str, str, float, float]],
             out.append(
                 f'<rect class="bar" data-role="{esc(role)}" data-value="{value:.6g}" '
                 f'x="{x:.2f}" y="{y:.2f}" width="{bar_w:.2f}" height="{h:.2f}" '
-                f'fill="{colours.get(role, PALETTE[0])}"><title>{esc(day)} · {esc(role)}: '
+                f'fill="{colours.get(role, PALETTE[0])}"><title>{esc(day)} · {esc(isolate(role))}: '
                 f"{hours(value)} GPU-hours reserved</title></rect>")
         day_used = used.get(day, 0.0)
         day_reserved = sum(reserved.get(day, {}).values())
@@ -193,7 +197,7 @@ def gpu_hours_per_day(rows: Sequence[tuple[str, str, float, float]],
     if len(points) > 1:
         out.append(f'<polyline class="used-line" points="{" ".join(points)}" fill="none" '
                    f'stroke="{USED_FILL}" stroke-width="1.5"/>')
-    legend = [(role, colours.get(role, PALETTE[0]), "box") for role in roles]
+    legend = [(isolate(role), colours.get(role, PALETTE[0]), "box") for role in roles]
     legend.append(("used", USED_FILL, "line"))
     items, below = _legend(legend, left, base + 34)
     out += items
@@ -254,12 +258,12 @@ def reserved_vs_used(rows: Sequence[tuple[str, float, float | None]], *, unit: s
     for i, (name, value, share) in enumerate(drawn):
         y = top_pad + i * row_h
         w = value * scale
-        tip = f"{name}: {hours(value)} {unit} reserved, " + (
+        tip = f"{isolate(name)}: {hours(value)} {unit} reserved, " + (
             "use not measured" if share is None
             else f"{hours(value * share)} used ({share:.0%})")
         out.append(f'<g class="row" data-name="{esc(name)}">')
         out.append(f'<text class="label" x="{label_w - 8}" y="{y + 14:.1f}" text-anchor="end">'
-                   f"{esc(short(name))}<title>{esc(name)}</title></text>")
+                   f"{esc(short(name))}<title>{esc(isolate(name))}</title></text>")
         out.append(f'<rect class="bar reserved" data-value="{value:.6g}" x="{label_w}" '
                    f'y="{y + 3:.1f}" width="{w:.2f}" height="{row_h - 6}" '
                    f'fill="{RESERVED_FILL}"><title>{esc(tip)}</title></rect>')
@@ -393,7 +397,8 @@ def session_timeline(sessions: Sequence[Mapping[str, Any]], *, since: float, unt
         began = moment(s.get("started") or s.get("requested"), tz, zone=False)
         ended = f" to {moment(s['stopped'], tz, zone=False)}" if s.get("stopped") \
             else ", still running"
-        tip = [f"{s.get('role', '')} · {s.get('image', '')}", f"from {began}{ended}",
+        tip = [f"{isolate(s.get('role', ''))} · {isolate(s.get('image', ''))}",
+               f"from {began}{ended}",
                f"{duration(ran)}, {REASON_WORDS.get(reason, reason)}"]
         out.append(
             f'<rect class="bar session" data-reason="{esc(reason)}" '

@@ -44,6 +44,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
+from markupsafe import Markup
 from tornado import web
 
 from spawner.hub_client import HubRefused
@@ -60,7 +61,7 @@ from spawner.webapp.access import (
     names,
 )
 from spawner.webapp.base import FORMAT_SCRIPT, ApiHandler, PageHandler, Setup
-from spawner.webapp.formatting import size
+from spawner.webapp.formatting import bdi, isolate, size
 from spawner.webapp.hub_api import (
     HubApi,
     default_server,
@@ -187,9 +188,10 @@ def memory_text(row: dict[str, Any]) -> str:
 
 
 def role_text(row: dict[str, Any]) -> str:
+    """'role · image', each name isolated (a <bdi>): the table's names, as written."""
     if not row.get("role"):
         return "–"
-    return str(row["role"]) + (f" · {row['image']}" if row.get("image") else "")
+    return bdi(row["role"]) + (Markup(" · ") + bdi(row["image"]) if row.get("image") else "")
 
 
 def class_link(prefix: str, group: str) -> str:
@@ -330,7 +332,7 @@ class ClassPage(ClassVisitor, PageHandler):
             raise
         found = await self.snapshot(group)
         self.render_page(
-            "class.html", title=f"Class {group}", group=group, data=found,
+            "class.html", title=f"Class {isolate(group)}", group=group, data=found,
             admin=access.everything, classes_link=self.prefix + "classes",
             api=class_link(self.prefix + "api/", group), xsrf=self.xsrf(),
             refresh_ms=REFRESH_SECONDS * 1000, cpu_text=cpu_text, memory_text=memory_text,
@@ -428,8 +430,8 @@ class PrewarmHandler(ClassApi):
         missing = lacking(table, found, role, image)
         if missing:
             raise Refused(f"Not every member of {group} may start {role} with {image}: "
-                          f"{names(missing)} may not. Pick a role and image all of them "
-                          "hold.", 400)
+                          f"{names([isolate(n) for n in missing])} may not. Pick a role "
+                          "and image all of them hold.", 400)
         who = self.who()
         if at is not None:
             planned = await self.reader.run(schedules.add, group, role, image, float(at),

@@ -13,12 +13,14 @@ NaN) are "–" everywhere.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from datetime import datetime, timezone, tzinfo
 from typing import Any
 
 from jinja2 import pass_context
 from jinja2.runtime import Context
+from markupsafe import Markup, escape
 
 from spawner.quota.units import (
     format_human,
@@ -29,6 +31,9 @@ from spawner.quota.units import (
 )
 
 UNKNOWN = "–"
+# FIRST STRONG ISOLATE and POP DIRECTIONAL ISOLATE (Unicode TR9): around a name in plain
+# text, what the HTML pages do with <bdi>
+FSI, PDI = "\u2068", "\u2069"
 
 
 def _number(value: Any) -> bool:
@@ -101,6 +106,31 @@ def ago(text: Any, now: float) -> str:
     return f"{int(seconds // 86400)} days ago"
 
 
+def isolate(name: Any) -> str:
+    """A name someone chose, isolated for plain text (a sentence, a tooltip, an
+    ``<option>``, SVG): its bidi controls stay inside it, so "eve\u202egnp.exe" cannot
+    reverse the words after it (Unicode TR36's spoofing), and it reads in the direction
+    of its own first letter. In HTML a field is a ``<bdi>`` (``bdi``) or has ``dir="auto"``."""
+    return f"{FSI}{name}{PDI}"
+
+
+def bdi(name: Any) -> Markup:
+    """A name someone chose, as an isolated ``<bdi>`` in a line of HTML, escaped."""
+    return Markup("<bdi>%s</bdi>") % (name,)
+
+
+def bdi_names(text: Any, *names: Any) -> Markup:
+    """``text``, escaped, with each of ``names`` in it (where it stands as a word) in a
+    ``<bdi>``: for a sentence written elsewhere that names users or roles (advice)."""
+    found = str(escape(text))
+    words = sorted({str(escape(n)) for n in names if n}, key=len, reverse=True)
+    if not words:
+        return Markup(found)
+    pattern = re.compile(r"(?<![\w.@+-])(" + "|".join(map(re.escape, words))
+                         + r")(?![\w@+-]|\.\w)")
+    return Markup(pattern.sub(r"<bdi>\1</bdi>", found))
+
+
 @pass_context
 def _moment_filter(context: Context, epoch: Any, zone: bool = True) -> str:
     # the page's time zone is the service's, which render_page hands every template
@@ -109,5 +139,6 @@ def _moment_filter(context: Context, epoch: Any, zone: bool = True) -> str:
 
 FILTERS: dict[str, Callable[..., str]] = {
     "size": size, "duration": duration, "percent": percent, "hours": hours,
-    "moment": _moment_filter, "iso": iso, "ago": ago,
+    "moment": _moment_filter, "iso": iso, "ago": ago, "isolate": isolate, "bdi": bdi,
+    "bdi_names": bdi_names,
 }

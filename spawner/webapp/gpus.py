@@ -38,7 +38,8 @@ the engine has) and each server's ``cpu_used`` and ``memory_used``.
 Admins only (``admin`` true in the hub's OAuth user model): the map names every user
 holding a GPU or room on the host, across classes, so the usage page's viewers and
 instructors are refused, on the page and at the API. Holders' names are chosen by
-users: Jinja autoescapes them here, and the script sets them with textContent only.
+users: Jinja autoescapes them here, and the script sets them with textContent only; each
+stands isolated in its line (dir="auto", <bdi>), so its bidi controls stay inside it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from tornado import web
 from spawner.gpu.queue import ORDER, STRATEGIES, STRICT_FIFO
 from spawner.state import GPU_USAGE, GPUS, Documents
 from spawner.webapp.base import FORMAT_SCRIPT, ApiHandler, BaseHandler, PageHandler
-from spawner.webapp.formatting import duration, half_up, size
+from spawner.webapp.formatting import duration, half_up, isolate, size
 from spawner.webapp.state_files import (
     VERSION,
     interval_of,
@@ -398,7 +399,7 @@ def preemption_text(ticket: dict[str, Any], users: dict[str, str],
         return "–"
     text = "under way"
     if ticket["victims"]:
-        text += ": stopping " + ", ".join(users.get(v, v) for v in ticket["victims"])
+        text += ": stopping " + ", ".join(isolate(users.get(v, v)) for v in ticket["victims"])
     if ticket["reserved"]:
         text += "; " + ", ".join(f"GPU {indexes.get(u, u)}" for u in ticket["reserved"]) \
             + " kept for it"

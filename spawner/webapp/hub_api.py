@@ -19,6 +19,7 @@ from urllib.parse import quote
 
 from spawner.hub_client import NO_ANSWER, HubClient, message_of
 from spawner.webapp.access import Refused
+from spawner.webapp.formatting import isolate
 
 STARTS_AT_ONCE = 8  # concurrent start requests to the hub
 # The hub refuses a server outside the token's filters with 404 ("No access to resources
@@ -97,8 +98,9 @@ def _result(name: str, code: int, found: Any, outcomes: dict[int, str]) -> dict[
 
 
 def summary(results: Sequence[dict[str, Any]]) -> str:
-    """The results of starts or stops, a line per user."""
-    return "\n".join(f"{r['user']}: {r['outcome']}" + (f" ({r['message']})" if r["message"]
+    """The results of starts or stops, a line per user, whose name is isolated (the line
+    is shown as text: a pre-warm schedule's result)."""
+    return "\n".join(f"{isolate(r['user'])}: {r['outcome']}" + (f" ({r['message']})" if r["message"]
                                                         else "") for r in results)
 
 

@@ -37,6 +37,7 @@ from spawner.webapp.access import (
     user_group,
 )
 from spawner.webapp.base import PageHandler
+from spawner.webapp.formatting import isolate
 from spawner.webapp.reader import load_table
 
 log = logging.getLogger("quota_spawner.usage")
@@ -239,9 +240,11 @@ class UserPage(ReportHandler):
         row = next((r for r in report.rows if r.key == name), None)
         advice = [a for a in report.advice if a.user == name]
         timeline = charts.session_timeline(found, since=w.since, until=w.until, now=now,
-                                           tz=self.tz, title=f"Sessions of {name} over time")
+                                           tz=self.tz,
+                                           title=f"Sessions of {isolate(name)} over time")
         self.render_page(
-            "user.html", title=f"Usage of {name}", access=access, w=w, name=name, group=group,
+            "user.html", title=f"Usage of {isolate(name)}", access=access, w=w, name=name,
+            group=group,
             periods=PERIODS, row=row, advice=advice, sessions=found, timeline=Markup(timeline),
             back=f"./?{self.query(name='')}", reason_words=charts.REASON_WORDS, now=now,
             group_choices=member_of if not access.everything else [])

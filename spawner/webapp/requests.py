@@ -13,7 +13,9 @@
 The page is rendered here first, so reading it needs no script; ``static/requests.js``
 performs the actions through the JSON API, with the XSRF token the page carries, then
 reloads the page. Every user-chosen text (names, reasons, comments) goes through Jinja's
-autoescape; the script only sets textContent. The API, under ``api/requests``:
+autoescape, and is isolated where it stands in a line (``<bdi>``, ``dir="auto"``, FSI … PDI
+in a sentence), so its bidi controls cannot reorder the words around it; the script only
+sets textContent. The API, under ``api/requests``:
 
 - ``GET options``: the roles this user may ask for, the longest window, how many
   requests may wait at once (``max_open``), whether instructors decide, and the roles
@@ -45,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+from markupsafe import Markup
 from tornado import web
 
 from spawner.quota.model import QuotaTable, QuotaTableError
@@ -53,6 +56,7 @@ from spawner.usage import grants as rr
 from spawner.webapp import inputs
 from spawner.webapp.access import Refused, access_for, is_admin, taught
 from spawner.webapp.base import ApiHandler, BaseHandler, PageHandler
+from spawner.webapp.formatting import bdi
 
 log = logging.getLogger("quota_spawner.usage")
 
@@ -97,38 +101,38 @@ class Row:
 
     id: int
     user: str
-    groups: str
+    groups: str  # markup: each a <bdi>
     role: str
     window: str
     reason: str
     asked: str
     state: str  # waiting, upcoming, granted, expired, refused, withdrawn: the CSS class
-    status: str  # the state in words
+    status: str  # the state in words (markup: the decider's name is a <bdi>)
     comment: str
     withdraw: str  # the button's label; empty: nothing to withdraw
     broken: bool = False  # a window no calendar shows: refused or deleted, never approved
 
 
 def row(r: rr.RoleRequest, now: float, when: Callable[[float], str]) -> Row:
-    by = r.decided_by or ""
+    by = bdi(r.decided_by or "")  # a name in a sentence: its bidi controls kept inside
     if r.state == rr.PENDING:
         state, status, withdraw = "waiting", "Waiting for a decision", "Withdraw"
     elif r.state == rr.APPROVED and r.ends <= now:
         state, status, withdraw = "expired", f"Expired: the grant ended on {when(r.ends)}", ""
     elif r.state == rr.APPROVED and r.starts > now:
-        state, status, withdraw = ("upcoming", f"Approved by {by}, from {when(r.starts)} "
-                                   f"until {when(r.ends)}", "Give up the grant")
+        state, status, withdraw = ("upcoming", Markup("Approved by {}, from {} until {}").format(
+            by, when(r.starts), when(r.ends)), "Give up the grant")
     elif r.state == rr.APPROVED:
-        state, status, withdraw = ("granted", f"Approved by {by}, until {when(r.ends)}",
-                                   "Give up the grant")
+        state, status, withdraw = ("granted", Markup("Approved by {}, until {}").format(
+            by, when(r.ends)), "Give up the grant")
     elif r.state == rr.REFUSED:
-        state, status, withdraw = "refused", f"Refused by {by}", ""
+        state, status, withdraw = "refused", Markup("Refused by {}").format(by), ""
     else:
         state, status, withdraw = "withdrawn", (
             f"Withdrawn on {when(r.decided_at)}" if r.decided_at else "Withdrawn"), ""
     if r.broken:
-        status = f"{status}. Its window holds a time no calendar can show."
-    return Row(r.id, r.user_name, ", ".join(r.groups), r.role,
+        status = Markup("{}. Its window holds a time no calendar can show.").format(status)
+    return Row(r.id, r.user_name, Markup(", ").join(bdi(g) for g in r.groups), r.role,
                f"{when(r.starts)} to {when(r.ends)}", r.reason, when(r.asked_at), state,
                status, r.decision_comment, withdraw, r.broken)
 

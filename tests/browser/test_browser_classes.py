@@ -18,13 +18,14 @@ import re
 from datetime import datetime, timedelta
 
 import pytest
-from browser import Visit, expect, launch, visits
-from hubs import on_hub
+from browser import BIDI_NAME, Visit, assert_reads_in_order, expect, launch, visits
+from hubs import leave, on_hub
 
 from harness import Hub, container_for
 from spawner.contract import IMAGE_LABEL, ROLE_LABEL
 from spawner.hubconfig.rbac import USAGE_SCOPE
 from spawner.webapp.classes import NOT_AN_INSTRUCTOR
+from spawner.webapp.formatting import isolate
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -68,6 +69,11 @@ def browser():
 @pytest.fixture
 def make(browser, hub):
     yield from visits(browser, hub)
+
+
+def both(role: str, image: str, between: str) -> str:
+    """"role with image" as the page writes it in plain text: each name isolated."""
+    return f"{isolate(role)}{between}{isolate(image)}"
 
 
 def rows(v: Visit):
@@ -146,7 +152,10 @@ def test_the_instructor_prewarms_opens_and_stops_their_class(make, hub, docker_c
     expect(page.locator("#members-body td.state")).to_have_text(["stopped", "stopped"])
     # the picker offers what every member holds; big is ann's only, and the page says so
     options = page.locator("#prewarm-choice option").all_text_contents()
-    assert sorted(options) == ["lab with pytorch", "student with paddle", "student with pytorch"]
+    # an option is plain text: its names isolated (FSI … PDI), as in the status lines below
+    assert sorted(options) == [both("lab", "pytorch", " with "),
+                               both("student", "paddle", " with "),
+                               both("student", "pytorch", " with ")]
     expect(page.locator("#lacking")).to_have_text("big with pytorch: not held by ben")
 
     # The token the hub gave the service for prof-ada: cs101's scopes, nothing wider.
@@ -165,10 +174,11 @@ def test_the_instructor_prewarms_opens_and_stops_their_class(make, hub, docker_c
     refused(v.api("GET", "api/classes/cs102"), sentence)
 
     # pre-warm now, with the role and image picked
-    page.select_option("#prewarm-choice", label="lab with pytorch")
+    page.select_option("#prewarm-choice", label=both("lab", "pytorch", " with "))
     page.check("#when-now")
     press(v, page.locator("#prewarm"))
-    expect(page.locator("#action-status")).to_contain_text("Pre-warm with lab and pytorch",
+    expect(page.locator("#action-status")).to_contain_text(
+        f"Pre-warm with {both('lab', 'pytorch', ' and ')}",
                                                            timeout=WAIT)
     expect(page.locator("#action-results li")).to_have_count(2)
     for name in ("ann", "ben"):
@@ -222,7 +232,8 @@ def test_the_instructor_prewarms_opens_and_stops_their_class(make, hub, docker_c
     page.bring_to_front()
     press(v, stop_ben)
     expect(stop_ben).to_have_text("Press again to stop")
-    expect(page.locator("#action-status")).to_contain_text("Press Stop again to stop ben's")
+    expect(page.locator("#action-status")).to_contain_text(
+        f"Press Stop again to stop {isolate('ben')}'s")
     assert hub.user("ben")["servers"][""]["ready"]
     page.keyboard.press("Enter")
     expect(page.locator('#action-results li[data-user="ben"]')).to_contain_text(
@@ -253,12 +264,13 @@ def test_the_instructor_prewarms_opens_and_stops_their_class(make, hub, docker_c
 
     # schedule a pre-warm for a lab in an hour, see it listed, cancel it
     when = (datetime.now() + timedelta(hours=1)).replace(second=0, microsecond=0)
-    page.select_option("#prewarm-choice", label="student with paddle")
+    page.select_option("#prewarm-choice", label=both("student", "paddle", " with "))
     page.fill("#prewarm-at", when.strftime("%Y-%m-%dT%H:%M"))
     assert page.is_checked("#when-at")
     press(v, page.locator("#prewarm"))
     expect(page.locator("#action-status")).to_contain_text(
-        "Scheduled: the servers of cs101 start with student and paddle at "
+        f"Scheduled: the servers of {isolate('cs101')} start with "
+        f"{both('student', 'paddle', ' and ')} at "
         + when.strftime("%Y-%m-%d %H:%M"))
     planned = page.locator("#schedules-body tr")
     expect(planned).to_have_count(1)
@@ -301,3 +313,31 @@ def test_an_admin_sees_every_group_and_stops_another_classes_server(make, hub):
     assert v.api("GET", "api/classes/cs101").status == 200
     v.shot("class-dashboard-admin")
     v.check_stayed_home()
+
+
+def test_a_member_named_with_a_bidi_override_reads_in_order(make, hub):
+    """A member of cs102 named with U+202E (RIGHT-TO-LEFT OVERRIDE): in "not held by dan,
+    eve…, zed" the names after theirs are drawn after it, not reversed into it, as the
+    service draws the page and as the script redraws it, for the instructor and an admin."""
+    joined = {BIDI_NAME: ["cs102"], "zed": ["cs102"], "amy": ["cs102", "cs101-gpu"]}
+    for name, groups in joined.items():
+        hub.create_user(name, groups)
+    try:
+        for who in ("prof-bo", "admin"):
+            v = make()
+            v.log_in(who)
+            v.open_service_page("classes/cs102")
+            lacking = v.page.locator("#lacking li", has_text=BIDI_NAME)
+            expect(lacking).to_contain_text("big with pytorch: not held by dan, ")
+            assert_reads_in_order(lacking)  # as the service drew it
+            # the script's first refresh draws the list again, in place of the service's
+            lacking.evaluate("(li) => { li.dataset.drawn = 'service'; }")
+            v.page.wait_for_function(
+                "() => { const li = document.querySelector('#lacking li');"
+                " return li && li.dataset.drawn !== 'service'; }", timeout=30_000)
+            assert_reads_in_order(lacking)
+            v.shot(f"class-dashboard-bidi-{who}")
+            v.check_stayed_home()
+    finally:
+        for name, groups in joined.items():
+            leave(hub, name, groups)

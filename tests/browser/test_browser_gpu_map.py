@@ -23,8 +23,8 @@ import threading
 import time
 
 import pytest
-from browser import Visit, expect, launch
-from hubs import GPU_HUB_GPUS, GPU_HUB_ID, on_hub
+from browser import BIDI_NAME, Visit, assert_reads_in_order, expect, launch
+from hubs import GPU_HUB_GPUS, GPU_HUB_ID, on_hub, stop_every_server
 
 from harness import Hub, WatchdogProcess, container_for, install_fake_nvml, write_fake_gpus
 from spawner.host.admission import HostCapacity
@@ -316,3 +316,30 @@ def test_instructors_and_users_are_refused(setup, visit, who):
     assert r.status == 403, r.text()
     assert r.json() == {"message": ADMINS_ONLY}
     v.check_stayed_home()
+
+
+def test_a_holder_named_with_a_bidi_override_reads_in_order(setup, browser, visit):
+    """A user named with U+202E (RIGHT-TO-LEFT OVERRIDE) holds a GPU: in their holder's line
+    the words after the name (" · pair · shared by up to 2 …") are drawn after it, not
+    reversed into it, as the service draws the map (no script) and as the script redraws
+    it live."""
+    hub = setup[0]
+    stop_every_server(hub)
+    hub.create_user(BIDI_NAME)
+    hub.start_server(BIDI_NAME, PAIR)
+    drawn = Visit(browser, hub, java_script_enabled=False)
+    live = visit()
+    try:
+        for v in (drawn, live):
+            v.log_in("admin")
+            v.open_service_page("gpus")
+            line = v.page.locator("#gpus ul.holders li", has_text=BIDI_NAME)
+            expect(line).to_contain_text(" · pair · shared by up to 2")
+            if v is live:
+                expect(v.page.locator("#updated")).to_contain_text("Live", timeout=WAIT)
+            assert_reads_in_order(line)
+        live.shot("gpu-map-bidi")
+        live.check_stayed_home()
+    finally:
+        drawn.context.close()
+        hub.stop_server(BIDI_NAME)

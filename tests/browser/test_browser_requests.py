@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from browser import Visit, expect, launch
+from browser import BIDI_NAME, Visit, assert_reads_in_order, expect, launch
 from hubs import on_hub
 from sqlalchemy import update
 
@@ -28,6 +28,7 @@ from spawner.usage.schema import role_requests
 from spawner.watchdog.hub_events import for_hub, role_request_events
 from spawner.watchdog.model import Snapshot
 from spawner.watchdog.rules import WatchdogRules
+from spawner.webapp.formatting import isolate
 from spawner.webapp.requests import NOT_DECIDER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
@@ -187,9 +188,10 @@ def test_a_plain_user_lands_on_role_requests_from_the_services_menu(person):
     page.wait_for_url("**/services/usage/requests")
     expect(page.locator("header h1")).to_have_text("Role requests")
     expect(page.locator("header nav a[aria-current=page]")).to_have_text("Role requests")
+    # an option is plain text: the table's names isolated (FSI … PDI)
     expect(page.locator("#ask-role option")).to_have_text(
-        [f"{ROLE} — Term projects, beyond the lab",
-         "gpu-training — A whole GPU for training runs"])
+        [f"{isolate(ROLE)} — {isolate('Term projects, beyond the lab')}",
+         f"{isolate('gpu-training')} — {isolate('A whole GPU for training runs')}"])
     expect(page.locator("#ask-submit")).to_be_enabled()  # the script ran
     expect(page.locator("#decide")).to_have_count(0)
     expect(page.get_by_text("You have not asked for a role yet.")).to_be_visible()
@@ -387,3 +389,42 @@ def test_a_refusal_needs_a_comment_and_the_user_is_told(hub, person, docker_clie
     student.shot("requests-refused")
     refused_spawn(hub, docker_client, "student3")
     student.check_clean()
+
+
+# The closing quote a <q> draws after the comment (its ::after), against the comment's text:
+# reversed into the comment by an override that runs on, it ends up inside the text's box.
+QUOTE_AFTER = """(q) => {
+  const range = document.createRange();
+  range.selectNodeContents(q);
+  return {text_right: range.getBoundingClientRect().right,
+          quote_right: q.getBoundingClientRect().right};
+}"""
+
+
+def test_a_name_and_a_comment_with_a_bidi_override_read_in_order(hub, person):
+    """A user named with U+202E (RIGHT-TO-LEFT OVERRIDE) asks, with such a reason; the admin
+    refuses with such a comment: on the admin's page the words after the user's name, and
+    on the user's page the quote after the comment, are drawn after them, not reversed
+    into them."""
+    hub.create_user(BIDI_NAME)
+    eve = log_in(person, BIDI_NAME)
+    eve.page.fill("#ask-reason", f"For {BIDI_NAME} and more.")
+    eve.page.click("#ask-submit")
+    expect(eve.mine().locator(".status")).to_have_text("Waiting for a decision")
+
+    admin = log_in(person, "admin")
+    request = admin.to_decide(BIDI_NAME)
+    assert_reads_in_order(request.locator("h3"))  # "… asks for the role project"
+    assert_reads_in_order(request.locator("label"))  # "Comment for … (required to refuse)"
+    request.locator("input[name=comment]").fill(f"Not now, {BIDI_NAME}")
+    request.get_by_role("button", name="Refuse").click()
+    expect(admin.to_decide(BIDI_NAME)).to_have_count(0)
+    admin.check_clean()
+
+    eve.page.reload()
+    comment = eve.mine().locator("q.comment")
+    expect(comment).to_have_text(f"Not now, {BIDI_NAME}")
+    found = comment.evaluate(QUOTE_AFTER)
+    assert found["quote_right"] > found["text_right"] + 2, found
+    eve.shot("requests-bidi")
+    eve.check_clean()

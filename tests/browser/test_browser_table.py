@@ -9,8 +9,8 @@ import re
 import time
 
 import pytest
+from browser import BIDI_NAME, assert_reads_in_order, launch, visits
 from browser import Visit as BrowserVisit
-from browser import launch, visits
 from hubs import SHIPPED_QUOTAS, on_hub
 from playwright.sync_api import expect
 
@@ -344,3 +344,26 @@ def test_a_saved_edit_applies_at_the_next_spawn(table, original, visit, docker_c
         assert v.errors == []
     finally:
         hub.stop_server("carol")
+
+
+def test_a_comment_with_a_bidi_override_reads_in_order_in_the_history(table, original,
+                                                                     visit):
+    """A restore's comment holding U+202E (RIGHT-TO-LEFT OVERRIDE): the history draws the
+    words after it ("(restores version N)") after it, not reversed into it."""
+    v = visit()
+    v.log_in("admin")
+    v.open_editor()
+    page = v.page
+    v.replace_text(original.replace(DESCRIPTION, "Bidi test"))
+    v.save("bidi test: an edit")
+    expect(page.locator("#save-result")).to_contain_text("Saved;")
+    page.locator("#versions-body tr").last.locator("button").click()  # the oldest
+    expect(page.locator("#version-view")).to_be_visible()
+    page.fill("#restore-comment", BIDI_NAME)
+    page.click("#restore-form button[type=submit]")
+    expect(page.locator("#restore-result")).to_contain_text("Saved")
+    row = page.locator("#versions-body tr").first
+    expect(row).to_contain_text("(restores version")
+    assert_reads_in_order(row.locator("td").nth(2))
+    v.shot("bidi-history")
+    assert v.errors == []

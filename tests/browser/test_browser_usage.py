@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import csv
 import io
+import time
 from urllib.parse import quote
 
 import pytest
+from browser import BIDI_NAME, assert_reads_in_order, assert_text_reads_in_order, launch, visits
 from browser import Visit as BrowserVisit
-from browser import launch, visits
 from hubs import SHIPPED_QUOTAS, on_hub
 from playwright.sync_api import expect
 from test_usage_service import ALL_USERS, CS101, HOSTILE_USER, seed_ledger
 
 from harness import Hub
 from spawner.hubconfig.rbac import USAGE_SCOPE
-from spawner.usage.ledger import default_url
+from spawner.usage.ledger import Ledger, Sample, default_url
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 
@@ -174,3 +175,46 @@ def test_anyone_else_is_refused(hub, visit):
                                                  "instructors of a class")
     assert page.locator("table.report").count() == 0
     v.shot("refused")
+
+
+def seed_sessions_of(url: str, user: str, count: int = 2) -> None:
+    """``count`` sampled sessions of ``user`` in the last day, in the junior-researcher role
+    the shipped table gives everyone: a row, bars, a timeline and a line of advice."""
+    ledger = Ledger(url)
+    now = time.time()
+    for n in range(count):
+        container, start = f"bidi-{n}", now - (6 - 2 * n) * 3600
+        ledger.open(hub="seeded", user=user, container=container, role="junior-researcher",
+                    image="pytorch", cpu_limit=2, mem_limit=4 * 2**30, groups=["cs101"],
+                    requested=start - 5)
+        ledger.started("seeded", container, f"bidi{n}", when=start)
+        ledger.ready("seeded", container, when=start + 10)
+        ledger.fold([Sample("seeded", container, start + 1800, cpu=0.5, memory=2**30,
+                            gpu_util=None, gpu_memory=None)])
+        ledger.close("seeded", container, "stopped", when=start + 3600)
+    ledger.dispose()
+
+
+def test_a_name_with_a_bidi_override_reads_in_order(hub, visit):
+    """A user named with U+202E (RIGHT-TO-LEFT OVERRIDE): on the report and on their own
+    page, the words after the name (advice, the period line, a chart's title and its
+    tooltips) are drawn after it, not reversed into it. Run last: it adds to the ledger."""
+    seed_sessions_of(default_url(str(hub.workdir)), BIDI_NAME)
+    v = visit()
+    v.log_in("admin")
+    v.open_service_page("?period=30d")
+    page = v.page
+    assert BIDI_NAME in v.rows()
+    assert_reads_in_order(page.locator("#advice li", has_text=BIDI_NAME))
+    bar = page.locator(f'svg.chart.reserved-used.cpu g.row[data-name="{BIDI_NAME}"]')
+    # a bar's tooltip, "…: 2 CPU-hours reserved, …", as a line of text
+    assert_text_reads_in_order(page, bar.locator("rect.reserved title").text_content())
+    v.shot("bidi-report")
+
+    page.locator("a.user-link", has_text=BIDI_NAME).click()
+    page.wait_for_url("**/services/usage/user?**")
+    assert_reads_in_order(page.locator("#scope"))  # "the sessions of ….": the full stop
+    assert_reads_in_order(page.locator("svg.chart.timeline text.chart-title"))
+    assert_reads_in_order(page.locator("#summary p.advice"))
+    v.shot("bidi-user")
+    v.check_stayed_home()

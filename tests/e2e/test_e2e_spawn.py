@@ -116,13 +116,19 @@ def test_each_spawn_starts_from_the_table(hub, docker_client, fresh_user):
         ({"profile": "junior-researcher", "mem_limit": "64G"}, "Unknown server option"),
         ({"profile": "junior-researcher", "cpu_limit": 64}, "Unknown server option"),
         ({"profile": "../../etc", "image": "pytorch"}, "which you do not hold"),
+        # lone surrogates, which JSON allows and UTF-8 cannot encode: quoted escaped
+        ({"profile": "\ud800"}, "the role '\\ud800', which you do not hold"),
+        ({"profile": "junior-researcher", "image": "\udfff"}, "the image '\\udfff'"),
+        ({"\udbff": "x"}, "Unknown server option '\\udbff'"),
     ],
 )
 def test_user_options_injection_is_refused(hub, docker_client, fresh_user, options, words):
     name = fresh_user("intruder")
+    logged = len(hub.log())
     r = hub.spawn(name, options)
     assert r.status_code == 400, r.text
     assert words in r.json()["message"]
+    assert "Traceback" not in hub.log()[logged:]
     assert hub.user(name)["servers"] == {}
     assert containers(docker_client, name) == []
 

@@ -302,8 +302,10 @@ async def test_a_role_not_every_member_holds_is_refused(api):
     code, found = await api.call("POST", "/cs101/prewarm",
                                  body={"role": "gpu-lab", "image": "pytorch"})
     assert code == 400
+    # the members' names isolated (FSI … PDI): their bidi controls stay inside them
     assert found["message"].startswith(
-        "Not every member of cs101 may start gpu-lab with pytorch: student1 and student2")
+        "Not every member of cs101 may start gpu-lab with pytorch: \u2068student1\u2069 and "
+        "\u2068student2\u2069")
     code, found = await api.call("POST", "/cs101/prewarm",
                                  body={"role": "student", "image": "paddle"})
     assert code == 400
@@ -336,9 +338,9 @@ async def test_schedules_are_stored_listed_cancelled_and_run_when_due(api):
     api.hub.calls.clear()
     (ran,) = await api.prewarmer.run_due(now=at + 1)
     assert ran["id"] == first["id"] and ran["state"] == "done"
-    assert ran["result"].splitlines() == [
-        "alice: skipped (The server is running already.)", "student1: starting",
-        "student2: starting"]
+    assert ran["result"].splitlines() == [  # each name isolated: FSI … PDI
+        "\u2068alice\u2069: skipped (The server is running already.)",
+        "\u2068student1\u2069: starting", "\u2068student2\u2069: starting"]
     # with the service's own token, and only once
     assert {c[2] for c in api.hub.calls} == {f"token {SERVICE_TOKEN}"}
     assert sorted(c[1] for c in api.hub_calls("POST")) == ["student1", "student2"]
@@ -364,8 +366,8 @@ async def test_a_schedule_the_hub_refuses_is_marked_failed(api, monkeypatch):
     monkeypatch.setattr(api.hub, "allowed", lambda token, name=None: name in (None, "student1"))
     (ran,) = await api.prewarmer.run_due(now=time.time() + 20)
     assert ran["state"] == "failed"
-    assert "student1: starting" in ran["result"]
-    assert f"student2: refused ({DENIED})" in ran["result"]
+    assert "\u2068student1\u2069: starting" in ran["result"]
+    assert f"\u2068student2\u2069: refused ({DENIED})" in ran["result"]
 
 
 async def test_a_server_outside_the_tokens_filter_is_refused(monkeypatch):
@@ -594,9 +596,12 @@ async def test_the_dashboard_shows_each_member(site):
     assert re.search(r'class="stop"[^>]* disabled>', student)
     # the picker: what every member holds; what only some hold, with who lacks it
     options = re.findall(r'<option value="([^"]*)">([^<]*)</option>', page)
+    # an option is text: its names isolated with FSI … PDI; elsewhere each is a <bdi>
     assert [(json.loads(html.unescape(v)), t) for v, t in options] == [
-        (["student", "pytorch"], "student with pytorch")]
-    assert "gpu-lab with pytorch: not held by student1, student2" in page
+        (["student", "pytorch"], "\u2068student\u2069 with \u2068pytorch\u2069")]
+    assert ("<bdi>gpu-lab</bdi> with <bdi>pytorch</bdi>: not held by <bdi>student1</bdi>, "
+            "<bdi>student2</bdi>") in page
+    assert "<bdi>gpu-lab</bdi> · <bdi>pytorch</bdi>" in alice
     assert 'id="stop-all"' in page and 'id="prewarm-at"' in page
     assert 'type="datetime-local"' in page
     # what the script needs, and nothing it would have to fetch from elsewhere

@@ -135,7 +135,7 @@ async def test_the_admin_gets_every_gpu_with_its_holders_and_the_queue(site):
             "waiting for a GPU. 1 other GPU on the host, outside the pool.") in text
     assert "The watchdog's figures are 1s old (it measures every 5s)." in text
     # the holders link to their usage page
-    assert f'<a href="{PREFIX}user?name=alice">alice</a>' in page
+    assert f'<a href="{PREFIX}user?name=alice" dir="auto">alice</a>' in page
     # the page carries what its script needs, and the header marks where we are
     assert attribute(page, "data-api") == PREFIX + "api/gpus"
     assert attribute(page, "data-xsrf")
@@ -375,7 +375,7 @@ async def test_a_preemption_under_way_names_its_victims():
     users = gpu_page.holder_users(doc)
     (waiting,) = doc["queue"]
     assert gpu_page.preemption_text(waiting, users, {"GPU-0": "0"}) == \
-        "under way: stopping alice; GPU 0 kept for it"
+        "under way: stopping \u2068alice\u2069; GPU 0 kept for it"  # the name isolated
     assert doc["gpus"][0]["reserved_for"] == "quota-dave"
     assert doc["gpus"][0]["holders"][0]["evicting_for"] == "quota-dave"
 

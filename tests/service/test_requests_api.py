@@ -460,3 +460,64 @@ async def test_long_texts_and_large_bodies_are_refused(api):
     assert (code, found["message"]) == (413, "The request is 1,048,590 bytes; this service "
                                              "takes at most 1,048,576 bytes (1 MiB).")
     assert (await api.get("mine", "student1"))[1]["requests"] == [asked["request"]]
+
+
+def no_traceback(records) -> None:
+    """Nothing the service logged carries a traceback: a refusal is not an error."""
+    assert [r.getMessage() for r in records if r.exc_info] == []
+
+
+@pytest.mark.parametrize("raw, shown", [("\ud800", "an unpaired UTF-16 surrogate (U+D800)"),
+                                        ("\x00", "a NUL character (U+0000)")])
+async def test_a_reason_or_a_comment_that_is_not_text_is_refused(api, caplog, raw, shown):
+    """A lone surrogate is valid JSON but no character (UTF-8 cannot encode it), and NUL is
+    what PostgreSQL's text refuses: a sentence, nothing stored, no traceback."""
+    code, found = await api.ask(reason=f"For my{raw} thesis")
+    assert (code, found["message"]) == (400, (
+        f"The reason holds {shown} at character 7, which is not text that can be stored; "
+        "please remove it and send it again."))
+    assert (await api.get("mine", "student1"))[1] == {"requests": []}
+    _, asked = await api.ask()
+    rid = asked["request"]["id"]
+    code, found = await api.post(f"/{rid}/decide", "admin",
+                                 {"approve": False, "comment": raw + "no"})
+    assert (code, found["message"]) == (400, (
+        f"The comment holds {shown} at character 1, which is not text that can be stored; "
+        "please remove it and send it again."))
+    # a surrogate in a key is refused as well, before any field is read
+    code, found = await api.post("", "student1", '{"role": "gpu-training", "\\udfff": 1}')
+    assert (code, found["message"]) == (400, (
+        "The name of a field holds an unpaired UTF-16 surrogate (U+DFFF) at character 1, "
+        "which is not text that can be stored; please remove it and send it again."))
+    _, mine = await api.get("mine", "student1")
+    assert [(r["id"], r["state"]) for r in mine["requests"]] == [(rid, "pending")]
+    assert [e["event"] for e in await wait_events(api, 1)] == ["role-request"]
+    no_traceback(caplog.records)
+
+
+def body_routes() -> list[str]:
+    """Every route of the service whose handler takes a JSON body (a POST), as a path:
+    a number for an id, cs101 for a class."""
+    found = []
+    for route in service.routes("/services/usage/"):
+        handler = route[1]
+        if isinstance(handler, type) and "post" in {
+                name for klass in handler.__mro__ if klass.__module__.startswith("spawner.")
+                for name in vars(klass)}:
+            found.append(route[0].replace(r"(\d+)", "1").replace("([^/]+)", "cs101")
+                         .removeprefix("/services/usage/"))
+    return found
+
+
+async def test_every_endpoint_that_takes_a_body_refuses_a_lone_surrogate(api, caplog):
+    """The check is the body's parser's (inputs.parse_json), so no endpoint can miss it."""
+    paths = body_routes()
+    assert {"api/requests", "api/requests/1/decide", "api/table", "api/table/check",
+            "api/table/versions/1/restore", "api/classes/cs101/prewarm"} <= set(paths)
+    for path in paths:
+        code, found = await api.call("POST", path, "admin", '{"role": "x", "why": "\\ud800"}')
+        assert (code, found) == (400, {"message": (
+            "The why holds an unpaired UTF-16 surrogate (U+D800) at character 1, which is "
+            "not text that can be stored; please remove it and send it again.")}), path
+    assert api.logged() == []
+    no_traceback(caplog.records)

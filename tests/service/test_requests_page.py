@@ -133,8 +133,13 @@ def options(page: str) -> list[str]:
 def rows(page: str, part: str = "mine") -> list[str]:
     """Each request's text in a section, tags dropped, spaces folded."""
     pattern = r"<tr class=\"request.*?</tr>" if part == "mine" else r"<article.*?</article>"
-    return [" ".join(html.unescape(re.sub(r"<[^>]+>", " ", m)).split())
+    return [" ".join(html.unescape(re.sub(r"<[^>]+>", " ", plain(m))).split())
             for m in re.findall(pattern, section(page, part), re.S)]
+
+
+def plain(page: str) -> str:
+    """``page`` without the <bdi> around each name (inline: no space where it was)."""
+    return re.sub(r"</?bdi>", "", page)
 
 
 # --- every user: the landing page, the form and their requests -------------------------------
@@ -146,7 +151,7 @@ async def test_a_student_gets_the_form_and_no_decisions(site):
     page = r.body.decode()
     assert "<title>Role requests</title>" in page
     assert options(page) == ["gpu-training", "senior-engineer"]
-    assert "You hold student, gpu-lab." in page
+    assert "You hold student, gpu-lab." in plain(page)
     # 24-hour times in the service's zone, as the tables show them, not the browser's
     # datetime-local (12-hour in some locales)
     assert 'type="datetime-local"' not in page
@@ -213,7 +218,7 @@ async def test_the_states_of_ones_requests(site):
         "senior-engineer 2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC Big loaders. "
         "Refused by admin Not this term."]
     assert "You hold student, gpu-training, gpu-lab (granted for a time: gpu-training)." \
-        in page
+        in plain(page)
     assert options(page) == ["senior-engineer"]
     assert 'class="request granted"' in page and 'class="request refused"' in page
     assert 'aria-label="Give up the grant: gpu-training, 2026-11-18 11:06 UTC to ' \
@@ -225,7 +230,7 @@ async def test_the_states_of_ones_requests(site):
     assert rows(page)[0] == ("gpu-training 2026-11-18 11:06 UTC to 2026-11-20 11:06 UTC "
                              "For my thesis. Expired: the grant ended on 2026-11-20 11:06 UTC "
                              "for the thesis")
-    assert "You hold student, gpu-lab." in page
+    assert "You hold student, gpu-lab." in plain(page)
     assert options(page) == ["gpu-training", "senior-engineer"]
 
 
@@ -284,10 +289,10 @@ async def test_the_admin_sees_every_waiting_request(site):
     assert rows(page, "decide") == [
         "student1 asks for the role gpu-training Window 2026-11-18 11:06 UTC to 2026-11-25 "
         "11:06 UTC Groups cs101 Reason For my thesis. Asked 2026-11-18 11:06 UTC "
-        "Comment for student1 (required to refuse) Approve Refuse",
+        "Comment for \u2068student1\u2069 (required to refuse) Approve Refuse",
         "dora asks for the role senior-engineer Window 2026-11-18 11:06 UTC to 2026-11-25 "
         "11:06 UTC Groups cs102 Reason Lab project. Asked 2026-11-18 11:06 UTC "
-        "Comment for dora (required to refuse) Approve Refuse"]
+        "Comment for \u2068dora\u2069 (required to refuse) Approve Refuse"]
     decide = section(page, "decide")
     assert 'aria-label="Approve the request of student1 for gpu-training"' in decide
     assert '<label for="comment-1">' in decide and 'id="comment-1"' in decide
@@ -354,7 +359,7 @@ async def test_names_reasons_and_comments_are_escaped(site):
         in page
     assert (await site.decide(rid, "admin", False, HOSTILE_COMMENT))[0] == 200
     mine = await site.page(HOSTILE)
-    assert f"Signed in as <strong class=\"me\">{escape(HOSTILE)}</strong>" in mine
+    assert f"Signed in as <strong class=\"me\" dir=\"auto\">{escape(HOSTILE)}</strong>" in mine
     assert "<b onclick" not in mine and escape(HOSTILE_COMMENT) in mine
     assert "<img src=x" not in mine
     assert rows(mine) == [f"gpu-training 2026-11-18 11:06 UTC to 2026-11-25 11:06 UTC "

@@ -435,6 +435,41 @@ async def test_a_save_comment_has_a_limit(api):
     assert (code, found["message"]) == (400, "Please keep the comment under 2000 characters.")
 
 
+SURROGATE = ("holds an unpaired UTF-16 surrogate (U+D800) at character {}, which is not text "
+             "that can be stored; please remove it and send it again.")
+
+
+async def test_a_save_holding_a_lone_surrogate_is_refused(api, caplog):
+    """"\\ud800" is valid JSON but no character: in the comment or in the table's text,
+    on a save, a restore, a check or a preview, a sentence; nothing written, no traceback."""
+    _, now = await api.get()
+    before = api.quota.read_bytes()
+    edited = without_gpu_lab(now["text"])
+    code, found = await api.post("", {"text": edited, "version": now["version"],
+                                      "comment": "term\ud800 ends"})
+    assert (code, found["message"]) == (400, "The comment " + SURROGATE.format(5))
+    code, found = await api.post("", {"text": "\ud800" + edited, "version": now["version"],
+                                      "comment": "the term ends"})
+    assert (code, found["message"]) == (400, "The table's text " + SURROGATE.format(1))
+    for path in ("/check", "/preview"):
+        code, found = await api.post(path, {"text": "\ud800"})
+        assert (code, found["message"]) == (400, "The table's text " + SURROGATE.format(1))
+    assert api.quota.read_bytes() == before
+    # a restore's comment: there is a version to restore once a save went through
+    code, saved = await api.post("", {"text": edited, "version": now["version"],
+                                      "comment": "the term ends"})
+    assert code == 200, saved
+    _, trail = await api.get("/versions")
+    code, found = await api.post(f"/versions/{trail['versions'][-1]['id']}/restore",
+                                 {"comment": "\ud800", "version": saved["version"]})
+    assert (code, found["message"]) == (400, "The comment " + SURROGATE.format(1))
+    assert api.quota.read_text() == edited
+    _, trail = await api.get("/versions")
+    assert [v["comment"] for v in trail["versions"]][:1] == ["the term ends"]
+    assert len(trail["versions"]) == 2  # the save and the table before it: no restore
+    assert [r.getMessage() for r in caplog.records if r.exc_info] == []
+
+
 @pytest.mark.parametrize("endpoint, name", [("/check", "checked"), ("/preview", "preview")])
 async def test_a_slow_table_check_holds_up_no_other_visitor(api, monkeypatch, endpoint, name):
     """The check and the preview run on the service's threads: while one is slow (a large

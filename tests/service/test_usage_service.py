@@ -353,6 +353,21 @@ async def test_a_users_page_for_whom_may_see_it(site):
     assert (await site.get("user?name=bob&period=30d", "admin")).code == 200
 
 
+@pytest.mark.parametrize("raw, sentence", [
+    ("%ED%A0%80", "The 'name' in the address is not UTF-8 text; please check the link."),
+    ("al%00ice", "The 'name' in the address holds a NUL character (U+0000) at character 3, "
+                 "which is not text that can be stored; please remove it and send it again."),
+])
+async def test_an_address_argument_that_is_not_text_is_a_sentence(site, caplog, raw, sentence):
+    """A query's bytes that are no UTF-8 (the encoding of a lone surrogate), or NUL, which
+    PostgreSQL's text refuses: 400 with the sentence naming the argument, no traceback."""
+    r = await site.get(f"user?name={raw}&period=30d", "admin")
+    assert r.code == 400
+    assert html.unescape(re.search(r'<section class="message" id="message"><p>(.*?)</p>',
+                                   r.body.decode()).group(1)) == sentence
+    assert [x.getMessage() for x in caplog.records if x.exc_info] == []
+
+
 async def test_anyone_else_is_refused_with_a_sentence(site):
     # the front door sends a user to what they may do here: ask for a bigger role
     r = await site.get("", "carol")

@@ -37,6 +37,9 @@ AGO = [None, "", "not a time", "2027-01-05T09:00:00Z", "2027-01-05T08:59:30.1234
        "2027-01-05T10:00:00Z"]
 
 
+NAMES = ["alice", "eve\u202egnp.exe", "\u05e9\u05dc\u05d5\u05dd", ""]
+
+
 def js_literal(value: object) -> str:
     if value is None:
         return "null"
@@ -71,6 +74,7 @@ def test_the_pages_and_their_scripts_write_alike():
         "moment": each(MOMENTS, 'F.moment({}, "UTC")'),
         "iso": each(MOMENTS, "F.iso({})"),
         "ago": each(AGO, f"F.ago({{}}, {NOW})"),
+        "isolate": each(NAMES, "F.isolate({})"),
     })
     service = {
         "size": [formatting.size(v) for v in SIZES],
@@ -79,6 +83,7 @@ def test_the_pages_and_their_scripts_write_alike():
         "moment": [formatting.moment(v, timezone.utc) for v in MOMENTS],
         "iso": [formatting.iso(v) for v in MOMENTS],
         "ago": [formatting.ago(v, NOW) for v in AGO],
+        "isolate": [formatting.isolate(v) for v in NAMES],
     }
     for kind, texts in service.items():
         assert script[kind] == texts, kind
@@ -101,3 +106,15 @@ def test_unknown_values_are_a_dash_and_odd_times_say_so():
     assert formatting.iso(1e18) == ""
     assert formatting.moment(0, timezone.utc, zone=False) == "1970-01-01 00:00"
     assert formatting.percent(0.755) == "76%"  # half up, as the scripts round
+
+
+def test_a_chosen_name_is_isolated_and_escaped():
+    """TR9's isolation for a name someone chose: FSI … PDI in plain text, <bdi> in HTML,
+    escaped; in a sentence written elsewhere (advice), each name where it stands as a word."""
+    assert formatting.isolate("eve\u202egnp.exe") == "\u2068eve\u202egnp.exe\u2069"
+    assert formatting.bdi("<b>&") == "<bdi>&lt;b&gt;&amp;</bdi>"
+    text = "al used at most 1 GiB as gpu-lab; al holds no smaller role than gpu-lab-2 <x>."
+    assert formatting.bdi_names(text, "al", "gpu-lab", None) == (
+        "<bdi>al</bdi> used at most 1 GiB as <bdi>gpu-lab</bdi>; <bdi>al</bdi> holds no "
+        "smaller role than gpu-lab-2 &lt;x&gt;.")
+    assert formatting.bdi_names("<i> used", "<i>") == "<bdi>&lt;i&gt;</bdi> used"

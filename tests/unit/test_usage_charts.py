@@ -54,9 +54,11 @@ def test_gpu_hours_per_day_stacks_roles_in_proportion():
     # used: a point a day, on the same scale
     used = [float(c.get("data-value")) for c in root.iter(f"{SVG}circle")]
     assert used == [7.0, 0.0, 0.5]
-    assert any("2025-03-01 · gpu-training: 8 GPU-hours reserved" in t for t in texts(root))
+    # a role's name is isolated (FSI … PDI): its bidi controls stay inside it
+    assert any("2025-03-01 · \u2068gpu-training\u2069: 8 GPU-hours reserved" in t
+               for t in texts(root))
     assert any("7 GPU-hours used (58% of 12 reserved)" in t for t in texts(root))
-    assert {"gpu-lab", "gpu-training", "used"} <= set(texts(root))  # the legend
+    assert {"\u2068gpu-lab\u2069", "\u2068gpu-training\u2069", "used"} <= set(texts(root))
 
 
 def test_reserved_against_used_bars_in_proportion():
@@ -69,7 +71,7 @@ def test_reserved_against_used_bars_in_proportion():
     assert max(widths) - min(widths) < 0.01
     assert [float(b.get("data-value")) for b in used] == [10.0, 9.0]  # carol: not measured
     assert "use not measured" in " ".join(texts(root))
-    assert "bob: 40 GPU-hours reserved, 10 used (25%)" in texts(root)
+    assert "\u2068bob\u2069: 40 GPU-hours reserved, 10 used (25%)" in texts(root)
 
 
 def test_top_users_largest_first_and_limited():
@@ -132,8 +134,9 @@ def test_long_names_are_shortened_with_the_whole_name_in_the_tooltip():
     name = "a-very-long-user-name-from-the-directory@example.org"
     root = parse(charts.reserved_vs_used([(name, 1.0, 0.5)]))
     label = next(e for e in root.iter(f"{SVG}text") if e.get("class") == "label")
-    assert label.text.endswith("…") and len(label.text) == 20
-    assert label.find(f"{SVG}title").text == name
+    # the name cut and isolated, the "…" after it; the whole name, isolated, in the tooltip
+    assert label.text == f"\u2068{name[:19]}\u2069…"
+    assert label.find(f"{SVG}title").text == f"\u2068{name}\u2069"
 
 
 @pytest.mark.parametrize("svg, sentence", [

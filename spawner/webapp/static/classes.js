@@ -1,7 +1,9 @@
 // The class dashboard (spawner/webapp/classes.py, templates/class.html), after format.js:
 // refreshes the page from the service's API every few seconds and sends the actions to
 // it. Plain script, no framework and nothing from the network. Names are chosen by
-// people, so they are only ever written as text (textContent) or attributes, never as HTML.
+// people, so they are only ever written as text (textContent) or attributes, never as HTML,
+// and each is isolated in its line (a <bdi>, or QuotaFormat.isolate in plain text), so its
+// bidi controls cannot reorder the words around it.
 "use strict";
 
 (function () {
@@ -53,7 +55,7 @@
   // --- how a row reads: as classes.py's *_text functions; sizes, times and "ago" are
   // format.js's, as formatting.py's are the page's ----------------------------------------
 
-  const { size, ago, moment, iso } = QuotaFormat;
+  const { size, ago, moment, iso, isolate } = QuotaFormat;
 
   function cpuText(m) {
     if (m.cpu === null || m.cpu === undefined) return "–";
@@ -65,9 +67,10 @@
     return size(m.memory) + (m.memory_limit ? ` of ${size(m.memory_limit)}` : "");
   }
 
-  function roleText(m) {
-    if (!m.role) return "–";
-    return m.role + (m.image ? ` · ${m.image}` : "");
+  // as role_text: each name in a <bdi>
+  function roleParts(m) {
+    if (!m.role) return ["–"];
+    return m.image ? [{ name: m.role }, " · ", { name: m.image }] : [{ name: m.role }];
   }
 
   function setText(element, text) {
@@ -81,6 +84,20 @@
     if (text !== undefined) element.textContent = text;
     return element;
   }
+
+  // parts: text, or {name} for a name someone chose, which goes in a <bdi> of its own
+  function named(element, parts) {
+    const text = parts.map((p) => (typeof p === "string" ? p : p.name)).join("");
+    if (element.textContent === text && element.childNodes.length === parts.length) {
+      return element; // unchanged: a screen reader hears, and a selection keeps, the same
+    }
+    element.replaceChildren(...parts.map((p) => (typeof p === "string" ? p
+      : make("bdi", "", String(p.name)))));
+    return element;
+  }
+
+  // "a, b, c": names, each in a <bdi>
+  const nameList = (names) => names.flatMap((n, i) => (i ? [", ", { name: n }] : [{ name: n }]));
 
   // --- the members' table: rows are kept and updated in place, so focus stays --------
 
@@ -110,7 +127,7 @@
     const state = cell("state").firstElementChild;
     state.className = `badge state-${m.state}`;
     setText(state, m.state);
-    setText(cell("role"), roleText(m));
+    named(cell("role"), roleParts(m));
     const activity = cell("activity");
     setText(activity, ago(m.last_activity, now));
     activity.title = m.last_activity || "";
@@ -160,7 +177,7 @@
     const select = byId("prewarm-choice");
     const kept = select.value;
     const options = data.choices.map((c) => {
-      const option = make("option", "", `${c.role} with ${c.image}`);
+      const option = make("option", "", `${isolate(c.role)} with ${isolate(c.image)}`);
       option.value = JSON.stringify([c.role, c.image]);
       return option;
     });
@@ -171,7 +188,8 @@
     byId("no-choices").hidden = options.length > 0;
     const lacking = byId("lacking");
     lacking.replaceChildren(...(data.partial_choices || []).map((c) =>
-      make("li", "", `${c.role} with ${c.image}: not held by ${c.lacking.join(", ")}`)));
+      named(make("li"), [{ name: c.role }, " with ", { name: c.image }, ": not held by ",
+                         ...nameList(c.lacking)])));
     byId("lacking-block").hidden = lacking.children.length === 0;
   }
 
@@ -201,7 +219,7 @@
         cancel.setAttribute("aria-label", `Cancel the pre-warm at ${moment(s.at)}`);
         actions.append(cancel);
       }
-      tr.append(when, make("td", "text", `${s.role} · ${s.image}`),
+      tr.append(when, named(make("td", "text"), [{ name: s.role }, " · ", { name: s.image }]),
                 make("td", "text", s.created_by), make("td", "text schedule-state", s.state),
                 make("td", "text result", s.result), actions);
       return tr;
@@ -245,8 +263,8 @@
     status.textContent = sentence;
     status.classList.toggle("bad", Boolean(bad));
     byId("action-results").replaceChildren(...(results || []).map((r) => {
-      const item = make("li", BAD.has(r.outcome) ? "bad" : "",
-                        `${r.user}: ${r.outcome}` + (r.message ? ` (${r.message})` : ""));
+      const item = named(make("li", BAD.has(r.outcome) ? "bad" : ""), [{ name: r.user },
+        `: ${r.outcome}` + (r.message ? ` (${r.message})` : "")]);
       item.dataset.user = r.user;
       item.dataset.outcome = r.outcome;
       return item;
@@ -317,11 +335,11 @@
     const name = button.closest("tr").dataset.user;
     if (!button.classList.contains("armed")) {
       arm(button, "Press again to stop", `Press again to stop ${name}'s server`,
-          `Press Stop again to stop ${name}'s server, or Escape to keep it.`);
+          `Press Stop again to stop ${isolate(name)}'s server, or Escape to keep it.`);
       return;
     }
     disarm(button);
-    stop(button, { users: [name] }, `${name}'s server`);
+    stop(button, { users: [name] }, `${isolate(name)}'s server`);
   });
 
   const stopAll = byId("stop-all");
@@ -329,11 +347,12 @@
     if (!stopAll.classList.contains("armed")) {
       arm(stopAll, `Press again to stop every server of ${group}`,
           `Press again to stop every server of ${group}`,
-          `Press the button again to stop every server of ${group}, or Escape to keep them.`);
+          `Press the button again to stop every server of ${isolate(group)}, or Escape to ` +
+          "keep them.");
       return;
     }
     disarm(stopAll);
-    stop(stopAll, { all: true }, `every server of ${group}`);
+    stop(stopAll, { all: true }, `every server of ${isolate(group)}`);
   });
 
   // Escape, or leaving the button, keeps the servers
@@ -372,15 +391,18 @@
     }
     const button = byId("prewarm");
     button.disabled = true;
-    report(body.at === undefined ? `Starting the servers of ${group} with ${role}…`
+    report(body.at === undefined
+      ? `Starting the servers of ${isolate(group)} with ${isolate(role)}…`
       : "Scheduling the pre-warm…", []);
     try {
       const { status, data } = await call("POST", "/prewarm", body);
       if (status === 201) {
-        report(`Scheduled: the servers of ${group} start with ${role} and ${image} at ` +
+        report(`Scheduled: the servers of ${isolate(group)} start with ${isolate(role)} and ` +
+               `${isolate(image)} at ` +
                `${moment(data.at)}.`, []);
       } else if (status === 200) {
-        report(`Pre-warm with ${role} and ${image}: ${counted(data.results)}.`, data.results,
+        report(`Pre-warm with ${isolate(role)} and ${isolate(image)}: ${counted(data.results)}.`,
+               data.results,
                data.results.some((r) => BAD.has(r.outcome)));
       } else {
         report(data.message, data.results, true);

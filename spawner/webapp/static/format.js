@@ -117,6 +117,10 @@
     return `${Math.floor(seconds / 86400)} days ago`;
   }
 
+  // isolate: a name someone chose, between FIRST STRONG ISOLATE and POP DIRECTIONAL
+  // ISOLATE, for plain text (an <option>, a sentence): its bidi controls stay inside it
+  const isolate = (name) => `\u2068${name}\u2069`;
+
   root.QuotaFormat = Object.freeze({ UNKNOWN, isNumber, halfUp, size, duration, percent,
-                                     moment, iso, ago });
+                                     moment, iso, ago, isolate });
 })(globalThis);

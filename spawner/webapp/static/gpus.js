@@ -28,7 +28,7 @@
   // --- words and numbers, as gpus.py writes them; sizes, durations and shares are
   // format.js's, as formatting.py's are the page's ---------------------------------------
 
-  const { isNumber, size, duration, percent } = QuotaFormat;
+  const { isNumber, size, duration, percent, isolate } = QuotaFormat;
   const plural = (n, word) => (n === 1 ? `${n} ${word}` : `${n} ${word}s`);
 
   function modeText(mode, cap) {
@@ -95,7 +95,7 @@
     if (!ticket.preempting) return "–";
     let text = "under way";
     if (ticket.victims.length) {
-      text += ": stopping " + ticket.victims.map((v) => users[v] || v).join(", ");
+      text += ": stopping " + ticket.victims.map((v) => isolate(users[v] || v)).join(", ");
     }
     if (ticket.reserved.length) {
       text += "; " + ticket.reserved.map((u) => `GPU ${indexes[u] || u}`).join(", ") +
@@ -122,7 +122,9 @@
   }
 
   function userLink(user, owner) {
-    return user ? h("a", {href: userPage + encodeURIComponent(user)}, user) : h("span", {}, owner);
+    // dir="auto" isolates a name: its bidi controls cannot reorder the line around it
+    return user ? h("a", {href: userPage + encodeURIComponent(user), dir: "auto"}, user)
+      : h("span", {dir: "auto"}, owner);
   }
 
   function summaryText(doc, noState) {
@@ -252,23 +254,25 @@
     }
     if (g.reserved_for) {
       parts.push(h("div", {class: "flag kept"}, h("strong", {}, "Kept"),
-        h("span", {}, `for ${users[g.reserved_for] || g.reserved_for}: a preemption is under way`)));
+        h("span", {}, "for ", h("bdi", {}, users[g.reserved_for] || g.reserved_for),
+          ": a preemption is under way")));
     }
     return h("td", {class: "text state"}, parts);
   }
 
   function holderItem(holder, uuid, now, users) {
-    let details = ` · ${holder.role || "?"} · ${modeText(holder.mode, holder.memory_cap)}`;
+    let details = ` · ${modeText(holder.mode, holder.memory_cap)}`;
     if (holder.gpu_memory !== null && holder.gpu_memory !== undefined) {
       details += ` · ${size(holder.gpu_memory)} on this GPU`;
     }
     if (isNumber(holder.since)) details += ` · for ${duration(now - holder.since)}`;
     return h("li", {"data-key": holder.owner},
       userLink(holder.user, holder.owner),
-      h("span", {class: "note"}, details),
+      h("span", {class: "note"}, " · ", h("bdi", {}, holder.role || "?"), details),
       holder.idle ? h("strong", {class: "badge idle"}, "idle") : null,
       holder.evicting_for ? h("div", {class: "flag evict"}, h("strong", {}, "Stopping"),
-        h("span", {}, `for ${users[holder.evicting_for] || holder.evicting_for}`)) : null);
+        h("span", {}, "for ", h("bdi", {}, users[holder.evicting_for] || holder.evicting_for)))
+        : null);
   }
 
   function gpuRow(g, now, users) {
