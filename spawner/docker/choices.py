@@ -1,11 +1,14 @@
 """What a user may start on Docker: the quota's choices (spawner/policy/choices.py),
-with the hub's GPUs.
+with the hub's GPUs and the host's share.
 
 ``ChoicesMixin`` is QuotaSpawner's: it reads the table against the hub's GPU
 capacity, gives the pool the table's roles (preemption weighs each holder by
 its role as the table says now), and shows on the spawn form how many GPUs
-each role would find free. What every spawner of the hub process shares is
-the hub's runtime (spawner/docker/runtime.py), reached through ``hub_runtime``.
+each role would find free. A role that can never start on this hub (more GPUs
+than it has, larger than the notebooks' share of the host: gpus.py's
+``never_starts``) is shown disabled with why, and never preselected. What every
+spawner of the hub process shares is the hub's runtime (spawner/docker/runtime.py),
+reached through ``hub_runtime``.
 """
 
 from __future__ import annotations
@@ -13,10 +16,26 @@ from __future__ import annotations
 from typing import Any
 
 from spawner.docker.engine import warn_oversized_roles
+from spawner.docker.gpus import beyond_host, never_starts
 from spawner.docker.runtime import HubRuntime
-from spawner.gpu.pool import request_for
+from spawner.gpu.pool import GpuPool, request_for
 from spawner.policy.choices import RoleChoicesMixin
+from spawner.quota.form import describe_too_big
 from spawner.quota.model import Choice, Role
+
+
+def too_big_for_host(pool: GpuPool, choices: list[Choice]) -> dict[str, str]:
+    """Role name -> why it can never start on this host, for the roles of ``choices``
+    larger than the notebooks' share (``beyond_host``; none with host admission off)."""
+    if pool.host is None:
+        return {}
+    share = pool.host.capacity.share
+    marks = {}
+    for role in {c.role.name: c.role for c in choices}.values():
+        short = beyond_host(pool, role)
+        if short is not None:
+            marks[role.name] = describe_too_big(role, short, share.cpus, share.memory)
+    return marks
 
 
 class ChoicesMixin(RoleChoicesMixin):
@@ -46,6 +65,10 @@ class ChoicesMixin(RoleChoicesMixin):
         table = await self.quota_table(runtime.pool.capacity)
         return await self.budget_refusal_in(table, runtime.usage, role)
 
+    def startable(self: Any, choice: Choice) -> bool:
+        """Whether ``choice``'s role could ever start on this hub (``never_starts``)."""
+        return never_starts(HubRuntime.of(self).pool, choice.role) is None
+
     async def render_options_form(self: Any) -> str:
         runtime = await self.hub_runtime()
         choices = await self.choices(runtime)
@@ -54,4 +77,5 @@ class ChoicesMixin(RoleChoicesMixin):
                 for c in choices if (request := request_for(c.role))}
         contents = await runtime.frameworks.get(
             (c.image.image for c in choices), self.docker, self.log)
-        return await self.form_for(choices, (free, len(pool.inventory.devices)), contents)
+        return await self.form_for(choices, (free, len(pool.inventory.devices)), contents,
+                                   too_big_for_host(pool, choices))
