@@ -130,3 +130,13 @@ class RoleChoicesMixin:
         if self.db is not None:
             self.db.commit()
 
+
+def shown(error: BaseException) -> None:
+    """Give a refused start's sentence to the page the user lands on. JupyterHub shows an
+    exception's ``jupyterhub_message`` on the spawn form it renders again, in the
+    progress stream's failed event and on its "Spawn failed" page; without one, that
+    page gives no reason and the others show "HTTP 503: Service Unavailable (...)"."""
+    if isinstance(error, web.HTTPError) and error.log_message \
+            and not hasattr(error, "jupyterhub_message"):
+        message = error.log_message % error.args if error.args else error.log_message
+        error.jupyterhub_message = message  # type: ignore[attr-defined]
