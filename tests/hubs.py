@@ -223,8 +223,8 @@ roles:
 assignments:
   default: [workstation, pipeline]
 """
-TOO_BIG_MARK = ("can never start here: it needs 32 GiB of memory and this host's notebooks "
-                "have 21.2 GiB in all")
+TOO_BIG_MARK = ("can never start here: one server's 32 GiB of memory is more than the "
+                "notebooks' 21.2 GiB")
 TOO_BIG_REFUSAL = (
     "The role 'workstation' (8 CPUs, 32 GiB) is larger than what this host gives all "
     "notebook servers together (7.2 CPUs, 21.2 GiB), so it can never start here. Ask an "

@@ -23,22 +23,15 @@ from spawner.docker.gpus import GpuStart, beyond_host, never_starts
 from spawner.docker.runtime import HubRuntime
 from spawner.gpu.pool import GpuPool, request_for
 from spawner.policy.choices import RoleChoicesMixin, shown
-from spawner.quota.form import describe_too_big
 from spawner.quota.model import Choice, Role
 
 
 def too_big_for_host(pool: GpuPool, choices: list[Choice]) -> dict[str, str]:
     """Role name -> why it can never start on this host, for the roles of ``choices``
     larger than the notebooks' share (``beyond_host``; none with host admission off)."""
-    if pool.host is None:
-        return {}
-    share = pool.host.capacity.share
-    marks = {}
-    for role in {c.role.name: c.role for c in choices}.values():
-        short = beyond_host(pool, role)
-        if short is not None:
-            marks[role.name] = describe_too_big(role, short, share.cpus, share.memory)
-    return marks
+    roles = {c.role.name: c.role for c in choices}.values()
+    return {role.name: f"can never start here: {why}" for role in roles
+            if (why := beyond_host(pool, role)) is not None}
 
 
 class ChoicesMixin(RoleChoicesMixin):

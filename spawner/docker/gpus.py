@@ -28,6 +28,7 @@ from spawner.docker.runtime import HubRuntime, Log
 from spawner.gpu.allocator import GpuRequest, NoGpuFree
 from spawner.gpu.pool import GpuPool, Server, mode_label, request_for
 from spawner.gpu.queue import ORDER, Ticket
+from spawner.host.fit import never_fits
 from spawner.quota.model import Choice, Role
 from spawner.quota.units import human_duration
 
@@ -48,18 +49,16 @@ def start_time_for(role: Role, runtime: HubRuntime) -> int:
 
 
 def beyond_host(pool: GpuPool, role: Role) -> str | None:
-    """"memory" or "CPUs" when one server of ``role`` needs more of it than the
-    notebooks' share of the host (with host admission on), so no wait can serve it."""
-    if pool.host is None:
-        return None
-    fit, short = pool.host.capacity.servers_that_fit(role)
-    return short if fit == 0 else None
+    """Why no wait can serve ``role`` on this host, with host admission on: "one server's
+    32 GiB of memory is more than the notebooks' 21.2 GiB" (host/fit.py, as validate
+    --engine and the table editor say it); None when one server fits."""
+    return None if pool.host is None else never_fits(role, pool.host.capacity)
 
 
 def never_starts(pool: GpuPool, role: Role) -> str | None:
     """What ``role`` needs more of than this hub could ever give, so that no wait can
-    serve it: "GPUs" (more than the inventory), else ``beyond_host``'s answer; None when
-    it can start, now or after a wait. The spawn form disables such a role (choices.py)."""
+    serve it: "GPUs" (more than the inventory), else ``beyond_host``'s sentence; None
+    when it can start, now or after a wait. The spawn form disables such a role (choices.py)."""
     request = request_for(role)
     if request is not None and request.count > len(pool.inventory.devices):
         return "GPUs"

@@ -55,17 +55,6 @@ def describe_free(role: Role, available: int, total: int) -> str:
     return f"{available} of {total} GPUs free now"
 
 
-def describe_too_big(role: Role, resource: str, cpus: float, memory: int) -> str:
-    """Why ``role`` can never start on this host: ``resource`` ("CPUs" or "memory") of
-    one of its servers is more than the notebooks' share of the host (``cpus``,
-    ``memory``; spawner/host/admission.py decides)."""
-    if resource == "memory":
-        need, have = f"{format_human(role.memory)} of memory", format_human(memory)
-    else:
-        need, have = f"{role.cpus:g} CPU{'' if role.cpus == 1 else 's'}", f"{cpus:g}"
-    return f"can never start here: it needs {need} and this host's notebooks have {have} in all"
-
-
 def form_rows(
     choices: list[Choice],
     selected: str | None = None,
@@ -75,7 +64,8 @@ def form_rows(
 ) -> list[dict[str, Any]]:
     """What the template shows for each choice (see templates/form.html).
 
-    ``host``: role name -> why it can never start on this host (``describe_too_big``).
+    ``host``: role name -> why it can never start on this host (the notebooks' share
+    of it is smaller than one server; the Docker spawner knows it).
     Such a role, and a GPU role that needs more GPUs than the hub has, is shown disabled
     and never selected: ``selected`` if it can start, else the first choice that can.
     """

@@ -51,7 +51,7 @@ def test_bob_starts_the_shipped_forms_default_and_reaches_jupyterlab(demo_hub, v
             expect(choice(page, f"gpu-training/{image}")).to_be_disabled()
         gpu = page.locator(".quota-choice[data-role=gpu-training][data-image=pytorch]")
         expect(gpu).to_contain_text("this hub has no GPUs")
-        expect(gpu).to_contain_text("can never start here: it needs 32 GiB of memory")
+        expect(gpu).to_contain_text("can never start here: one server's 32 GiB of memory")
         v.shot("demo-form-bob")
         started = time.monotonic()
         page.click(START)

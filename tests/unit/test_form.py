@@ -18,7 +18,6 @@ from spawner.quota.form import (
     describe_free,
     describe_gpus,
     describe_limits,
-    describe_too_big,
     render_form,
 )
 from spawner.quota.loader import load_quota_table
@@ -107,7 +106,8 @@ def test_the_shipped_template_is_the_default():
 # --- what can never start here --------------------------------------------------------
 
 BIG = Role("big", 8, 32 * G, ("pytorch",), shm=8 * G)  # the old senior-engineer
-MARK = describe_too_big(BIG, "memory", 7.2, int(21.15 * G) + 1)
+MARK = ("can never start here: one server's 32 GiB of memory is more than the notebooks' "
+        "21.2 GiB")
 
 
 def states(html: str) -> dict[str, tuple[bool, bool, str]]:
@@ -122,12 +122,9 @@ def states(html: str) -> dict[str, tuple[bool, bool, str]]:
     return found
 
 
-def test_why_a_role_can_never_start_here():
-    assert MARK == ("can never start here: it needs 32 GiB of memory and this host's "
-                    "notebooks have 21.2 GiB in all")
-    assert describe_too_big(BIG, "CPUs", 7.2, 64 * G) == (
-        "can never start here: it needs 8 CPUs and this host's notebooks have 7.2 in all")
+def test_a_hub_with_fewer_gpus_than_the_role_says_so():
     assert describe_free(TWO, 1, 1) == "this hub has only 1 GPU"
+    assert describe_free(TWO, 0, 3) == "0 of 3 GPUs free now"
 
 
 def test_a_role_larger_than_the_host_is_disabled_and_never_preselected():
@@ -199,20 +196,19 @@ def test_the_shipped_table_offers_every_demo_user_a_role_that_starts_on_the_demo
     if user == "bob":  # the README's bob: the form as shipped starts senior-engineer
         assert checked == "senior-engineer/pytorch"
         assert host == {"gpu-training": (
-            "can never start here: it needs 32 GiB of memory and this host's notebooks "
-            "have 21.2 GiB in all")}
+            "can never start here: one server's 32 GiB of memory is more than the notebooks' "
+            "21.2 GiB")}
 
 
 def test_host_marks_follow_admission():
-    """The same rule host admission refuses a start by (servers_that_fit: none), and none
-    with admission off."""
+    """The rule validate --engine, the table editor and host admission go by (host/fit.py's
+    never_fits), and no mark with admission off."""
     choices = [Choice(BIG, IMAGE), Choice(CPU, IMAGE)]
-    assert too_big_for_host(demo_pool(), choices) == {
-        "big": MARK}
+    assert too_big_for_host(demo_pool(), choices) == {"big": MARK}
     wide = demo_pool()
     wide.set_host(HostBook(HostCapacity(cpus=2, memory=64 * G)))  # 8 CPUs > 7.2
     assert too_big_for_host(wide, choices) == {
-        "big": "can never start here: it needs 8 CPUs and this host's notebooks have 7.2 in all"}
+        "big": "can never start here: one server's 8 CPUs are more than the notebooks' 7.2"}
     off = demo_pool()
     off.set_host(None)
     assert too_big_for_host(off, choices) == {}
