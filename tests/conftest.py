@@ -8,7 +8,14 @@ import logging
 from pathlib import Path
 
 import pytest
-from hubs import TEST_QUOTAS, running_hub, start_gpu_hub, start_hub, start_one_gpu_hub
+from hubs import (
+    TEST_QUOTAS,
+    running_hub,
+    start_demo_hub,
+    start_gpu_hub,
+    start_hub,
+    start_one_gpu_hub,
+)
 
 from harness import ensure_engine
 
@@ -71,6 +78,13 @@ def one_gpu_hub(docker_client, tmp_path_factory):
                            docker_client, "one-gpu")
 
 
+@pytest.fixture(scope="session")
+def demo_hub(docker_client, tmp_path_factory):
+    """What `make demo` runs, on a host counted as the demo's machine (tests/hubs.py)."""
+    yield from running_hub(start_demo_hub, tmp_path_factory.mktemp("demo-hub"), docker_client,
+                           "demo")
+
+
 @pytest.fixture
 def quotas(hub):
     """Edit the hub's quota table in a test; restored afterwards."""
@@ -111,6 +125,7 @@ HUB_GROUPS: dict[str, tuple[str, ...]] = {
             "test_e2e_rbac.py", "test_e2e_spawn.py", "test_browser.py",
             "test_browser_classes.py", "test_browser_lab_start.py",
             "test_browser_requests.py", "test_browser_table.py", "test_browser_usage.py"),
+    "demo_hub": ("test_e2e_never_start.py", "test_browser_demo_form.py"),
 }
 GROUP_OF_MODULE = {module: hub for hub, modules in HUB_GROUPS.items() for module in modules}
 SLOW_LAYERS = ("e2e", "browser")

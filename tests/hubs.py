@@ -12,6 +12,8 @@ table (the hub reads it again at every spawn: spawner/quota/store.py):
 - ``one_gpu_hub``: 1 fake GPU (ONE_GPU), the FAKE NVML mounted, the culler checking every
   second and telling the usage ledger why, activity every 2 s, the budgets checked every
   second, and the watchdog's service token (WATCHDOG_TOKEN) for a watchdog run by a test.
+- ``demo_hub``: what ``make demo`` runs: no GPUs, the shipped table, host admission on,
+  counting the host as the machine the demo runs on (DEMO_HOST: 2 CPUs and 23.5 GiB).
 
 What tells two modules apart on one hub: their user names, their table (``on_hub``
 writes it for the module and puts the hub's own back after it), and, on ``hub``, a fresh
@@ -202,6 +204,37 @@ def start_one_gpu_hub(workdir: Path) -> Hub:
               + culler(usage_db=True) + WATCHDOG_SERVICE)
     hub.gpus, hub.fake_nvml = [ONE_GPU], fake
     return hub.start()
+
+
+# The machine `make demo` runs on, as the demo hub counts it (never more than the engine
+# has): its notebooks may reserve 7.2 CPUs and 21.2 GiB (docs/deployment.md#host-capacity).
+DEMO_HOST = 'c.QuotaSpawner.host_cpus = 2\nc.QuotaSpawner.host_memory = "23.5G"\n'
+
+
+# A table for demo_hub with a role that can never start there: workstation is the shipped
+# senior-engineer as it was (32 GiB, more than the host's share), and what the spawn form
+# and a refused start say of it.
+TOO_BIG_QUOTAS = """\
+images:
+  pytorch: {image: "quota-spawner/pytorch:latest"}
+roles:
+  workstation: {cpus: 8, memory: 32G, shm: 8G, images: [pytorch]}
+  pipeline: {cpus: 1, memory: 2G, images: [pytorch]}
+assignments:
+  default: [workstation, pipeline]
+"""
+TOO_BIG_MARK = ("can never start here: one server's 32 GiB of memory is more than the "
+                "notebooks' 21.2 GiB")
+TOO_BIG_REFUSAL = (
+    "The role 'workstation' (8 CPUs, 32 GiB) is larger than what this host gives all "
+    "notebook servers together (7.2 CPUs, 21.2 GiB), so it can never start here. Ask an "
+    "admin to change the role or the host's settings.")
+
+
+def start_demo_hub(workdir: Path) -> Hub:
+    """``demo_hub``: see the module's docstring."""
+    return Hub(workdir, quota_text=SHIPPED_QUOTAS, prefix=f"qsdemo{os.getpid()}",
+               extra_config=DEMO_HOST).start()
 
 
 def running_hub(start: Callable[[Path], Hub], workdir: Path, client: docker.DockerClient,

@@ -1,22 +1,37 @@
 """What a user may start on Docker: the quota's choices (spawner/policy/choices.py),
-with the hub's GPUs.
+with the hub's GPUs and the host's share.
 
 ``ChoicesMixin`` is QuotaSpawner's: it reads the table against the hub's GPU
 capacity, gives the pool the table's roles (preemption weighs each holder by
 its role as the table says now), and shows on the spawn form how many GPUs
-each role would find free. What every spawner of the hub process shares is
-the hub's runtime (spawner/docker/runtime.py), reached through ``hub_runtime``.
+each role would find free. A role that can never start on this hub (more GPUs
+than it has, larger than the notebooks' share of the host: gpus.py's
+``never_starts``) is shown disabled with why, never preselected, and refused
+when the form is sent, so the form comes back with the sentence before any
+start. What every spawner of the hub process shares is the hub's runtime
+(spawner/docker/runtime.py), reached through ``hub_runtime``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from jupyterhub.utils import maybe_future
+
 from spawner.docker.engine import warn_oversized_roles
+from spawner.docker.gpus import GpuStart, beyond_host, never_starts
 from spawner.docker.runtime import HubRuntime
-from spawner.gpu.pool import request_for
-from spawner.policy.choices import RoleChoicesMixin
+from spawner.gpu.pool import GpuPool, request_for
+from spawner.policy.choices import RoleChoicesMixin, shown
 from spawner.quota.model import Choice, Role
+
+
+def too_big_for_host(pool: GpuPool, choices: list[Choice]) -> dict[str, str]:
+    """Role name -> why it can never start on this host, for the roles of ``choices``
+    larger than the notebooks' share (``beyond_host``; none with host admission off)."""
+    roles = {c.role.name: c.role for c in choices}.values()
+    return {role.name: f"can never start here: {why}" for role in roles
+            if (why := beyond_host(pool, role)) is not None}
 
 
 class ChoicesMixin(RoleChoicesMixin):
@@ -46,6 +61,10 @@ class ChoicesMixin(RoleChoicesMixin):
         table = await self.quota_table(runtime.pool.capacity)
         return await self.budget_refusal_in(table, runtime.usage, role)
 
+    def startable(self: Any, choice: Choice) -> bool:
+        """Whether ``choice``'s role could ever start on this hub (``never_starts``)."""
+        return never_starts(HubRuntime.of(self).pool, choice.role) is None
+
     async def render_options_form(self: Any) -> str:
         runtime = await self.hub_runtime()
         choices = await self.choices(runtime)
@@ -54,4 +73,21 @@ class ChoicesMixin(RoleChoicesMixin):
                 for c in choices if (request := request_for(c.role))}
         contents = await runtime.frameworks.get(
             (c.image.image for c in choices), self.docker, self.log)
-        return await self.form_for(choices, (free, len(pool.inventory.devices)), contents)
+        return await self.form_for(choices, (free, len(pool.inventory.devices)), contents,
+                                   too_big_for_host(pool, choices))
+
+    async def run_options_from_form(self: Any, form_data: dict[str, Any]) -> dict[str, Any]:
+        """The form's options, checked now: a choice the user does not hold, or one that
+        can never start here, is refused before JupyterHub starts anything, so the spawn
+        page shows the form again with the sentence. ``start`` checks them again."""
+        options = await maybe_future(super().run_options_from_form(form_data))
+        runtime = await self.hub_runtime()
+        choices = await self.choices(runtime)
+        try:
+            choice = await self.resolve(choices, options)
+            GpuStart(runtime, self.user.name, self._log_name, self.log,
+                     lambda message, percent: None).refuse_never(choice.role, choices)
+        except BaseException as e:
+            shown(e)
+            raise
+        return options

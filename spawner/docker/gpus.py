@@ -26,8 +26,9 @@ from spawner.docker.engine import no_nvidia_runtime
 from spawner.docker.evictor import preemption_time
 from spawner.docker.runtime import HubRuntime, Log
 from spawner.gpu.allocator import GpuRequest, NoGpuFree
-from spawner.gpu.pool import Server, mode_label, request_for
+from spawner.gpu.pool import GpuPool, Server, mode_label, request_for
 from spawner.gpu.queue import ORDER, Ticket
+from spawner.host.fit import never_fits
 from spawner.quota.model import Choice, Role
 from spawner.quota.units import human_duration
 
@@ -45,6 +46,23 @@ def start_time_for(role: Role, runtime: HubRuntime) -> int:
     if role.may_preempt:
         extra += preemption_time(runtime.pool.roles)
     return int(extra)
+
+
+def beyond_host(pool: GpuPool, role: Role) -> str | None:
+    """Why no wait can serve ``role`` on this host, with host admission on: "one server's
+    32 GiB of memory is more than the notebooks' 21.2 GiB" (host/fit.py, as validate
+    --engine and the table editor say it); None when one server fits."""
+    return None if pool.host is None else never_fits(role, pool.host.capacity)
+
+
+def never_starts(pool: GpuPool, role: Role) -> str | None:
+    """What ``role`` needs more of than this hub could ever give, so that no wait can
+    serve it: "GPUs" (more than the inventory), else ``beyond_host``'s sentence; None
+    when it can start, now or after a wait. The spawn form disables such a role (choices.py)."""
+    request = request_for(role)
+    if request is not None and request.count > len(pool.inventory.devices):
+        return "GPUs"
+    return beyond_host(pool, role)
 
 
 class GpuStart:
@@ -67,18 +85,13 @@ class GpuStart:
         request = request_for(role)
         if request is None and pool.host is None:
             return (), None
+        self.refuse_never(role, choices)
         if request is not None:
-            if request.count > len(pool.inventory.devices):  # no wait can ever serve it
-                self.refuse_no_gpu(request, role, choices)
             # an engine that cannot give GPUs: refused before it waits in the queue for one
             nvidia = self.runtime.nvidia
             said = await nvidia.missing_now() if nvidia is not None else None
             if said is not None:
                 self.refuse_no_runtime(said, choices)
-        if pool.host is not None:
-            share = pool.host.capacity.share
-            if role.cpus > share.cpus + 1e-9 or role.memory > share.memory:
-                self._refuse(refusals.host_never_fits(role, share.cpus, share.memory))
         ticket = pool.join(owner, Server(self.user, role.name, time.time()), role)
         try:
             if not ticket.grant.done():
@@ -188,6 +201,19 @@ class GpuStart:
             left = human_duration(due[0] - time.time())
             text += f" The next GPU may come free in about {left}, when {due[1]}."
         return ("queued", place, total, due[1] if due else ""), text
+
+    def refuse_never(self, role: Role, choices: list[Choice]) -> None:
+        """The immediate 503 for a role that can never start on this hub
+        (``never_starts``); nothing for one that can."""
+        never = never_starts(self.pool, role)
+        if never == "GPUs":
+            request = request_for(role)
+            assert request is not None
+            self.refuse_no_gpu(request, role, choices)
+        if never is not None:
+            assert self.pool.host is not None
+            share = self.pool.host.capacity.share
+            self._refuse(refusals.host_never_fits(role, share.cpus, share.memory))
 
     def refuse_no_gpu(self, request: GpuRequest, role: Role, choices: list[Choice]) -> NoReturn:
         """The immediate 503: the role's GPUs are not free and it does not queue, or the

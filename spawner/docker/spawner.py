@@ -36,6 +36,7 @@ from spawner.docker.mounts import bind_sources
 from spawner.docker.network import HostNetworkMixin, wait_for_port, warn_host_network
 from spawner.docker.runtime import HubRuntime
 from spawner.gpu.pool import mode_label, request_for
+from spawner.policy.choices import shown
 from spawner.policy.gpu import torch_reads_fraction
 from spawner.quota.model import Choice
 from spawner.usage.duties import record_end
@@ -183,8 +184,9 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                 raise web.HTTPError(403, refusal)
             await self._our_container()
             ip, port = await self._start_choice(runtime, choice, choices)
-        except BaseException:
+        except BaseException as e:
             self._forget_refused_options(choices)
+            shown(e)
             raise
         self._started_options = {"profile": choice.role.name, "image": choice.image.key}
         return ip, port

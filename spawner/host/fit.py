@@ -2,8 +2,9 @@
 alone, and which role can never start there, because one server of it is more than the
 notebooks' share (``HostCapacity.share``; docs/deployment.md#host-capacity).
 
-One implementation for ``quota-spawner validate --engine`` (its lines) and the table
-editor (its notes, ``FILE:LINE`` at the role). Neither refuses such a table: the hub
+One implementation for ``quota-spawner validate --engine`` (its lines), the table
+editor (its notes, ``FILE:LINE`` at the role) and the Docker hub (docker/gpus.py: the
+spawn form shows such a role disabled with why). Neither refuses such a table: the hub
 loads it, and refuses that role's starts with ``refusals.host_never_fits``; a table
 shared by hubs on hosts of different sizes may hold a role for the bigger ones.
 """

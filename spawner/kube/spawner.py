@@ -63,7 +63,7 @@ from spawner.kube.notebook import NotebookPod
 from spawner.kube.options import KubeOptions
 from spawner.kube.pod import apply_quota
 from spawner.kube.quantities import byte_quantity
-from spawner.policy.choices import RoleChoicesMixin
+from spawner.policy.choices import RoleChoicesMixin, shown
 from spawner.policy.config import QuotaConfig
 from spawner.policy.rules import PolicyError, refuse_any
 from spawner.quota.form import options_from_form
@@ -260,6 +260,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
                 self._forget_refused_options(self._choices)
             if self._session is not None:  # a refusal before it leaves older sessions alone
                 await self._session.failed(e)
+            shown(e)
             raise
         finally:
             self._starting = False

@@ -81,15 +81,17 @@ class RoleChoicesMixin:
 
     async def form_for(self: Any, choices: list[Choice],
                        gpus: tuple[dict[str, int], int] | None = None,
-                       contents: dict[str, str] | None = None) -> str:
-        """The spawn form for these choices, the saved choice selected."""
+                       contents: dict[str, str] | None = None,
+                       host: dict[str, str] | None = None) -> str:
+        """The spawn form for these choices, the saved choice selected if it can start
+        (``host``: why a role can never start on this host; form.py's ``form_rows``)."""
         saved = self.orm_spawner.user_options if self.orm_spawner else None
         try:
             selected = resolve_choice(choices, saved).key if saved else None
         except OptionsError:  # the saved choice is gone: show the form even for one choice,
             selected = None   # or every Start would reuse it and fail
         args = dict(selected=selected, always=bool(saved) and selected is None,
-                    gpus=gpus, contents=contents)
+                    gpus=gpus, contents=contents, host=host)
         try:
             return render_form(choices, template=self.form_template, **args)
         except jinja2.TemplateError as e:  # the admin's template: the shipped form instead
@@ -98,10 +100,18 @@ class RoleChoicesMixin:
                            "shipped form instead", type(self).__name__, line, e)
             return render_form(choices, **args)
 
-    async def resolve(self: Any, choices: list[Choice]) -> Choice:
-        """The user's choice for this start, checked against the table."""
+    def startable(self: Any, choice: Choice) -> bool:
+        """Whether ``choice`` could ever start on this hub; a start that names no role
+        takes the first that can. Every role can, unless a backend knows better."""
+        return True
+
+    async def resolve(self: Any, choices: list[Choice],
+                      options: dict[str, Any] | None = None) -> Choice:
+        """The user's choice for this start (``options``, or else ``user_options``),
+        checked against the table."""
         try:
-            return resolve_choice(choices, self.user_options)
+            return resolve_choice(choices, self.user_options if options is None else options,
+                                  self.startable)
         except OptionsError as e:
             raise web.HTTPError(e.status, e.message) from None
 
@@ -119,3 +129,14 @@ class RoleChoicesMixin:
         self.orm_spawner.user_options = kept
         if self.db is not None:
             self.db.commit()
+
+
+def shown(error: BaseException) -> None:
+    """Give a refused start's sentence to the page the user lands on. JupyterHub shows an
+    exception's ``jupyterhub_message`` on the spawn form it renders again, in the
+    progress stream's failed event and on its "Spawn failed" page; without one, that
+    page gives no reason and the others show "HTTP 503: Service Unavailable (...)"."""
+    if isinstance(error, web.HTTPError) and error.log_message \
+            and not hasattr(error, "jupyterhub_message"):
+        message = error.log_message % error.args if error.args else error.log_message
+        error.jupyterhub_message = message  # type: ignore[attr-defined]

@@ -48,6 +48,8 @@ def describe_free(role: Role, available: int, total: int) -> str:
     """How many GPUs this role could get one of right now."""
     if total == 0:
         return "this hub has no GPUs"
+    if total < role.gpus:
+        return f"this hub has only {total} GPU{'' if total == 1 else 's'}"
     if role.gpu_mode == "shared":
         return f"room on {available} of {total} GPUs now"
     return f"{available} of {total} GPUs free now"
@@ -58,10 +60,15 @@ def form_rows(
     selected: str | None = None,
     gpus: tuple[Mapping[str, int], int] | None = None,
     contents: Mapping[str, str] | None = None,
+    host: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """What the template shows for each choice (see templates/form.html)."""
-    if selected not in {c.key for c in choices}:
-        selected = choices[0].key if choices else None
+    """What the template shows for each choice (see templates/form.html).
+
+    ``host``: role name -> why it can never start on this host (the notebooks' share
+    of it is smaller than one server; the Docker spawner knows it).
+    Such a role, and a GPU role that needs more GPUs than the hub has, is shown disabled
+    and never selected: ``selected`` if it can start, else the first choice that can.
+    """
     rows = []
     for choice in choices:
         role = choice.role
@@ -70,11 +77,19 @@ def form_rows(
             available, total = gpus[0].get(role.name, 0), gpus[1]
             gpu = {"available": available, "total": total, "enough": available >= role.gpus,
                    "text": describe_free(role, available, total)}
+        too_big = (host or {}).get(role.name, "")
         rows.append({
-            "key": choice.key, "role": role, "image": choice.image,
-            "checked": choice.key == selected, "limits": describe_limits(role),
+            "key": choice.key, "role": role, "image": choice.image, "checked": False,
+            "limits": describe_limits(role),
             "contents": (contents or {}).get(choice.image.image, ""), "gpu": gpu,
+            "host": too_big,
+            "startable": not too_big and (gpu is None or gpu["total"] >= role.gpus),
         })
+    startable = [row for row in rows if row["startable"]]
+    chosen = next((row for row in startable if row["key"] == selected),
+                  startable[0] if startable else None)
+    if chosen is not None:
+        chosen["checked"] = True
     return rows
 
 
@@ -93,18 +108,24 @@ def render_form(
     gpus: tuple[Mapping[str, int], int] | None = None,
     contents: Mapping[str, str] | None = None,
     template: str = "",
+    host: Mapping[str, str] | None = None,
 ) -> str:
-    """The form's HTML; empty when there is nothing to choose (unless ``always``).
+    """The form's HTML; empty when there is nothing to choose (unless ``always``, or the
+    one choice can never start: the form then says why, instead of a start that fails).
 
     ``gpus`` is (GPUs available per GPU role's name, GPUs in the inventory).
     ``contents`` is what each image (by reference) holds, from its own label.
     ``template`` is an admin's Jinja2 source in place of templates/form.html.
+    ``host``: role name -> why it can never start on this host (``form_rows``).
     """
-    if not choices or (len(choices) == 1 and not always):
+    if not choices:
+        return ""
+    rows = form_rows(choices, selected, gpus, contents, host)
+    if len(rows) == 1 and not always and rows[0]["startable"]:
         return ""
     env = _environment()
     form = env.from_string(template) if template else env.get_template(TEMPLATE)
-    return form.render(choices=form_rows(choices, selected, gpus, contents), field=FIELD)
+    return form.render(choices=rows, field=FIELD)
 
 
 def options_from_form(formdata: Mapping[str, object]) -> dict[str, str]:

@@ -6,7 +6,7 @@ from an earlier spawn get the same checks as the form.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from spawner.quota.model import Choice
 
@@ -27,11 +27,14 @@ def _quote(value: object, limit: int = 60) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "…")
 
 
-def resolve_choice(choices: list[Choice], options: Mapping[str, object] | None) -> Choice:
+def resolve_choice(choices: list[Choice], options: Mapping[str, object] | None,
+                   startable: Callable[[Choice], bool] | None = None) -> Choice:
     """The choice these options select, or OptionsError saying plainly why not.
 
     Missing options fall back to the first role and its first image, so a
-    user with one choice, or an API call with no body, just starts.
+    user with one choice, or an API call with no body, just starts: the first
+    that is ``startable``, if any is (a role that can never start on this hub is
+    passed over), as the spawn form preselects (form.py).
     """
     if not choices:
         raise OptionsError(
@@ -75,4 +78,6 @@ def resolve_choice(choices: list[Choice], options: Mapping[str, object] | None) 
                 f"Choose one of: {offered}.",
             )
         choices = matching
+    if startable is not None:
+        return next((c for c in choices if startable(c)), choices[0])
     return choices[0]

@@ -26,7 +26,7 @@ from spawner.usage.table_versions import Audit  # noqa: E402
 
 LOG = logging.getLogger("test-kube-table-database")
 KEY = "database:default"
-SENIOR_CPUS = "    cpus: 8\n"  # senior-engineer's, the first of the shipped table's
+SENIOR_CPUS = "    cpus: 4\n"  # senior-engineer's, the first of the shipped table's
 
 
 
@@ -57,14 +57,14 @@ async def test_starts_read_the_newest_version_and_refuse_a_bad_one(monkeypatch, 
                                                                     ledger, configmap, caplog):
     url = ledger_url
     audit = Audit(ledger.engine)
-    assert (await start_senior(monkeypatch, url, configmap, ledger))["cpu_limit"] == 8.0
+    assert (await start_senior(monkeypatch, url, configmap, ledger))["cpu_limit"] == 4.0
     [seeded] = audit.versions(KEY)  # the first start seeded it from the ConfigMap's file
     assert seeded.who == FROM_FILE and seeded.text == configmap.read_text()
 
     editor = TableVersions("default", audit, str(configmap))
     text, version = editor.read()
     saved = editor.save(text.replace(SENIOR_CPUS, "    cpus: 6\n", 1), version, "admin",
-                        "fewer CPUs", audit)
+                        "more CPUs", audit)
     assert saved.saved
     assert (await start_senior(monkeypatch, url, configmap, ledger))["cpu_limit"] == 6.0
 

@@ -253,13 +253,13 @@ async def test_a_role_larger_than_the_hosts_share_is_a_note_as_validate_says(hub
     saves. Notebooks may reserve 60 GiB on the hub's host."""
     hub_api.publish(gpus=3)
     _, opened = await hub_api.get()
-    huge = opened["text"].replace("memory: 32G", "memory: 100G", 1)
+    huge = opened["text"].replace("memory: 16G", "memory: 100G", 1)
     line = huge.splitlines().index("    memory: 100G") - 2  # senior-engineer:
     assert huge.splitlines()[line - 1] == "  senior-engineer:"
     code, found = await hub_api.post("/check", {"text": huge})
     assert code == 200 and found["problems"] == []
     assert [(n["line"], n["message"]) for n in found["notes"]] == [
-        (line, "role 'senior-engineer' (8 CPUs, 100 GiB): none fit on this host: one "
+        (line, "role 'senior-engineer' (4 CPUs, 100 GiB): none fit on this host: one "
                "server's 100 GiB of memory is more than the notebooks' 60 GiB")]
     code, saved = await hub_api.post("", {"text": huge, "version": opened["version"],
                                           "comment": "a big box"})

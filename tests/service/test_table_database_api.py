@@ -98,7 +98,7 @@ async def test_the_editor_reads_saves_and_restores_versions_in_the_database(db_s
 async def test_the_editor_refuses_a_bad_table_and_a_stale_version(db_site):
     api, _, hub = db_site
     _, opened = await api.get()
-    broken = opened["text"].replace("cpus: 8", "cpus: lots", 1)
+    broken = opened["text"].replace("cpus: 4", "cpus: lots", 1)
     code, found = await api.post("", {"text": broken, "version": opened["version"],
                                       "comment": "more CPUs"})
     assert code == 400
@@ -106,15 +106,15 @@ async def test_the_editor_refuses_a_bad_table_and_a_stale_version(db_site):
     assert problem["file"] == KEY and problem["line"] > 1 and "cpus" in problem["message"]
     assert (await api.get("/versions"))[1]["versions"] == []
 
-    first = opened["text"].replace("cpus: 8", "cpus: 6", 1)
+    first = opened["text"].replace("cpus: 4", "cpus: 6", 1)
     code, _ = await api.post("", {"text": first, "version": opened["version"],
                                   "comment": "first admin"})
     assert code == 200
-    code, found = await api.post("", {"text": opened["text"].replace("cpus: 8", "cpus: 4", 1),
+    code, found = await api.post("", {"text": opened["text"].replace("cpus: 4", "cpus: 5", 1),
                                       "version": opened["version"], "comment": "second admin"})
     assert code == 409
     assert "changed by admin" in found["message"]
-    assert "-    cpus: 8" in found["diff"] and "+    cpus: 6" in found["diff"]
+    assert "-    cpus: 4" in found["diff"] and "+    cpus: 6" in found["diff"]
     assert found["current_text"] == first
     assert hub.get(LOG).roles["senior-engineer"].cpus == 6
 
@@ -140,9 +140,9 @@ async def test_the_editor_shows_a_bad_newest_version_and_the_version_the_hub_run
     _, opened = await api.get()
     assert opened["running"] == {"newest": None, "runs": None, "passed_over": [],
                                  "problems": []}
-    edited = opened["text"].replace("cpus: 8", "cpus: 6", 1)
+    edited = opened["text"].replace("cpus: 4", "cpus: 6", 1)
     code, saved = await api.post("", {"text": edited, "version": opened["version"],
-                                      "comment": "fewer CPUs"})
+                                      "comment": "more CPUs"})
     assert code == 200
     good = saved["audit_id"]
     ledger = Ledger(ledger_url, create=False)

@@ -28,12 +28,12 @@ def test_validate_ok():
 
 def test_validate_reports_file_and_line(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(Path(EXAMPLE).read_text().replace("cpus: 8", "cpus: -8", 1))
+    bad.write_text(Path(EXAMPLE).read_text().replace("cpus: 4", "cpus: -4", 1))
     result = run("validate", str(bad))
     assert result.returncode == 1
-    line = next(i for i, t in enumerate(bad.read_text().splitlines(), 1) if "cpus: -8" in t)
+    line = next(i for i, t in enumerate(bad.read_text().splitlines(), 1) if "cpus: -4" in t)
     assert result.stdout.strip() == (
-        f"{bad}:{line}: role 'senior-engineer': cpus must be greater than 0, not -8"
+        f"{bad}:{line}: role 'senior-engineer': cpus must be greater than 0, not -4"
     )
 
 
@@ -46,11 +46,11 @@ def test_console_script_installed():
 
 def test_show_text_and_json():
     text = run("show", EXAMPLE, "--user", "bob", "--group", "ml-platform")
-    assert "senior-engineer: 8 CPUs · 32 GiB memory" in text.stdout
+    assert "senior-engineer: 4 CPUs · 16 GiB memory" in text.stdout
     data = json.loads(run("show", EXAMPLE, "--user", "research-lead", "--json").stdout)
     assert [r["name"] for r in data["roles"]] == ["senior-engineer", "gpu-training"]
-    assert data["roles"][0]["memory"] == 32 * 2**30
-    assert data["roles"][0]["cpus"] == 8
+    assert data["roles"][0]["memory"] == 16 * 2**30
+    assert data["roles"][0]["cpus"] == 4
     assert data["roles"][0]["gpus"] == 0
     gpu = data["roles"][1]
     assert (gpu["gpus"], gpu["gpu_mode"], gpu["gpu_share"]) == (1, "exclusive", None)
@@ -87,9 +87,9 @@ def _edited(tmp_path, old, new):
 
 def test_validate_refuses_non_finite_numbers_without_a_traceback(tmp_path):
     for old, new, message in [
-        ("memory: 32G", "memory: .inf", "role 'senior-engineer': memory must be a finite size, "
+        ("memory: 16G", "memory: .inf", "role 'senior-engineer': memory must be a finite size, "
                                         "not .inf"),
-        ("cpus: 8", "cpus: .nan", "role 'senior-engineer': cpus must be a finite number, not .nan"),
+        ("cpus: 4", "cpus: .nan", "role 'senior-engineer': cpus must be a finite number, not .nan"),
         ("idle_timeout: 20m", "idle_timeout: .inf",
          "role 'student': idle_timeout must be a finite duration, not .inf"),
     ]:
@@ -195,7 +195,7 @@ def test_cli_validate_says_how_many_servers_of_each_role_fit(capsys):
     code, out = cli(capsys, "validate", EXAMPLE, "--host-cpus", "2", "--host-memory", "16G",
                     "--reserve-cpus", "0", "--reserve-memory", "0", "--cpu-ratio", "1")
     assert "  junior-researcher (2 CPUs, 4 GiB): 1 fit (the CPUs run out first)" in out
-    assert ("  senior-engineer (8 CPUs, 32 GiB): none fit: one server's 32 GiB of memory is "
+    assert ("  gpu-training (8 CPUs, 32 GiB): none fit: one server's 32 GiB of memory is "
             "more than the notebooks' 16 GiB") in out
 
 

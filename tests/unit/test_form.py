@@ -1,11 +1,28 @@
-"""The spawn form's GPU lines: what each role holds and what is free now, escaped."""
+"""The spawn form's GPU lines: what each role holds and what is free now, escaped; a role
+that can never start on this hub shown disabled with why, and never preselected."""
 
 from __future__ import annotations
 
+import html as markup
+import logging
 import re
+from pathlib import Path
 
-from spawner.quota.form import describe_free, describe_gpus, describe_limits, render_form
+import pytest
+
+from spawner.docker.choices import too_big_for_host
+from spawner.gpu.inventory import declared_inventory
+from spawner.gpu.pool import GpuPool
+from spawner.host.admission import HostBook, HostCapacity
+from spawner.quota.form import (
+    describe_free,
+    describe_gpus,
+    describe_limits,
+    render_form,
+)
+from spawner.quota.loader import load_quota_table
 from spawner.quota.model import Choice, ImageSpec, Role
+from spawner.quota.options import resolve_choice
 
 G = 2**30
 
@@ -84,3 +101,114 @@ def test_the_shipped_template_is_the_default():
     choices = [Choice(CPU, IMAGE), Choice(WHOLE, IMAGE)]
     assert render_form(choices) == render_form(choices, template="") != ""
     assert 'name="choice" value="cpu/pytorch" checked' in render_form(choices)
+
+
+# --- what can never start here --------------------------------------------------------
+
+BIG = Role("big", 8, 32 * G, ("pytorch",), shm=8 * G)  # the old senior-engineer
+MARK = ("can never start here: one server's 32 GiB of memory is more than the notebooks' "
+        "21.2 GiB")
+
+
+def states(html: str) -> dict[str, tuple[bool, bool, str]]:
+    """choice key -> (checked, disabled, its line saying why it can never start here)."""
+    found = {}
+    for row in re.findall(r"<label .*?</label>", html):
+        radio = re.search(r"<input [^>]*>", row).group(0)
+        key = re.search(r'value="([^"]*)"', radio).group(1)
+        why = re.search(r'<div class="quota-host small text-danger">([^<]*)</div>', row)
+        found[key] = (" checked" in radio, " disabled" in radio,
+                      markup.unescape(why.group(1)) if why else "")
+    return found
+
+
+def test_a_hub_with_fewer_gpus_than_the_role_says_so():
+    assert describe_free(TWO, 1, 1) == "this hub has only 1 GPU"
+    assert describe_free(TWO, 0, 3) == "0 of 3 GPUs free now"
+
+
+def test_a_role_larger_than_the_host_is_disabled_and_never_preselected():
+    choices = [Choice(BIG, IMAGE), Choice(CPU, IMAGE)]
+    host = {"big": MARK}
+    assert states(render_form(choices, host=host)) == {
+        "big/pytorch": (False, True, MARK), "cpu/pytorch": (True, False, "")}
+    # the saved choice, if it can start; else the first that can
+    assert states(render_form(choices, "big/pytorch", host=host))["cpu/pytorch"][0]
+    assert states(render_form(choices, "cpu/pytorch", host=host))["cpu/pytorch"][0]
+    assert states(render_form(choices))["big/pytorch"] == (True, False, "")  # nothing known
+
+
+def test_a_gpu_role_the_hub_cannot_serve_is_disabled_and_never_preselected():
+    choices = [Choice(WHOLE, IMAGE), Choice(TWO, IMAGE), Choice(CPU, IMAGE)]
+    none = states(render_form(choices, gpus=({}, 0)))
+    assert none["gpu-training/pytorch"] == (False, True, "")  # "this hub has no GPUs"
+    assert none["cpu/pytorch"] == (True, False, "")
+    # one GPU, held: gpu-training can wait for it; gpu-two never gets its 2
+    one = states(render_form(choices, "gpu-two/pytorch", gpus=({}, 1)))
+    assert one["gpu-training/pytorch"] == (True, False, "")
+    assert one["gpu-two/pytorch"] == (False, True, "")
+
+
+def test_one_choice_that_can_never_start_shows_the_form_with_why_and_nothing_selected():
+    html = render_form([Choice(BIG, IMAGE)], host={"big": MARK})
+    assert states(html) == {"big/pytorch": (False, True, MARK)}
+    assert render_form([Choice(CPU, IMAGE)], host={"big": MARK}) == ""  # one that can: none
+
+
+def test_a_start_that_names_no_role_takes_the_first_that_can_start():
+    choices = [Choice(BIG, IMAGE), Choice(CPU, IMAGE)]
+    fits = lambda c: c.role is not BIG  # noqa: E731
+    assert resolve_choice(choices, {}, fits).role is CPU
+    assert resolve_choice(choices, {"image": "pytorch"}, fits).role is CPU
+    assert resolve_choice(choices, {"profile": "big"}, fits).role is BIG  # asked for: refused later
+    assert resolve_choice(choices[:1], {}, fits).role is BIG  # none can: the first, refused later
+
+
+# The machine `make demo` runs on: 2 CPUs and 23.5 GiB, no GPUs; its notebooks may reserve
+# 7.2 CPUs and 21.2 GiB (spawner/host/admission.py's defaults).
+DEMO_HOST = HostCapacity(cpus=2, memory=int(23.5 * G))
+SHIPPED = Path(__file__).resolve().parents[2] / "hub_config" / "quotas.yaml"
+DEMO_USERS = {"alice": [], "bob": ["ml-platform"], "research-lead": [],
+              "student1": ["cs101"], "prof-ada": ["cs101-staff"]}
+
+
+def demo_pool() -> GpuPool:
+    found = GpuPool(declared_inventory([]), "hub", log=logging.getLogger("test"))
+    found.set_host(HostBook(DEMO_HOST))
+    return found
+
+
+@pytest.mark.parametrize("user, groups", DEMO_USERS.items())
+def test_the_shipped_table_offers_every_demo_user_a_role_that_starts_on_the_demo_machine(
+        user, groups):
+    """The README's demo users, on the machine the demo runs on: the form preselects a
+    choice that starts; the roles larger than the host are marked as such."""
+    choices = load_quota_table(str(SHIPPED)).choices_for(user, groups)
+    host = too_big_for_host(demo_pool(), choices)
+    html = render_form(choices, gpus=({}, 0), host=host, always=True)
+    found = states(html)
+    [checked] = [key for key, (on, _, _) in found.items() if on]
+    assert not found[checked][1]
+    for key, (_, disabled, why) in found.items():
+        role = key.split("/")[0]
+        assert disabled == (role in host or role.startswith("gpu-")), key
+        assert why == host.get(role, ""), key
+    if user == "bob":  # the README's bob: the form as shipped starts senior-engineer
+        assert checked == "senior-engineer/pytorch"
+        assert host == {"gpu-training": (
+            "can never start here: one server's 32 GiB of memory is more than the notebooks' "
+            "21.2 GiB")}
+
+
+def test_host_marks_follow_admission():
+    """The rule validate --engine, the table editor and host admission go by (host/fit.py's
+    never_fits), and no mark with admission off."""
+    choices = [Choice(BIG, IMAGE), Choice(CPU, IMAGE)]
+    assert too_big_for_host(demo_pool(), choices) == {"big": MARK}
+    wide = demo_pool()
+    wide.set_host(HostBook(HostCapacity(cpus=2, memory=64 * G)))  # 8 CPUs > 7.2
+    assert too_big_for_host(wide, choices) == {
+        "big": "can never start here: one server's 8 CPUs are more than the notebooks' 7.2"}
+    off = demo_pool()
+    off.set_host(None)
+    assert too_big_for_host(off, choices) == {}

@@ -63,7 +63,7 @@ def test_example_table_is_valid_and_matches_schema():
     )
     assert table.roles["junior-researcher"].cpus == 2
     assert table.roles["junior-researcher"].memory == 4 * 2**30
-    assert table.roles["senior-engineer"].memory == 32 * 2**30
+    assert table.roles["senior-engineer"].memory == 16 * 2**30
     assert table.roles["pipeline"].memory == 2 * 2**30
     jsonschema.validate(yaml.safe_load(EXAMPLE.read_text()), SCHEMA)
 

@@ -66,7 +66,7 @@ def test_an_inf_edit_is_logged_with_its_line_and_the_last_good_table_stays(tmp_p
     store = QuotaStore(str(path))
     log = logging.getLogger("test")
     good = store.get(log)
-    path.write_text(GOOD.read_text().replace("memory: 32G", "memory: .inf", 1))
+    path.write_text(GOOD.read_text().replace("memory: 16G", "memory: .inf", 1))
     with caplog.at_level(logging.INFO):
         assert store.get(log) is good
     line = _line_of(path, "memory: .inf")
@@ -89,7 +89,7 @@ def test_a_loader_exception_is_a_logged_problem(tmp_path, caplog, monkeypatch):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(store_module, "load_quota_table", broken)
-    path.write_text(GOOD.read_text().replace("cpus: 8", "cpus: 7", 1))
+    path.write_text(GOOD.read_text().replace("cpus: 4", "cpus: 7", 1))
     with caplog.at_level(logging.INFO):
         assert store.get(log) is good
     assert store.problems == [
@@ -106,7 +106,7 @@ def test_a_loader_exception_is_a_logged_problem(tmp_path, caplog, monkeypatch):
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
 
     monkeypatch.undo()
-    path.write_text(GOOD.read_text().replace("cpus: 8", "cpus: 6", 1))
+    path.write_text(GOOD.read_text().replace("cpus: 4", "cpus: 6", 1))
     assert store.get(log).roles["senior-engineer"].cpus == 6
     assert store.problems == []
 
