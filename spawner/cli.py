@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 from spawner.host.admission import CPU_RATIO, MEMORY_RATIO, HostCapacity
-from spawner.host.fit import describe_fit
+from spawner.host.fit import describe_fit, never_fit
 from spawner.quota.form import describe_limits
 from spawner.quota.loader import load_quota_table, table_duration
 from spawner.quota.model import Budget, GpuCapacity, QuotaTable, QuotaTableError, Role
@@ -103,7 +103,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 print(problem)
             status = 1
         else:
-            print(f"{path}: OK ({len(table.images)} images, {len(table.roles)} roles)")
+            # a role that can never start on the host is a problem, as the editor says
+            problems = never_fit(table, host) if host is not None else []
+            for problem in problems:
+                print(problem)
+            if problems:
+                status = 1
+            else:
+                print(f"{path}: OK ({len(table.images)} images, {len(table.roles)} roles)")
             if host is not None:
                 for line in describe_fit(table, host):
                     print(line)
@@ -375,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="with --gpus: the smallest GPU's memory, like 80G")
     validate.add_argument("--engine", action="store_true",
                           help="also say how many servers of each role fit on the Docker "
-                               "engine's host (DOCKER_HOST), after the reserve")
+                               "engine's host (DOCKER_HOST), after the reserve; a role "
+                               "none of fit is a problem")
     validate.add_argument("--host-cpus", type=number_argument, metavar="N",
                           help="count fewer CPUs than the engine has (without --engine: the "
                                "host's CPUs)")

@@ -1,6 +1,6 @@
 // The quota table editor page (spawner/webapp/templates/table.html): CodeMirror 6 with the
-// table's JSON Schema completion, the server's FILE:LINE problems as diagnostics (and its
-// notes, roles that can never start on the hub's host, as warnings), the preview, the
+// table's JSON Schema completion, the server's FILE:LINE problems as diagnostics (against
+// the hub's GPUs and host too: a role that can never start there is one), the preview, the
 // save with its conflict answer, and the audit trail. Everything a user or an admin named
 // is put on the page with textContent, never as markup, and in a <bdi> of its own
 // (``named``), so its bidi controls cannot reorder the words around it.
@@ -102,37 +102,27 @@ function scheduleCheck() {
   timer = setTimeout(runCheck, DEBOUNCE_MS);
 }
 
-// notes: roles that can never start on the hub's host; they do not stop a save
-function showProblems(problems, notes = []) {
+function showProblems(problems) {
   const doc = view.state.doc;
-  const mark = (severity) => (p) => {
+  view.dispatch(setDiagnostics(view.state, problems.map((p) => {
     const line = doc.line(Math.min(Math.max(p.line || 1, 1), doc.lines));
-    return { from: line.from, to: line.to, severity, message: p.message };
-  };
-  view.dispatch(setDiagnostics(view.state, [...problems.map(mark("error")),
-                                            ...notes.map(mark("warning"))]));
+    return { from: line.from, to: line.to, severity: "error", message: p.message };
+  })));
   const list = $("problems");
   clear(list);
-  const add = (p, kind) => {
+  for (const p of problems) {
     const item = el("li");
     const where = p.line ? `Line ${p.line}` : "The table";
-    const button = el("button", `${where}${kind}: ${p.message}`, { type: "button", class: "link" });
+    const button = el("button", `${where}: ${p.message}`, { type: "button", class: "link" });
     button.addEventListener("click", () => goToLine(p.line || 1));
     item.appendChild(button);
     list.appendChild(item);
-  };
-  for (const p of problems) add(p, "");
-  for (const p of notes) add(p, ", a note");
-  const said = problems.length === 0
+  }
+  $("check-status").textContent = problems.length === 0
     ? "The table has no problems."
     : problems.length === 1
       ? "The table has one problem; it cannot be saved until it is fixed."
       : `The table has ${problems.length} problems; it cannot be saved until they are fixed.`;
-  const noted = notes.length === 0 ? ""
-    : notes.length === 1
-      ? " One role can never start on this hub's host (a note; it does not stop a save)."
-      : ` ${notes.length} roles can never start on this hub's host (notes; they do not stop a save).`;
-  $("check-status").textContent = said + noted;
 }
 
 async function runCheck() {
@@ -140,7 +130,7 @@ async function runCheck() {
   const { status, data } = await call("POST", "/check", { text: text() });
   if (mine !== asked) return; // a later check is on its way
   if (status === 200) {
-    showProblems(data.problems || [], data.notes || []);
+    showProblems(data.problems || []);
     if (data.against) $("checked-against").textContent = data.against;
   } else $("check-status").textContent = data.message || "The check failed.";
 }
@@ -325,5 +315,5 @@ $("restore-form").addEventListener("submit", async (event) => {
 
 $("close-version").addEventListener("click", () => { $("version-view").hidden = true; });
 
-showProblems(JSON.parse(page.dataset.problems || "[]"), JSON.parse(page.dataset.notes || "[]"));
+showProblems(JSON.parse(page.dataset.problems || "[]"));
 loadVersions();

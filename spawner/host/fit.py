@@ -2,11 +2,13 @@
 alone, and which role can never start there, because one server of it is more than the
 notebooks' share (``HostCapacity.share``; docs/deployment.md#host-capacity).
 
-One implementation for ``quota-spawner validate --engine`` (its lines), the table
-editor (its notes, ``FILE:LINE`` at the role) and the Docker hub (docker/gpus.py: the
-spawn form shows such a role disabled with why). Neither refuses such a table: the hub
-loads it, and refuses that role's starts with ``refusals.host_never_fits``; a table
-shared by hubs on hosts of different sizes may hold a role for the bigger ones.
+One implementation for ``quota-spawner validate --engine`` (its lines, and a problem
+per such role: exit 1), the table editor (a problem, ``FILE:LINE`` at the role: a save
+is refused) and the Docker hub (docker/gpus.py: the spawn form shows such a role disabled
+with why). The hub alone is lenient: it loads such a table and refuses only that role's
+starts (``refusals.host_never_fits``), since a table edited by hand or shared by hubs on
+hosts of different sizes, or a host that shrank, must not stop the other roles; the
+editor and the CLI are where an admin writes a table for this host, so they refuse it.
 """
 
 from __future__ import annotations
@@ -49,14 +51,14 @@ def describe_fit(table: QuotaTable, host: HostCapacity) -> list[str]:
 
 
 def never_fit(table: QuotaTable, host: HostCapacity) -> list[Problem]:
-    """A note per role that can never start on ``host``, at the line it is declared on,
+    """A problem per role that can never start on ``host``, at the line it is declared on,
     with validate's words: "role 'senior-engineer' (8 CPUs, 32 GiB): none fit on this
     host: one server's 32 GiB of memory is more than the notebooks' 21.2 GiB"."""
-    notes = []
+    problems = []
     for role in table.roles.values():
         why = never_fits(role, host)
         if why is not None:
-            notes.append(Problem(table.path, table.role_lines.get(role.name, 0),
-                                 f"role '{role.name}' ({size_of(role)}): none fit on this "
-                                 f"host: {why}"))
-    return notes
+            problems.append(Problem(table.path, table.role_lines.get(role.name, 0),
+                                    f"role '{role.name}' ({size_of(role)}): none fit on "
+                                    f"this host: {why}"))
+    return problems

@@ -7,8 +7,9 @@ each save in): call it from a thread. The trail is a ``Trail``: the ledger's
 does not import, so the quota table stays below the ledger.
 
 A save is refused, with nothing written, when its comment is empty, when the text has
-problems (the same ``FILE:LINE`` messages as ``quota-spawner validate``), or when the
-file changed since the admin read it (the refusal carries the diff). Otherwise the file
+problems (the same ``FILE:LINE`` messages as ``quota-spawner validate``, against the hub's
+GPUs and, through ``fits``, its host, as ``--gpus`` and ``--engine``), or when the file
+changed since the admin read it (the refusal carries the diff). Otherwise the file
 is replaced atomically, keeping its mode, so the hub's ``QuotaStore`` sees either the
 old table or the new one, and the change is recorded in the ledger's ``table_versions``.
 
@@ -30,7 +31,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -88,14 +89,28 @@ def version_name(version_id: int) -> str:
     return f"quota table (database, version {version_id})"
 
 
-def check(text: str, path: str, gpus: GpuCapacity | None = None) -> list[Problem]:
-    """The problems of an edited table, as ``quota-spawner validate`` prints them; empty
-    when it is valid. ``gpus`` checks roles against the hub's GPUs, like ``--gpus``."""
+# The problems of a good table on the hub's host: spawner/host/fit.py's never_fit, bound
+# to the host by the caller (this layer knows no host).
+Fits = Callable[[QuotaTable], Sequence[Problem]]
+
+
+def checked_table(text: str, path: str, gpus: GpuCapacity | None = None,
+                  fits: Fits | None = None) -> tuple[QuotaTable | None, list[Problem]]:
+    """The edited table, or None and its problems, as ``quota-spawner validate`` prints
+    them. ``gpus`` checks roles against the hub's GPUs, like ``--gpus``; ``fits``, once
+    the table is good, against its host, like ``--engine``."""
     try:
-        parse_quota_table(text, path, gpus)
+        table = parse_quota_table(text, path, gpus)
     except QuotaTableError as e:
-        return list(e.problems)
-    return []
+        return None, list(e.problems)
+    problems = list(fits(table)) if fits is not None else []
+    return (None, problems) if problems else (table, [])
+
+
+def check(text: str, path: str, gpus: GpuCapacity | None = None,
+          fits: Fits | None = None) -> list[Problem]:
+    """The problems of an edited table (``checked_table``); empty when it is valid."""
+    return checked_table(text, path, gpus, fits)[1]
 
 
 def unified_diff(old: str, new: str, old_label: str, new_label: str) -> str:
@@ -411,9 +426,11 @@ _thread_locks_lock = threading.Lock()
 class TableFile:
     """The quota table file the hub reloads (blocking: it reads and writes files)."""
 
-    def __init__(self, path: str | Path, gpus: GpuCapacity | None = None):
+    def __init__(self, path: str | Path, gpus: GpuCapacity | None = None,
+                 fits: Fits | None = None):
         self.path = str(path)
         self.gpus = gpus
+        self.fits = fits
 
     @property
     def _real(self) -> str:
@@ -426,7 +443,7 @@ class TableFile:
         return data.decode("utf-8", errors="replace"), version_of(data)
 
     def check(self, text: str) -> list[Problem]:
-        return check(text, self.path, self.gpus)
+        return check(text, self.path, self.gpus, self.fits)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -519,11 +536,12 @@ class TableVersions:
     Nothing here writes a file. Blocking: the trail is the ledger's."""
 
     def __init__(self, name: str, trail: Trail, seed: str = "",
-                 gpus: GpuCapacity | None = None):
+                 gpus: GpuCapacity | None = None, fits: Fits | None = None):
         self.key = database_key(name)
         self.trail = trail
         self.seed = seed
         self.gpus = gpus
+        self.fits = fits
 
     @property
     def path(self) -> str:
@@ -551,7 +569,7 @@ class TableVersions:
         return text, version
 
     def check(self, text: str) -> list[Problem]:
-        return check(text, self.key, self.gpus)
+        return check(text, self.key, self.gpus, self.fits)
 
     def save(self, text: str, base_version: str, who: str, comment: str, audit: Trail, *,
              base_text: str | None = None, restored_from: int | None = None) -> SaveResult:

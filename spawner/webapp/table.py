@@ -5,10 +5,10 @@ JSON Schema, bundled into ``static/editor.js`` from ``editor/`` by ``make editor
 asset from the network). The page only shows; it reads, checks, previews and saves
 through the JSON API, with the service's XSRF token, which the page carries:
 
-- ``GET api/table``: the table's text, its version (sha256), path, JSON Schema, problems
-  and notes, what they are checked ``against``, and (a database table) ``running``;
-- ``POST api/table/check`` ``{text}``: its problems and notes, ``FILE:LINE`` as the CLI
-  prints them, and what they are checked ``against``;
+- ``GET api/table``: the table's text, its version (sha256), path, JSON Schema, problems,
+  what they are checked ``against``, and (a database table) ``running``;
+- ``POST api/table/check`` ``{text}``: its problems, ``FILE:LINE`` as the CLI prints
+  them, and what they are checked ``against``;
 - ``POST api/table/preview`` ``{text}``: who gains and loses what, as sentences and details;
 - ``POST api/table`` ``{text, version, comment}``: save; 400 with the problems or when the
   comment is missing, 409 with the diffs when the file changed since ``version``;
@@ -17,12 +17,12 @@ through the JSON API, with the service's XSRF token, which the page carries:
 
 Only admins (``admin`` true in the hub's user model) may use either: the usage page's
 viewers and instructors are refused with a sentence. The check, the preview and the save
-are spawner/quota/editing.py's, against the hub's GPU inventory as its pool snapshot
-tells it (``read_room``), as ``quota-spawner validate --gpus N --gpu-memory SIZE``: a
-table the hub would refuse is never saved. Roles larger than the host's share are
-notes, as ``validate --engine``'s "none fit" (spawner/host/fit.py), which refuse
-nothing. Without a snapshot the table is checked for everything else, and the answers
-say so (``against``). The audit trail is the ledger's ``table_versions``
+are spawner/quota/editing.py's, against the hub's GPU inventory and host as its pool
+snapshot tells it (``read_room``), as ``quota-spawner validate --gpus N --gpu-memory
+SIZE --engine``: a table the hub would refuse is never saved, nor one with a role larger
+than the host's share, which can never start there (spawner/host/fit.py's
+``never_fit``). Without a snapshot the table is checked for everything else, and the
+answers say so (``against``). The audit trail is the ledger's ``table_versions``
 (spawner/usage/table_versions.py). With ``quota_source`` "database" the table edited is
 the newest of those versions (``TableVersions``): a save adds one, and the file, only the
 first version's seed, is never written; the answers then say which version the hub runs
@@ -53,15 +53,16 @@ from spawner.quota.editing import (
     NOT_FOUND,
     UNCHANGED,
     EditableTable,
+    Fits,
     SaveResult,
     TableFile,
     TableVersions,
     Version,
+    checked_table,
     database_key,
     preview,
     trail_key,
 )
-from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError
 from spawner.quota.units import format_human, format_size
 from spawner.usage.table_versions import Audit, newest_good
@@ -154,14 +155,6 @@ def _comment(body: dict[str, Any]) -> str:
     return inputs.text(found, "comment", inputs.MAX_COMMENT) if found is not None else ""
 
 
-def _parse(text: str, path: str, gpus: GpuCapacity | None = None
-           ) -> tuple[QuotaTable | None, list[Problem]]:
-    try:
-        return parse_quota_table(text, path, gpus), []
-    except QuotaTableError as e:
-        return None, list(e.problems)
-
-
 # --- what the table is checked against: the hub's room ---------------------------------------
 
 UNKNOWN_ROOM = ("This service does not know the hub's GPUs and host yet (a Docker hub "
@@ -192,18 +185,25 @@ def against(room: HubRoom | None) -> str:
         return said + "; its host's room is not counted (host admission is off)."
     share = room.host.share
     return (said + f", and its host: notebooks may reserve {_plural(share.cpus, 'CPU')} and "
-            f"{format_human(share.memory)} (a role larger than that is a note; it can "
-            "never start here).")
+            f"{format_human(share.memory)} (a role larger than that can never start here, "
+            "so it is a problem).")
 
 
-def checked(text: str, path: str, room: HubRoom | None) -> tuple[list[Problem], list[Problem]]:
-    """The problems of ``text`` against the hub's GPUs (as the hub's store finds them;
-    a save is refused for any), and its notes: the roles that can never start on the
-    hub's host (as ``validate --engine``'s "none fit"; they refuse nothing)."""
-    table, problems = _parse(text, path, room.gpus if room else None)
-    if table is None or room is None or room.host is None:
-        return problems, []
-    return problems, never_fit(table, room.host)
+def checks(room: HubRoom | None) -> tuple[GpuCapacity | None, Fits | None]:
+    """What a table is checked against in ``room``: the hub's GPUs, and the roles that
+    can never start on its host (``never_fit``); None for what it does not know."""
+    if room is None:
+        return None, None
+    host = room.host
+    return room.gpus, (None if host is None else lambda table: never_fit(table, host))
+
+
+def checked(text: str, path: str, room: HubRoom | None
+            ) -> tuple[QuotaTable | None, list[Problem]]:
+    """``text`` as a table, or None and its problems against the hub's GPUs (as the
+    hub's store finds them) and host (as ``validate --engine``); a save is refused for
+    any."""
+    return checked_table(text, path, *checks(room))
 
 
 def running(audit: Audit, key: str, gpus: GpuCapacity | None) -> dict[str, Any]:
@@ -272,37 +272,37 @@ class TableEditor(BaseHandler):
     async def on_table(self, fn: Callable[[EditableTable, Audit | None], T], *,
                        ledger: bool = False, room: HubRoom | None = None) -> T:
         """``fn(table, audit)`` on the worker threads: the file, or the table's versions in
-        the ledger's database, checked against ``room``'s GPUs, and the audit trail (None
-        when ``ledger`` is False and the table is the file, read without the ledger)."""
+        the ledger's database, checked against ``room``'s GPUs and host, and the audit
+        trail (None when ``ledger`` is False and the table is the file, read without the
+        ledger)."""
         path = self.table_path
-        gpus = room.gpus if room is not None else None
+        gpus, fits = checks(room)
         if self.in_database:
             seed = self.setup.quota_file
 
             def versions(engine: Any) -> T:
                 audit = Audit(engine)
-                return fn(TableVersions(self.setup.quota_table_name, audit, seed, gpus),
-                          audit)
+                return fn(TableVersions(self.setup.quota_table_name, audit, seed, gpus,
+                                        fits), audit)
 
             return await self.reader.run(versions)
-        file = TableFile(path, gpus)
+        file = TableFile(path, gpus, fits)
         if ledger:
             return await self.reader.run(lambda engine: fn(file, Audit(engine)))
         return await self.blocking(fn, file, None)
 
     async def read(self) -> dict[str, Any]:
-        """The table's text, version, path, problems and notes, what they are checked
-        against, and (a database table) which version the hub runs; on the worker
-        threads."""
+        """The table's text, version, path, problems, what they are checked against, and
+        (a database table) which version the hub runs; on the worker threads."""
         room = await self.room()
 
         def read(table: EditableTable, audit: Audit | None) -> dict[str, Any]:
             text, version = table.read()
             SERVED.remember(version, text)
-            problems, notes = checked(text, table.path, room)
+            _, problems = checked(text, table.path, room)
             found = {"text": text, "version": version, "path": table.path,
-                     "problems": problems_json(problems), "notes": problems_json(notes),
-                     "against": against(room), "running": None}
+                     "problems": problems_json(problems), "against": against(room),
+                     "running": None}
             if self.in_database and audit is not None:
                 found["running"] = running(audit, table.path, room.gpus if room else None)
             return found
@@ -326,8 +326,8 @@ class TablePage(TableEditor, PageHandler):
         self.render_page(
             "table.html", title="Quota table", path=found["path"], text=found["text"],
             in_database=self.in_database, seed=self.setup.quota_file,
-            version=found["version"], problems=found["problems"], notes=found["notes"],
-            problems_json=json.dumps(found["problems"]), notes_json=json.dumps(found["notes"]),
+            version=found["version"], problems=found["problems"],
+            problems_json=json.dumps(found["problems"]),
             against=found["against"], runs=running_sentence(found["running"]),
             schema_json=json.dumps(table_schema(), separators=(",", ":")),
             xsrf=self.xsrf(), api=self.prefix + "api/table")
@@ -379,7 +379,7 @@ class TableHandler(TableApi):
         found = await self.read()
         self.reply({"text": found["text"], "version": found["version"], "path": found["path"],
                     "source": self.setup.quota_source, "problems": found["problems"],
-                    "notes": found["notes"], "against": found["against"],
+                    "against": found["against"],
                     "running": found["running"], "schema": table_schema()})
 
     @web.authenticated
@@ -408,9 +408,8 @@ class CheckHandler(TableApi):
         path = self.table_path
         room = await self.room()
         # on the worker threads: a large table's check must not hold up other visitors
-        problems, notes = await self.blocking(checked, text, path, room)
-        self.reply({"problems": problems_json(problems), "notes": problems_json(notes),
-                    "against": against(room)})
+        _, problems = await self.blocking(checked, text, path, room)
+        self.reply({"problems": problems_json(problems), "against": against(room)})
 
 
 class PreviewHandler(TableApi):
@@ -424,8 +423,8 @@ class PreviewHandler(TableApi):
 
         def tables(table: EditableTable, _: Audit | None
                    ) -> tuple[QuotaTable | None, QuotaTable | None, list[Problem]]:
-            old, _ = _parse(table.read()[0], table.path)
-            new, problems = _parse(text, table.path, room.gpus if room else None)
+            old, _ = checked_table(table.read()[0], table.path)
+            new, problems = checked(text, table.path, room)
             return old, new, problems
 
         old, new, problems = await self.on_table(tables, room=room)

@@ -45,6 +45,10 @@ BAD = WITH_BIG.replace("cpus: 0.75", "cpus: lots")
 # a role the hub's 3 GPUs can never serve: bad for this hub only
 FOUR_GPUS = WITH_BIG.replace("cpus: 0.75,", "cpus: 0.75, gpus: 4,")
 FOUR_PROBLEM = "role 'big': gpus is 4, but this hub has only 3 GPUs"
+# a role larger than any host's share: it can never start on this hub, which loads it
+HUGE = WITH_BIG.replace("memory: 768M", "memory: 64T")
+HUGE_PROBLEM = ("role 'big' (0.75 CPUs, 64 TiB): none fit on this host: one server's 64 TiB "
+                "of memory is more than the notebooks' ")
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +124,9 @@ def test_a_table_saved_in_the_database_applies_and_a_bad_one_is_refused(db_hub,
 def test_a_restarted_hub_runs_the_newest_good_version_and_the_editor_says_which(db_hub,
                                                                               docker_client):
     """Versions written around the editor: a good one, then one bad for its text and one
-    the hub's 3 GPUs refuse. The editor refuses the second itself; a hub restarted under
-    them starts dana with the good one, and the editor names both bad ones."""
+    the hub's 3 GPUs refuse. The editor refuses the second itself, and one whose role is
+    larger than the hub's host; a hub restarted under them starts dana with the good one,
+    and the editor names both bad ones."""
     hub = db_hub
     def against_three_gpus() -> dict | None:
         code, found = editor(hub, "GET")
@@ -132,6 +137,11 @@ def test_a_restarted_hub_runs_the_newest_good_version_and_the_editor_says_which(
                                            "comment": "four GPUs"})
     assert code == 400 and [(p["line"], p["message"]) for p in found["problems"]] == [
         (BAD_LINE, FOUR_PROBLEM)], found
+    code, found = editor(hub, "POST", "", {"text": HUGE, "version": opened["version"],
+                                           "comment": "a huge role"})
+    assert code == 400 and [(p["line"], p["message"][:len(HUGE_PROBLEM)])
+                            for p in found["problems"]] == [(BAD_LINE, HUGE_PROBLEM)], found
+    assert "its host: notebooks may reserve" in found["against"]
 
     audit = Audit(Ledger(hub.usage_db, create=False).engine)
     good = audit.record(path=KEY, who="a script", comment="big", text=WITH_BIG,

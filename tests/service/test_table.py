@@ -129,24 +129,31 @@ async def api(tmp_path, monkeypatch):
     stop()
 
 
-@pytest.fixture
-async def hub_api(tmp_path, monkeypatch):
+def publish(state: Path, gpus: int, host: bool = True) -> None:
+    """A pool snapshot in ``state``, as the hub writes one: ``gpus`` GPUs of 80 GiB, and
+    (``host``) 16 CPUs and 64 GiB, 1 CPU and 4 GiB kept: notebooks may reserve 60 CPUs and
+    60 GiB."""
+    inventory = declared_inventory([{"uuid": f"GPU-{i}", "memory": "80G"}
+                                    for i in range(gpus)])
+    pool = GpuPool(inventory, "", logging.getLogger("test-table"))
+    pool.set_host(HostBook(HostCapacity(cpus=16, memory=64 * 2**30, reserve_cpus=1,
+                                        reserve_memory=4 * 2**30)) if host else None)
+    FolderDocuments(str(state)).write(GPUS, json.dumps(pool_snapshot(pool, time.time())))
+
+
+async def serve_hub_api(tmp_path, monkeypatch, **settings):
     """The editor beside a hub's state folder, where the hub publishes its pool snapshot
     (spawner/gpu/snapshot.py): ``.publish(gpus, host=True)`` writes one as the hub does."""
     state = tmp_path / "state"
     state.mkdir()
-    found, stop = await serve_api(tmp_path, monkeypatch, state_dir=str(state))
+    found, stop = await serve_api(tmp_path, monkeypatch, state_dir=str(state), **settings)
+    found.publish = lambda gpus, host=True: publish(state, gpus, host)
+    return found, stop
 
-    def publish(gpus: int, host: bool = True) -> None:
-        inventory = declared_inventory([{"uuid": f"GPU-{i}", "memory": "80G"}
-                                        for i in range(gpus)])
-        pool = GpuPool(inventory, "", logging.getLogger("test-table"))
-        # 16 CPUs and 64 GiB, 1 CPU and 4 GiB kept: notebooks may reserve 60 CPUs, 60 GiB
-        pool.set_host(HostBook(HostCapacity(cpus=16, memory=64 * 2**30, reserve_cpus=1,
-                                            reserve_memory=4 * 2**30)) if host else None)
-        FolderDocuments(str(state)).write(GPUS, json.dumps(pool_snapshot(pool, time.time())))
 
-    found.publish = publish
+@pytest.fixture
+async def hub_api(tmp_path, monkeypatch):
+    found, stop = await serve_hub_api(tmp_path, monkeypatch)
     yield found
     stop()
 
@@ -188,7 +195,7 @@ async def test_only_admins_may_use_the_editor(api, who):
 
 async def test_check_gives_file_and_line(api):
     code, found = await api.post("/check", {"text": api.quota.read_text()})
-    assert (code, found["problems"], found["notes"]) == (200, [], [])
+    assert (code, found["problems"]) == (200, [])
     broken = api.quota.read_text().replace("cpus: 8", "cpus: lots", 1)
     code, found = await api.post("/check", {"text": broken})
     assert code == 200 and found["problems"]
@@ -217,7 +224,7 @@ async def test_a_role_asking_more_gpus_than_the_hub_has_is_never_saved(hub_api, 
     assert opened["against"] == (
         "Checked against this hub's 3 GPUs, the smallest with 80 GiB, as quota-spawner "
         "validate --gpus 3 --gpu-memory 80G, and its host: notebooks may reserve 60 CPUs "
-        "and 60 GiB (a role larger than that is a note; it can never start here).")
+        "and 60 GiB (a role larger than that can never start here, so it is a problem).")
     four = asking(opened["text"], 4)
     line = four.splitlines().index("    gpus: 4") + 1
     hub_api.quota.with_name("four.yaml").write_text(four)
@@ -248,24 +255,69 @@ async def test_a_role_asking_more_gpus_than_the_hub_has_is_never_saved(hub_api, 
     assert "    gpus: 3" in hub_api.quota.read_text()
 
 
-async def test_a_role_larger_than_the_hosts_share_is_a_note_as_validate_says(hub_api):
-    """validate --engine says "none fit" and exits 0: the editor marks the role's line and
-    saves. Notebooks may reserve 60 GiB on the hub's host."""
-    hub_api.publish(gpus=3)
-    _, opened = await hub_api.get()
-    huge = opened["text"].replace("memory: 16G", "memory: 100G", 1)
-    line = huge.splitlines().index("    memory: 100G") - 2  # senior-engineer:
-    assert huge.splitlines()[line - 1] == "  senior-engineer:"
-    code, found = await hub_api.post("/check", {"text": huge})
-    assert code == 200 and found["problems"] == []
-    assert [(n["line"], n["message"]) for n in found["notes"]] == [
-        (line, "role 'senior-engineer' (4 CPUs, 100 GiB): none fit on this host: one "
-               "server's 100 GiB of memory is more than the notebooks' 60 GiB")]
-    code, saved = await hub_api.post("", {"text": huge, "version": opened["version"],
+HUGE = ("role 'senior-engineer' (4 CPUs, 100 GiB): none fit on this host: one server's "
+        "100 GiB of memory is more than the notebooks' 60 GiB")
+
+
+@pytest.mark.parametrize("source", ["file", "database"])
+async def test_a_role_larger_than_the_hosts_share_is_never_saved_as_validate_says(
+        tmp_path, monkeypatch, capsys, source):
+    """Notebooks may reserve 60 GiB on the hub's host: a role of 100 GiB can never start
+    there. validate --engine for that host exits 1 with FILE:LINE; the editor's check,
+    preview, save and restore refuse it with the same words at the role's line, and write
+    nothing. Saved while the service knew no host, it is a problem once the hub tells it."""
+    api, stop = await serve_hub_api(tmp_path, monkeypatch, quota_source=source)
+    try:
+        api.publish(gpus=3)
+        _, opened = await api.get()
+        huge = opened["text"].replace("memory: 16G", "memory: 100G", 1)
+        line = huge.splitlines().index("    memory: 100G") - 2  # senior-engineer:
+        assert huge.splitlines()[line - 1] == "  senior-engineer:"
+        copy = tmp_path / "huge.yaml"
+        copy.write_text(huge)
+        assert cli_main(["validate", str(copy), "--host-cpus", "16", "--host-memory", "64G",
+                         "--reserve-cpus", "1", "--reserve-memory", "4G"]) == 1
+        assert f"{copy}:{line}: {HUGE}" in capsys.readouterr().out.splitlines()
+
+        code, found = await api.post("/check", {"text": huge})
+        assert code == 200 and [(p["file"], p["line"], p["message"]) for p in found[
+            "problems"]] == [(opened["path"], line, HUGE)]
+        code, found = await api.post("/preview", {"text": huge})
+        assert code == 400 and [p["message"] for p in found["problems"]] == [HUGE]
+        before = api.quota.read_bytes()
+        code, found = await api.post("", {"text": huge, "version": opened["version"],
                                           "comment": "a big box"})
-    assert code == 200, saved
-    _, now = await hub_api.get()
-    assert now["notes"] == found["notes"]
+        assert code == 400 and found["message"] == "The table has 1 problem; nothing was written."
+        assert [(p["line"], p["message"]) for p in found["problems"]] == [(line, HUGE)]
+        assert api.quota.read_bytes() == before
+        _, now = await api.get()
+        assert now["version"] == opened["version"] and now["problems"] == []
+        assert (await api.get("/versions"))[1]["versions"] == []
+
+        # saved while the hub publishes no host (admission off): then a problem, and its
+        # restore is refused
+        api.publish(gpus=3, host=False)
+        code, saved = await api.post("", {"text": huge, "version": opened["version"],
+                                          "comment": "a big box"})
+        assert code == 200, saved
+        api.publish(gpus=3)
+        _, now = await api.get()
+        assert [(p["line"], p["message"]) for p in now["problems"]] == [(line, HUGE)]
+        code, fixed = await api.post("", {"text": opened["text"], "version": now["version"],
+                                          "comment": "back to 16G"})
+        assert code == 200, fixed
+        written = api.quota.read_bytes()
+        _, versions = await api.get("/versions")
+        big = next(v["id"] for v in versions["versions"] if v["comment"] == "a big box")
+        code, found = await api.post(f"/versions/{big}/restore",
+                                     {"comment": "the big box again",
+                                      "version": fixed["version"]})
+        assert code == 400 and [(p["line"], p["message"]) for p in found["problems"]] == [
+            (line, HUGE)]
+        assert api.quota.read_bytes() == written
+        assert (await api.get("/versions"))[1]["versions"] == versions["versions"]
+    finally:
+        stop()
 
 
 async def test_without_the_hubs_inventory_the_editor_says_so_and_checks_the_rest(hub_api):

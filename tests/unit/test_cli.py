@@ -199,6 +199,23 @@ def test_cli_validate_says_how_many_servers_of_each_role_fit(capsys):
             "more than the notebooks' 16 GiB") in out
 
 
+def test_cli_validate_a_role_that_can_never_start_on_the_host_is_a_problem(capsys):
+    """A role larger than the notebooks' share of the host is a FILE:LINE problem and the
+    command exits 1, as for --gpus (the table editor refuses it with the same words); the
+    other roles' counts are still printed."""
+    code, out = cli(capsys, "validate", EXAMPLE, "--host-cpus", "2", "--host-memory", "23.5G")
+    text = Path(EXAMPLE).read_text()
+    problems = [line for line in out.splitlines() if not line.startswith("  ")]
+    assert (code, problems) == (1, [
+        f"{EXAMPLE}:{line_of(text, '  gpu-training:')}: role 'gpu-training' (8 CPUs, 32 GiB): "
+        "none fit on this host: one server's 32 GiB of memory is more than the notebooks' "
+        "21.2 GiB"])
+    assert "  senior-engineer (4 CPUs, 16 GiB): 1 fit (the memory runs out first)" in out
+    assert "  gpu-training (8 CPUs, 32 GiB): none fit: one server's 32 GiB" in out
+    code, out = cli(capsys, "validate", EXAMPLE, "--host-cpus", "8", "--host-memory", "64G")
+    assert code == 0 and f"{EXAMPLE}: OK (2 images, 7 roles)" in out
+
+
 @pytest.mark.parametrize("args, words", [
     (("--host-cpus", "4"), "give both --host-cpus and --host-memory"),
     (("--host-cpus", "4", "--host-memory", "8G", "--cpu-ratio", "0.5"), "at least 1"),

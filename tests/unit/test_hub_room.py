@@ -75,7 +75,7 @@ async def test_the_pool_publishes_as_soon_as_it_has_its_host():
     assert hub_room(json.loads(text)).gpus.count == 3
 
 
-def test_a_role_larger_than_the_hosts_share_is_a_note_at_its_line():
+def test_a_role_larger_than_the_hosts_share_is_a_problem_at_its_line():
     text = """\
 images:
   py: {image: "x:1"}
@@ -89,6 +89,6 @@ assignments:
   default: [small]
 """
     table = parse_quota_table(text, "q.yaml")
-    [note] = never_fit(table, HOST)
-    assert str(note) == ("q.yaml:5: role 'huge' (100 CPUs, 1 GiB): none fit on this host: "
-                         "one server's 100 CPUs are more than the notebooks' 60")
+    [problem] = never_fit(table, HOST)
+    assert str(problem) == ("q.yaml:5: role 'huge' (100 CPUs, 1 GiB): none fit on this "
+                            "host: one server's 100 CPUs are more than the notebooks' 60")
