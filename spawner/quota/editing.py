@@ -33,13 +33,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from spawner.quota.loader import ROLE_FIELDS, parse_quota_table, table_duration
+from spawner.quota.fields import table_fields
+from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError, Role
-from spawner.quota.units import format_size
 
 # Who the audit trail names for versions the editor did not write.
 BEFORE_EDITOR = "(before the editor)"
@@ -124,33 +124,6 @@ def unified_diff(old: str, new: str, old_label: str, new_label: str) -> str:
 
 # --- the preview ------------------------------------------------------------------------
 
-_SIZES = {"memory", "shm", "gpu_memory"}
-_DURATIONS = {"idle_timeout", "max_age", "grace_period", "min_runtime", "reclaim_after",
-              "queue_timeout"}
-# Role fields in the order the table documents them; anything newer follows.
-_ROLE_FIELDS = tuple(f for f in ROLE_FIELDS if f in {g.name for g in fields(Role)}) + tuple(
-    g.name for g in fields(Role) if g.name != "name" and g.name not in ROLE_FIELDS)
-
-
-def _show(name: str, value: Any) -> str:
-    """A field's value as the table would spell it."""
-    if value is None:
-        return "unset"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if name in _SIZES:
-        return format_size(int(value))
-    if name in _DURATIONS:
-        return table_duration(value)
-    if isinstance(value, tuple):
-        return "[" + ", ".join(value) + "]"
-    if isinstance(value, float):
-        return f"{value:g}"
-    if isinstance(value, str):
-        return repr(value) if name in ("description", "display_name") else value
-    return str(value)
-
-
 @dataclass(frozen=True)
 class FieldChange:
     field: str
@@ -158,7 +131,8 @@ class FieldChange:
     new: Any
 
     def __str__(self) -> str:
-        return f"{self.field} {_show(self.field, self.old)} → {_show(self.field, self.new)}"
+        spell = next(f for f in table_fields(Role) if f.name == self.field).spell
+        return f"{self.field} {spell(self.old)} → {spell(self.new)}"
 
 
 @dataclass(frozen=True)
@@ -237,8 +211,9 @@ class Preview:
 
 
 def _role_changes(old: Role, new: Role) -> tuple[FieldChange, ...]:
-    return tuple(FieldChange(name, getattr(old, name), getattr(new, name))
-                 for name in _ROLE_FIELDS if getattr(old, name) != getattr(new, name))
+    """The fields that differ, in the order the table documents them."""
+    return tuple(FieldChange(f.name, getattr(old, f.name), getattr(new, f.name))
+                 for f in table_fields(Role) if getattr(old, f.name) != getattr(new, f.name))
 
 
 def preview(old: QuotaTable, new: QuotaTable, users: Mapping[str, Sequence[str]],

@@ -14,25 +14,13 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from spawner.quota.fields import Names, field_names, table_fields
 from spawner.quota.model import (
-    BUDGET_PERIODS,
     DEFAULT_BUDGET_TIMEZONE,
-    DOCKER_MIN_MEMORY,
-    GPU_MODES,
-    MAX_CPUS,
     MAX_DURATION,
-    MAX_GPU_HOURS,
-    MAX_GPU_SHARE,
-    MAX_GPUS,
-    MAX_OPEN_REQUESTS,
-    MAX_PIDS,
-    MAX_PRIORITY,
-    MAX_REQUEST_DAYS,
     MAX_SIZE,
-    MIN_PRIORITY,
     NAME_PATTERN,
     NAME_RULE,
-    PREEMPTS,
     Budget,
     GpuCapacity,
     ImageSpec,
@@ -43,7 +31,13 @@ from spawner.quota.model import (
     Role,
     time_zone,
 )
-from spawner.quota.units import format_human, format_size, parse_duration, parse_size
+from spawner.quota.units import (
+    format_human,
+    format_size,
+    parse_duration,
+    parse_size,
+    table_duration,
+)
 
 _STR_TAG = "tag:yaml.org,2002:str"
 
@@ -58,6 +52,8 @@ class _Reader:
         self.problems: list[Problem] = []
         self._unreadable: set[int] = set()  # ids of nodes YAML could not construct
         self.role_lines: dict[str, int] = {}  # where each role is declared
+        # "image" and "role": every name declared (valid or not), for the lists naming them
+        self.declared: dict[str, set[str]] = {}
 
     def problem(self, node: Node, message: str) -> None:
         if id(node) in self._unreadable:
@@ -300,16 +296,6 @@ def _written(node: Node) -> str:
     return node.value if isinstance(node, ScalarNode) else ""
 
 
-def table_duration(seconds: float) -> str:
-    """Seconds in the largest unit the table accepts that divides them: 259200 -> '72h',
-    600 -> '10m', 90 -> '90s'; so a message's figure can be written back as it is."""
-    if seconds and seconds % 3600 == 0:
-        return f"{seconds / 3600:g}h"
-    if seconds and seconds % 60 == 0:
-        return f"{seconds / 60:g}m"
-    return f"{seconds:g}s"
-
-
 def _show(value: Any) -> str:
     if value is None:
         return "nothing"
@@ -319,16 +305,11 @@ def _show(value: Any) -> str:
 
 
 IMAGE_FIELDS = ("image", "display_name", "description")
-ROLE_FIELDS = (
-    "description", "display_name", "cpus", "memory", "shm", "pids", "images",
-    "gpus", "gpu_mode", "gpu_share", "gpu_memory", "idle_timeout", "max_age",
-    "priority", "preempts", "preemptible", "grace_period", "min_runtime", "reclaim_after",
-    "queue_timeout",
-)
+ROLE_FIELDS = field_names(Role)  # each declared once, in Role (spawner/quota/model.py)
 ASSIGNMENT_FIELDS = ("default", "groups", "users")
 BUDGETS_FIELDS = ("timezone", "groups", "users")
-BUDGET_FIELDS = ("gpu_hours", "per", "stop", "warn_at")
-REQUESTS_FIELDS = ("roles", "max_days", "instructors_approve", "max_open")
+BUDGET_FIELDS = field_names(Budget)
+REQUESTS_FIELDS = field_names(RequestRules)
 TOP_FIELDS = ("images", "roles", "assignments", "budgets", "requests")
 REQUIRED_TOP_FIELDS = ("images", "roles", "assignments")
 
@@ -353,31 +334,6 @@ def _read_images(r: _Reader, node: Node) -> tuple[dict[str, ImageSpec], set[str]
         if image and display is not None and description is not None:
             images[key] = ImageSpec(key, image, display, description)
     return images, declared
-
-
-_ROLE_READERS: dict[str, Callable[[_Reader, Node, str], Any]] = {
-    "description": lambda r, n, w: r.text(n, w),
-    "display_name": lambda r, n, w: r.text(n, w),
-    "cpus": lambda r, n, w: r.positive_number(n, w, MAX_CPUS),
-    "memory": lambda r, n, w: r.size(n, w, DOCKER_MIN_MEMORY),
-    "shm": lambda r, n, w: r.size(n, w),
-    "pids": lambda r, n, w: r.whole_number(n, w, MAX_PIDS, minimum=1),
-    "gpus": lambda r, n, w: r.whole_number(n, w, MAX_GPUS),
-    "gpu_mode": lambda r, n, w: r.choice(n, w, GPU_MODES),
-    "gpu_share": lambda r, n, w: r.whole_number(n, w, MAX_GPU_SHARE, minimum=1),
-    "gpu_memory": lambda r, n, w: r.size(n, w, DOCKER_MIN_MEMORY),
-    "idle_timeout": lambda r, n, w: r.duration(n, w),
-    "max_age": lambda r, n, w: r.duration(n, w),
-    "priority": lambda r, n, w: r.whole_number(n, w, MAX_PRIORITY, minimum=MIN_PRIORITY),
-    "preempts": lambda r, n, w: r.choice(n, w, PREEMPTS),
-    "preemptible": lambda r, n, w: r.flag(n, w),
-    # 0 is meaningful for these three: stop at once, no protection, refuse at once.
-    "grace_period": lambda r, n, w: r.duration(n, w, minimum=0),
-    "min_runtime": lambda r, n, w: r.duration(n, w, minimum=0),
-    "queue_timeout": lambda r, n, w: r.duration(n, w, minimum=0),
-    "reclaim_after": lambda r, n, w: r.duration(n, w),
-}
-
 
 
 def _check_gpu_fields(
@@ -439,39 +395,37 @@ def _check_preemption_fields(
                             f"because max_age stops the server at {table_duration(max_age)}")
 
 
-def _read_roles(
-    r: _Reader, node: Node, images: dict[str, ImageSpec], image_keys: set[str]
-) -> tuple[dict[str, Role], set[str]]:
-    """The valid roles, and every name declared (valid or not)."""
+def _read_roles(r: _Reader, node: Node, images: dict[str, ImageSpec]) -> dict[str, Role]:
+    """The valid roles; ``r.declared["role"]`` gets every name declared (valid or not).
+
+    Each field is read as ``Role`` declares it (spawner/quota/fields.py's table_field)."""
+    spec = {f.name: f for f in table_fields(Role)}
     roles: dict[str, Role] = {}
-    declared: set[str] = set()
-    for name, key_node, value, where, fields in r.entries(node, "role", ROLE_FIELDS, declared):
+    declared = r.declared.setdefault("role", set())
+    for name, key_node, value, where, fields in r.entries(node, "role", tuple(spec), declared):
         if not isinstance(value, MappingNode):
             continue
         r.role_lines[name] = key_node.start_mark.line + 1
-        missing = [f for f in ("cpus", "memory", "images") if f not in fields]
+        missing = [f.name for f in spec.values() if f.required and f.name not in fields]
         if missing:
             r.problem(key_node, f"{where} needs {', '.join(missing)}")
         before = len(r.problems)
         values: dict[str, Any] = {}
-        for key, (_, value_node) in fields.items():
-            if key in _ROLE_READERS:
-                values[key] = _ROLE_READERS[key](r, value_node, f"{where}: {key}")
-        role_images: list[str] = []
-        if "images" in fields:
-            role_images = r.references(fields["images"][1], where, f"{where}: images", "image",
-                                       image_keys, needs_one=True)
+        # in the order written, lists of names last: so on a line with several problems
+        # (a flow mapping), theirs come after the others'
+        for key in sorted(fields, key=lambda k: isinstance(spec[k].kind, Names)):
+            values[key] = spec[key].read(r, fields[key][1], where)
         if len(r.problems) == before:
             _check_gpu_fields(r, where, fields, values)
             _check_preemption_fields(r, where, fields, values)
         if missing or len(r.problems) > before:
             continue
-        if not all(k in images for k in role_images):
+        if not all(k in images for k in values["images"]):
             continue  # the image itself had a problem, reported already
         if values.get("gpu_mode") != "shared":
             values.pop("gpu_share", None)
-        roles[name] = Role(name=name, images=tuple(role_images), **values)
-    return roles, declared
+        roles[name] = Role(name=name, **values)
+    return roles
 
 
 def _read_assignments(r: _Reader, node: Node, role_names: set[str]):
@@ -524,43 +478,24 @@ def _read_budgets(r: _Reader, node: Node) -> tuple[tuple[Budget, ...], str]:
             if not isinstance(value, MappingNode):
                 continue
             before = len(r.problems)
-            missing = [f for f in ("gpu_hours", "per") if f not in entry]
+            spec = table_fields(Budget)
+            missing = [f.name for f in spec if f.required and f.name not in entry]
             if missing:
                 r.problem(key_node, f"{where} needs {' and '.join(missing)}, like "
                                     "{gpu_hours: 200, per: month}")
-            values: dict[str, Any] = {}
-            if "gpu_hours" in entry:
-                values["gpu_hours"] = r.positive_number(entry["gpu_hours"][1],
-                                                        f"{where}: gpu_hours", MAX_GPU_HOURS)
-            if "per" in entry:
-                values["per"] = r.choice(entry["per"][1], f"{where}: per", BUDGET_PERIODS)
-            if "stop" in entry:
-                values["stop"] = r.flag(entry["stop"][1], f"{where}: stop")
-            if "warn_at" in entry:
-                values["warn_at"] = r.positive_number(
-                    entry["warn_at"][1], f"{where}: warn_at (a fraction, like 0.9)", 1)
+            values = {f.name: f.read(r, entry[f.name][1], where)
+                      for f in spec if f.name in entry}
             if len(r.problems) == before:
                 budgets.append(Budget(kind=kind, name=name, **values))
     return tuple(budgets), zone
 
 
-def _read_requests(r: _Reader, node: Node, role_names: set[str]) -> RequestRules:
+def _read_requests(r: _Reader, node: Node) -> RequestRules:
     """Which roles may be requested, for how long, whether instructors decide, and how
     many requests one user may have waiting."""
     fields = r.mapping(node, "requests", REQUESTS_FIELDS)
-    values: dict[str, Any] = {}
-    if "roles" in fields:
-        values["roles"] = tuple(r.references(fields["roles"][1], "requests: roles",
-                                             "requests: roles", "role", role_names))
-    if "max_days" in fields:
-        values["max_days"] = r.positive_number(fields["max_days"][1], "requests: max_days",
-                                               MAX_REQUEST_DAYS)
-    if "instructors_approve" in fields:
-        values["instructors_approve"] = r.flag(fields["instructors_approve"][1],
-                                               "requests: instructors_approve")
-    if "max_open" in fields:
-        values["max_open"] = r.whole_number(fields["max_open"][1], "requests: max_open",
-                                            MAX_OPEN_REQUESTS, minimum=1)
+    values = {f.name: f.read(r, fields[f.name][1], "requests")
+              for f in table_fields(RequestRules) if f.name in fields}
     return RequestRules(**{k: v for k, v in values.items() if v is not None})
 
 
@@ -624,12 +559,12 @@ def _read_table(r: _Reader, root: Node, path: str) -> QuotaTable:
     for needed in REQUIRED_TOP_FIELDS:
         if isinstance(root, MappingNode) and needed not in top and not r.problems:
             r.problem(root, f"the quota table needs a top-level '{needed}' section")
-    images, image_keys = _read_images(r, top["images"][1]) if "images" in top else ({}, set())
-    roles, role_names = (
-        _read_roles(r, top["roles"][1], images, image_keys) if "roles" in top else ({}, set())
+    images, r.declared["image"] = (
+        _read_images(r, top["images"][1]) if "images" in top else ({}, set())
     )
+    roles = _read_roles(r, top["roles"][1], images) if "roles" in top else {}
     default, groups, users = (
-        _read_assignments(r, top["assignments"][1], role_names)
+        _read_assignments(r, top["assignments"][1], r.declared.get("role", set()))
         if "assignments" in top else ((), {}, {})
     )
     budgets, zone = (
@@ -637,7 +572,7 @@ def _read_table(r: _Reader, root: Node, path: str) -> QuotaTable:
         else ((), DEFAULT_BUDGET_TIMEZONE)
     )
     requests = (
-        _read_requests(r, top["requests"][1], role_names) if "requests" in top
+        _read_requests(r, top["requests"][1]) if "requests" in top
         else RequestRules()
     )
     return QuotaTable(path, images, roles, default, groups, users, budgets, zone, requests,

@@ -9,6 +9,19 @@ from dataclasses import dataclass, field
 from datetime import timezone, tzinfo
 from zoneinfo import ZoneInfo
 
+from spawner.quota.fields import (
+    REQUIRED,
+    Duration,
+    Flag,
+    Names,
+    Number,
+    OneOf,
+    Size,
+    Text,
+    WholeNumber,
+    table_field,
+)
+
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 NAME_RULE = "start with a letter or digit and use only letters, digits, '.', '_' and '-'"
 DOCKER_MIN_MEMORY = 6 * 2**20
@@ -69,29 +82,88 @@ class ImageSpec:
     description: str = ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Role:
-    name: str
-    cpus: float
-    memory: int
-    images: tuple[str, ...]
-    description: str = ""
-    display_name: str = ""
-    shm: int | None = None
-    pids: int | None = None
-    gpus: int = 0
-    gpu_mode: str = "exclusive"
-    gpu_share: int = 1  # most users on one GPU; 1 unless shared
-    gpu_memory: int | None = None  # soft cap per user, shared mode only
-    idle_timeout: float | None = None  # seconds; None: the culler's default (30m)
-    max_age: float | None = None  # seconds; None: no limit
-    priority: int = 0
-    preempts: str | None = None  # "lower" or "never"; None: lower when priority > 0
-    preemptible: bool = True  # may this role's servers be pushed out
-    grace_period: float = DEFAULT_GRACE_PERIOD  # seconds a preempted server has to save
-    min_runtime: float = DEFAULT_MIN_RUNTIME  # no server is preempted younger than this
-    reclaim_after: float | None = None  # a protected server is preemptible after this age
-    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT  # most seconds a GPU request waits; 0: none
+    """A size users may start. Each field after ``name`` is one ``table_field``: the
+    loader, the JSON Schema and the editor's preview take it from here, in this order
+    (docs/quota-table.md#adding-a-role-field). Those with no default are positional:
+    ``Role("gpu", 8, 32 * G, ("pytorch",), gpus=1)``."""
+
+    name: str = field(kw_only=False)
+    description: str = table_field(Text(), "", "Shown on the spawn form.")
+    display_name: str = table_field(
+        Text(), "", "Shown on the spawn form instead of the role's key.")
+    cpus: float = table_field(
+        Number(MAX_CPUS), REQUIRED,
+        f"CPU quota, at most {MAX_CPUS}; also CPU_LIMIT and OMP/MKL/OPENBLAS_NUM_THREADS = "
+        "max(1, floor(cpus)).")
+    memory: int = table_field(
+        Size(DOCKER_MIN_MEMORY), REQUIRED,
+        "Memory limit, with swap off (at least 6M, Docker's minimum).")
+    shm: int | None = table_field(Size(), None, "Size of /dev/shm (Docker's default is 64M).")
+    pids: int | None = table_field(
+        WholeNumber(1, MAX_PIDS), None,
+        f"Most processes and threads, at most {MAX_PIDS} (the kernel's PID_MAX_LIMIT); "
+        "default QuotaSpawner.pids_limit (2048).")
+    images: tuple[str, ...] = table_field(
+        Names("image", needs_one=True, owner_names=True), REQUIRED,
+        "Image keys from 'images' this role may run.")
+    gpus: int = table_field(
+        WholeNumber(0, MAX_GPUS), 0,
+        f"GPUs per server, at most {MAX_GPUS} (default 0: a CPU-only role). Each is an exact "
+        "GPU or MIG instance, never shared by accident.")
+    gpu_mode: str = table_field(
+        OneOf(GPU_MODES), "exclusive",
+        "exclusive (default): the GPU is this server's alone. shared: up to gpu_share "
+        "servers on one GPU. Needs gpus of 1 or more.")
+    gpu_share: int = table_field(  # 1 unless shared
+        WholeNumber(1, MAX_GPU_SHARE), 1,
+        f"Most servers on one GPU, at most {MAX_GPU_SHARE}. Required with gpu_mode: shared, "
+        "and only allowed there.")
+    gpu_memory: int | None = table_field(
+        Size(DOCKER_MIN_MEMORY), None,
+        "Soft GPU memory cap per process, per GPU (at least 6M), through framework "
+        "settings; not isolation. Only with gpu_mode: shared.")
+    idle_timeout: float | None = table_field(  # None: the culler's default
+        Duration(), None,
+        "Stop this role's servers after this long with no activity (default: the culler's "
+        "timeout, QUOTA_SPAWNER_IDLE_TIMEOUT, 30m). A busy GPU counts as activity.")
+    max_age: float | None = table_field(  # None: no limit
+        Duration(), None,
+        "Stop this role's servers this long after they started, even when active "
+        "(default: QUOTA_SPAWNER_MAX_AGE, 0: no limit).")
+    priority: int = table_field(
+        WholeNumber(MIN_PRIORITY, MAX_PRIORITY), 0,
+        "When GPUs are short, a higher priority is served first and may preempt lower ones "
+        f"(default 0). A whole number from {MIN_PRIORITY} to {MAX_PRIORITY}, Kubernetes' "
+        "PriorityClass range. Any role.")
+    preempts: str | None = table_field(  # None: lower when priority > 0
+        OneOf(PREEMPTS), None,
+        "lower: a start of this role may stop servers of lower-priority roles to free a "
+        "GPU, or room on the host (CPUs and memory). never: it waits in the queue instead. "
+        "Default: lower when priority is above 0, else never. Any role.")
+    preemptible: bool = table_field(
+        Flag(), True,
+        "Whether this role's servers may be preempted by a higher priority (default true). "
+        "false protects them, until reclaim_after if set. Any role.")
+    # 0 is meaningful for these three: stop at once, no protection, refuse at once.
+    grace_period: float = table_field(
+        Duration(minimum=0), DEFAULT_GRACE_PERIOD,
+        "How long a preempted server has to save its work before it is stopped (default "
+        "2m; 0: stopped at once). Any role.")
+    min_runtime: float = table_field(
+        Duration(minimum=0), DEFAULT_MIN_RUNTIME,
+        "No server of this role is preempted before it has run this long (default 10m; 0: "
+        "no protection). Any role.")
+    reclaim_after: float | None = table_field(
+        Duration(), None,
+        "With preemptible: false, the servers become preemptible at this age (default: "
+        "never). Must be shorter than max_age. Any role.")
+    queue_timeout: float = table_field(
+        Duration(minimum=0), DEFAULT_QUEUE_TIMEOUT,
+        "The longest a start waits in the queue for a GPU or for room on the host before "
+        "it is refused (default 10m; 0: no queue, refused at once when no GPU is free or "
+        "the host is full).")
 
     @property
     def title(self) -> str:
@@ -138,10 +210,23 @@ class Budget:
 
     kind: str  # "group" or "user"
     name: str
-    gpu_hours: float
-    per: str  # "day", "week" or "month"
-    stop: bool = False  # stop running GPU servers once it is spent
-    warn_at: float = DEFAULT_WARN_AT  # the fraction used at which running servers are warned
+    gpu_hours: float = table_field(
+        Number(MAX_GPU_HOURS), REQUIRED,
+        "GPU-hours that may be reserved per period: a server holding 2 GPUs for 3 hours "
+        "reserves 6, one on a GPU shared 4 ways for 4 hours reserves 1. Reserved time "
+        "counts, busy or not.")
+    per: str = table_field(
+        OneOf(BUDGET_PERIODS), REQUIRED,
+        "The period: it starts at midnight in budgets.timezone; weeks on Monday, months on "
+        "the 1st.")
+    stop: bool = table_field(
+        Flag(), False,
+        "Stop the running GPU servers under this budget when it is spent (default false: "
+        "they keep running, and only new GPU starts are refused).")
+    warn_at: float = table_field(
+        Number(1), DEFAULT_WARN_AT,
+        "The fraction used at which users with a running GPU server are warned, once per "
+        "period (default 0.9).", label="warn_at (a fraction, like 0.9)")
 
     @property
     def key(self) -> str:
@@ -158,10 +243,19 @@ class Budget:
 class RequestRules:
     """Which roles users may ask for, for how long, and who may decide."""
 
-    roles: tuple[str, ...] = ()  # none: requests are off
-    max_days: float = DEFAULT_REQUEST_MAX_DAYS  # the longest window
-    instructors_approve: bool = False  # a group's instructors decide for its members
-    max_open: int = DEFAULT_MAX_OPEN_REQUESTS  # a user's requests waiting at once
+    roles: tuple[str, ...] = table_field(  # none: requests are off
+        Names("role"), (), "The roles users may ask for (default: none).")
+    max_days: float = table_field(
+        Number(MAX_REQUEST_DAYS), DEFAULT_REQUEST_MAX_DAYS,
+        "The longest window a request may ask for, in days (default 14).")
+    instructors_approve: bool = table_field(
+        Flag(), False,
+        "true: an instructor of a group may decide the requests of that group's members; "
+        "admins always may (default false).")
+    max_open: int = table_field(
+        WholeNumber(1, MAX_OPEN_REQUESTS), DEFAULT_MAX_OPEN_REQUESTS,
+        "How many requests one user may have waiting for a decision at once; one more is "
+        "refused until they withdraw one or it is decided (default 3).")
 
     @property
     def max_seconds(self) -> float:

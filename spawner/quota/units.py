@@ -24,6 +24,15 @@ _DURATION_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
 _NUMBER_WITH_UNIT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*$")
 
 
+def _written_form(units: dict[str, int]) -> str:
+    """The JSON Schema pattern of a number with one of ``units`` (or none)."""
+    return r"^\s*\d+(\.\d+)?\s*(" + "|".join(u for u in units if u) + r")?\s*$"
+
+
+SIZE_PATTERN = _written_form(_SIZE_UNITS)  # '4G', '512 MiB', '1.5T'
+DURATION_PATTERN = _written_form(_DURATION_UNITS)  # '90', '45s', '1.5h'
+
+
 def _parse(value: object, units: dict[str, int], what: str) -> int | float:
     if isinstance(value, bool):
         raise ValueError(f"expected a {what}, got a boolean")
@@ -110,6 +119,16 @@ def human_duration(seconds: float) -> str:
     if minutes:
         return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
     return f"{secs}s"
+
+
+def table_duration(seconds: float) -> str:
+    """Seconds in the largest unit the table accepts that divides them: 259200 -> '72h',
+    600 -> '10m', 90 -> '90s'; so a message's figure can be written back as it is."""
+    if seconds and seconds % 3600 == 0:
+        return f"{seconds / 3600:g}h"
+    if seconds and seconds % 60 == 0:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s"
 
 
 INVALID_TIME = "an invalid time"

@@ -40,7 +40,6 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import cache
-from importlib.resources import files
 from typing import Any, TypeVar
 
 from tornado import web
@@ -64,6 +63,7 @@ from spawner.quota.editing import (
     trail_key,
 )
 from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError
+from spawner.quota.schema import quota_table_schema
 from spawner.quota.units import format_human, format_size
 from spawner.usage.table_versions import Audit, newest_good
 from spawner.webapp import inputs
@@ -88,9 +88,8 @@ Directory = tuple[dict[str, list[str]], dict[str, str]]
 
 @cache
 def table_schema() -> dict[str, Any]:
-    """The quota table's JSON Schema, shipped with the package for the editor."""
-    return json.loads(files("spawner.quota").joinpath("quota-table.schema.json").read_text(
-        encoding="utf-8"))
+    """The quota table's JSON Schema, made from its field declarations, for the editor."""
+    return quota_table_schema()
 
 
 def problems_json(problems: Any) -> list[dict[str, Any]]:
