@@ -203,7 +203,7 @@ def make_watchdog(state_file: Path, gpus: list[FakeGpu]) -> QuotaWatchdog:
     watchdog.hub = HubDirectory("", "", watchdog.log)  # no hub: refresh() returns at once
     watchdog.nvml = Nvml(FakeNvml(gpus))  # FAKE: the host's NVML boundary only
     watchdog.xids = XidWatcher(watchdog.nvml, log=watchdog.log)
-    watchdog._sending = set()  # what run() sets up for cycle()
+    watchdog._sending, watchdog._saved = set(), ""  # what run() sets up for cycle()
     return watchdog
 
 

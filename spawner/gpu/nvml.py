@@ -1,29 +1,38 @@
 """The one NVML layer: every NVML call of the hub and of the GPU monitor goes through here.
 
-Modelled on nvitop's ``api/libnvml.py``: one wrapper around the ``pynvml``
-module (the nvidia-ml-py binding, or a fake in the tests) that starts NVML
-once, decodes the bytes that old bindings return for text, and turns every
-failure into an ``NvmlError`` whose text is the reason, in NVML's own words
-("Driver Not Loaded", "GPU is lost"). A field a device does not give is
-``None``, with its reason noted; it never raises.
+Modelled on nvitop's ``api/libnvml.py`` and ``api/device.py``: one wrapper
+around the ``pynvml`` module (the nvidia-ml-py binding, or a fake in the
+tests) that starts NVML once, decodes the bytes that old bindings return for
+text, and turns every failure into an ``NvmlError`` whose text is the reason,
+in NVML's own words ("Driver Not Loaded", "GPU is lost"); and one reader,
+whose record is ``NvmlDevice``: one per device, a whole GPU or a MIG instance,
+with each field asked for read once. A field a device does not give is
+``None``, its reason in ``errors``; it never raises. A device that cannot be
+read at all is a record too, with its ``state``: ``lost`` (NVML's
+GPU_IS_LOST, at its lookup or between two reads) or ``unreadable`` (not
+found, not identified), and its ``error``. ``Nvml.walk`` reads every device
+of the host (the one MIG walk: instances in place of their GPU), ``Nvml.find``
+one device by UUID or number.
 
-What "start once" means for each user:
+Each user asks for the fields it needs and takes its view of the records:
 
-- The GPU monitor (spawner.notebook.monitor.collector) keeps one ``Nvml`` started for
-  its whole life and reads every visible device once per tick. When NVML
-  cannot be started, or stops answering (the driver unloaded or reloaded:
-  the device count fails), ``start()`` fails with the same error, without
-  calling NVML, until ``retry_seconds`` have passed; then it tries again.
-- The hub (spawner.gpu.inventory) asks rarely: the inventory once when it
-  starts, free memory at each pool sync. Each call is one ``session()``:
-  NVML started for it and shut down after it, one session at a time in the
+- The GPU monitor (spawner.notebook.monitor.collector): ``readings()``, the
+  devices NVIDIA_VISIBLE_DEVICES names, as the metrics API's ``gpu`` and
+  ``failedGpu``. It keeps one ``Nvml`` started for its whole life and reads
+  every visible device once per tick. When NVML cannot be started, or stops
+  answering (the driver unloaded or reloaded: the device count fails),
+  ``start()`` fails with the same error, without calling NVML, until
+  ``retry_seconds`` have passed; then it tries again.
+- The hub (spawner.gpu.inventory): ``devices()`` once when it starts,
+  ``free_memory()`` at each pool sync. Each call is one ``session()``: NVML
+  started for it and shut down after it, one session at a time in the
   process, since NVML counts its inits and shutdowns. A long-lived hub thus
   never holds the driver open (a driver update can unload it) and never
   reads through handles a driver reload made stale.
 - The watchdog (spawner.watchdog) keeps one ``Nvml`` started like the monitor,
   and reads the whole host each cycle: ``host_gpus()`` (every device with its
-  processes' host PIDs) and an ``XidWatcher`` (the XID errors since its last
-  poll, through NVML events).
+  processes' host PIDs, a lost GPU under the UUIDs of its last good read) and
+  an ``XidWatcher`` (the XID errors since its last poll, through NVML events).
 
 Cheap to import: the standard library only. ``pynvml`` is imported on the
 first ``start()``, so a notebook server without a GPU never loads it.
@@ -35,8 +44,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, NamedTuple, TypedDict
 
@@ -63,7 +73,67 @@ class NvmlNotInstalled(NvmlUnavailable):
         super().__init__(NOT_INSTALLED)
 
 
-# --- what the reads return (docs/gpu-metrics.schema.json: $defs gpu, failedGpu) -----
+# --- the record: one device as NVML answered for it ------------------------------------
+
+OK = "ok"
+LOST = "lost"  # NVML_ERROR_GPU_IS_LOST: off the bus, at its lookup or between two reads
+UNREADABLE = "unreadable"  # it could not be found or identified (Not Found, Unknown Error, …)
+
+# The fields a user can ask for, each one NVML call per device (named as in ``errors``):
+# name, gpu_instance (MIG instances only), memory (total, used and free), utilization,
+# temperature, power, power_limit, processes (compute), graphics_processes (added to
+# processes, read only when those were), and index (a device found by UUID).
+INVENTORY_FIELDS = frozenset({"name", "memory"})
+MONITOR_FIELDS = frozenset({"name", "memory", "utilization", "temperature", "power",
+                            "power_limit", "processes"})
+HOST_FIELDS = frozenset({"name", "gpu_instance", "memory", "utilization", "processes",
+                         "graphics_processes"})
+
+
+class HostProcess(NamedTuple):
+    """A process with a context on a device, as NVML lists it."""
+
+    pid: int  # on the host: /proc/PID/cgroup names its container
+    used_memory: int | None  # bytes; None where NVML does not know it (MIG, WDDM)
+
+
+@dataclass(slots=True)
+class NvmlDevice:
+    """One device: a whole GPU, or a MIG instance when MIG is on (nvitop's ``Device``).
+
+    A field not asked for, or that NVML would not give, is None; the reason of each
+    that failed is in ``errors`` (field -> reason, in the order read). ``state`` says
+    whether the device could be read; ``error`` why not, in NVML's words.
+    """
+
+    uuid: str  # "GPU-…" or "MIG-…"; never identified: as asked for, or "unknown:<index>"
+    index: int  # the GPU's index on the host (its parent's for a MIG instance); -1 unknown
+    mig: int | None = None  # the MIG slot on that GPU; None for a whole GPU
+    parent: str | None = None  # the GPU's UUID, for a MIG instance
+    state: str = OK  # OK, LOST or UNREADABLE
+    error: str | None = None  # why it is not OK
+    errors: dict[str, str] = field(default_factory=dict)
+    name: str | None = None
+    gpu_instance: int | None = None  # a MIG instance's GPU instance id, as XID events name it
+    memory_total: int | None = None  # bytes
+    memory_used: int | None = None  # bytes
+    memory_free: int | None = None  # bytes
+    utilization: float | None = None  # 0 to 1
+    temperature: int | None = None  # °C
+    power_draw: float | None = None  # W
+    power_limit: float | None = None  # W
+    # The compute processes, then the graphics ones when asked for (a PID can be in
+    # both); None: NVML would not list them.
+    processes: list[HostProcess] | None = None
+
+    @property
+    def answered(self) -> bool:
+        """Whether NVML answered for it at all: not when it could not be found or
+        identified; a GPU lost between two reads did, up to then."""
+        return self.state == OK or bool(self.errors)
+
+
+# --- the users' views of the records -----------------------------------------------------
 
 
 class ProcessSummary(TypedDict):
@@ -74,7 +144,8 @@ class ProcessSummary(TypedDict):
 
 
 class GpuReading(TypedDict):
-    """A device NVML answered for; a field it would not give is None, its reason in errors."""
+    """The monitor's view (docs/gpu-metrics.schema.json: $defs gpu): a device NVML
+    answered for; a field it would not give is None, its reason in errors."""
 
     index: int  # the position in the list read, from 0
     uuid: str
@@ -90,7 +161,8 @@ class GpuReading(TypedDict):
 
 
 class FailedGpu(TypedDict):
-    """A device that could not be read at all: lost, or not found."""
+    """The monitor's view ($defs failedGpu) of a device that could not be read at all:
+    lost, or not found."""
 
     index: int
     uuid: str  # the name it was asked for by
@@ -99,7 +171,7 @@ class FailedGpu(TypedDict):
 
 
 class Device(NamedTuple):
-    """A device found by ``Nvml.devices``: a whole GPU, or a MIG instance."""
+    """The inventory's view: a device found by ``Nvml.devices``."""
 
     index: str  # "0", or "0:1" for MIG instance 1 on GPU 0
     uuid: str
@@ -108,18 +180,8 @@ class Device(NamedTuple):
     parent: str | None = None  # the GPU's UUID, for a MIG instance
 
 
-# --- what the watchdog reads: the whole host ------------------------------------------
-
-
-class HostProcess(NamedTuple):
-    """A process with a context on a device, as NVML lists it."""
-
-    pid: int  # on the host: /proc/PID/cgroup names its container
-    used_memory: int | None  # bytes; None where NVML does not know it (MIG, WDDM)
-
-
 class HostGpu(TypedDict):
-    """One device of the host: a whole GPU, or a MIG instance when MIG is on.
+    """The watchdog's view: one device of the host, a whole GPU or a MIG instance.
 
     ``lost`` is NVML's reason when the device could not be read at all ("GPU is
     lost", "Not Found"); its values are then None. A field that one device does
@@ -167,7 +229,7 @@ class Nvml:
         self.initialized = False
         # Counts the starts: handles and event sets of an earlier start are stale.
         self.generation = 0
-        self._last: dict[int, list[HostGpu]] = {}  # host_gpus: the last good records per GPU
+        self._last: dict[int, list[NvmlDevice]] = {}  # host_gpus: the last good records per GPU
         self._lock = threading.RLock()
         self._failure: NvmlError | None = None  # why NVML is down, until _next_try
         self._next_try = 0.0
@@ -236,8 +298,9 @@ class Nvml:
 
     def call(self, function: str, *args: Any) -> Any:
         """``pynvml.<function>(*args)``, text decoded; any failure raises NvmlError."""
-        try:
-            value = getattr(self.module, function)(*args)
+        try:  # the module once imported, without the property: this is called often
+            module = self._module if self._module is not None else self.module
+            value = getattr(module, function)(*args)
         except Exception as e:  # NVMLError_NotSupported, _GpuIsLost, a missing function, …
             raise NvmlError(reason(e)) from e
         return value.decode() if isinstance(value, bytes) else value
@@ -245,12 +308,14 @@ class Nvml:
     def query(self, function: str, *args: Any, errors: dict[str, str] | None = None,
               field: str = "") -> Any:
         """``call()``, but a failure is None, its reason noted in ``errors[field]``."""
-        try:
-            return self.call(function, *args)
-        except NvmlError as e:
+        try:  # as call(), making no NvmlError: the walk's NotSupported (no MIG) is common
+            module = self._module if self._module is not None else self.module
+            value = getattr(module, function)(*args)
+        except Exception as e:
             if errors is not None:
-                errors[field] = str(e)
+                errors[field] = reason(e)
             return None
+        return value.decode() if isinstance(value, bytes) else value
 
     def constant(self, name: str, default: int) -> int:
         return getattr(self.module, name, default)
@@ -268,109 +333,142 @@ class Nvml:
             self._down(e)
             raise
 
-    # --- the hub: the inventory and free memory --------------------------------------
+    # --- the reader: one record per device -------------------------------------------
+
+    def walk(self, fields: Collection[str]) -> list[list[NvmlDevice]]:
+        """Every GPU NVML sees, by index, each as its records: the GPU's own, or its MIG
+        instances' when MIG is on (none when it has none). A GPU that cannot be read
+        (lost, or an instance that cannot be identified) is one record that did not
+        answer, ``unknown:<index>``: one lost GPU does not take the others out. Raises
+        NvmlError only when NVML cannot count the GPUs (see count())."""
+        gpus: list[list[NvmlDevice]] = []
+        for i in range(self.count()):
+            try:
+                gpus.append(self._gpu(i, fields))
+            except NvmlError as e:
+                gpus.append([self._failed(f"unknown:{i}", i, e)])
+        return gpus
+
+    def _gpu(self, i: int, fields: Collection[str]) -> list[NvmlDevice]:
+        """GPU ``i``'s records; raises NvmlError when the GPU cannot be read."""
+        handle = self.call("nvmlDeviceGetHandleByIndex", i)
+        uuid = self.call("nvmlDeviceGetUUID", handle)  # a GPU off the bus fails here first
+        mode = self.query("nvmlDeviceGetMigMode", handle)  # NotSupported without MIG
+        if mode is None or mode[0] != self.constant("NVML_DEVICE_MIG_ENABLE", 1):
+            return [self._read(handle, uuid, i, fields)]
+        records = []
+        for j in range(self.call("nvmlDeviceGetMaxMigDeviceCount", handle)):
+            mig = self.query("nvmlDeviceGetMigDeviceHandleByIndex", handle, j)
+            if mig is not None:  # None: NotFound, this slot holds no instance
+                mig_uuid = self.call("nvmlDeviceGetUUID", mig)
+                records.append(self._read(mig, mig_uuid, i, fields, j, uuid))
+        return records
+
+    def find(self, ident: str | int, fields: Collection[str]) -> NvmlDevice:
+        """One device by UUID (a GPU's or a MIG instance's) or by number (an int); one
+        that cannot be found or identified is a record that did not answer, under
+        ``ident``. With "index" in ``fields``, a device found by UUID says its GPU's."""
+        number = ident if isinstance(ident, int) else None
+        try:
+            handle = self.call("nvmlDeviceGetHandleByIndex", number) if number is not None \
+                else self.call("nvmlDeviceGetHandleByUUID", ident)
+            uuid = self.call("nvmlDeviceGetUUID", handle)  # a GPU off the bus fails here first
+        except NvmlError as e:
+            return self._failed(str(ident), -1 if number is None else number, e)
+        if number is None and "index" in fields:
+            found = self.query("nvmlDeviceGetIndex", handle)  # a MIG instance has none
+            number = found if isinstance(found, int) else None
+        return self._read(handle, uuid, -1 if number is None else number, fields)
+
+    def _failed(self, uuid: str, index: int, error: NvmlError) -> NvmlDevice:
+        state = LOST if self.is_error(error, "NVML_ERROR_GPU_IS_LOST", 15) else UNREADABLE
+        return NvmlDevice(uuid, index, state=state, error=str(error))
+
+    def _read(self, handle: Any, uuid: str, index: int, fields: Collection[str],
+              mig: int | None = None, parent: str | None = None) -> NvmlDevice:
+        """The ``fields`` of one device, each read once; a failure is None, noted."""
+        device = NvmlDevice(uuid, index, mig, parent)
+        errors, call = device.errors, self.call
+
+        def get(key: str, function: str, *args: Any) -> Any:
+            try:
+                return call(function, handle, *args)
+            except NvmlError as e:
+                errors[key] = str(e)
+                if device.state == OK and self.is_error(e, "NVML_ERROR_GPU_IS_LOST", 15):
+                    device.state, device.error = LOST, str(e)  # off the bus between two reads
+                return None
+
+        if "name" in fields:
+            device.name = get("name", "nvmlDeviceGetName")
+        if "gpu_instance" in fields and mig is not None:
+            device.gpu_instance = get("gpu_instance", "nvmlDeviceGetGpuInstanceId")
+        if "memory" in fields:
+            memory = get("memory", "nvmlDeviceGetMemoryInfo")
+            if memory is not None:
+                device.memory_total, device.memory_used, device.memory_free = (
+                    int(memory.total), int(memory.used), int(memory.free))
+        if "utilization" in fields:  # not for MIG instances
+            rates = get("utilization", "nvmlDeviceGetUtilizationRates")
+            device.utilization = rates.gpu / 100 if rates is not None else None
+        if "temperature" in fields:
+            device.temperature = get("temperature", "nvmlDeviceGetTemperature",
+                                     self.constant("NVML_TEMPERATURE_GPU", 0))
+        if "power" in fields:
+            power = get("power", "nvmlDeviceGetPowerUsage")
+            device.power_draw = power / 1000 if power is not None else None  # mW -> W
+        if "power_limit" in fields:
+            limit = get("power_limit", "nvmlDeviceGetEnforcedPowerLimit")
+            device.power_limit = limit / 1000 if limit is not None else None
+        if "processes" in fields:
+            compute = get("processes", "nvmlDeviceGetComputeRunningProcesses")
+            # No compute list at all: the graphics list alone would undercount.
+            if compute is not None:
+                # Graphics contexts are rare in notebooks but hold memory all the same;
+                # datacenter GPUs answer NotSupported.
+                graphics = get("graphics_processes", "nvmlDeviceGetGraphicsRunningProcesses") \
+                    if "graphics_processes" in fields else None
+                device.processes = [_process(p) for p in (*compute, *(graphics or ()))]
+        return device
+
+    # --- the hub's view: the inventory and free memory --------------------------------
 
     def devices(self) -> tuple[list[Device], list[tuple[int, str]]]:
         """Every device NVML sees, with MIG instances in place of their GPU when MIG is
         on; and (GPU index, reason) for each GPU left out because it failed."""
         found: list[Device] = []
         skipped: list[tuple[int, str]] = []
-        for i in range(self.count()):
-            try:  # one lost GPU must not take the others out
-                handle = self.call("nvmlDeviceGetHandleByIndex", i)
-                migs = self._mig_devices(handle, i)
-                found.extend(migs if migs is not None else [self._device(handle, str(i))])
-            except NvmlError as e:
-                skipped.append((i, str(e)))
+        for records in self.walk(INVENTORY_FIELDS):
+            for d in records:
+                if not d.answered:
+                    skipped.append((d.index, d.error or ""))
+                    continue
+                index = str(d.index) if d.mig is None else f"{d.index}:{d.mig}"
+                found.append(Device(index, d.uuid, d.name, d.memory_total, d.parent))
         return found, skipped
-
-    def _device(self, handle: Any, index: str, parent: str | None = None) -> Device:
-        uuid = self.call("nvmlDeviceGetUUID", handle)
-        name = self.query("nvmlDeviceGetName", handle)
-        memory = self.query("nvmlDeviceGetMemoryInfo", handle)
-        return Device(index, uuid, name, int(memory.total) if memory is not None else None,
-                      parent)
-
-    def _mig_devices(self, handle: Any, i: int) -> list[Device] | None:
-        """The GPU's MIG instances, or None when MIG is off or not supported."""
-        mode = self.query("nvmlDeviceGetMigMode", handle)  # NotSupported without MIG
-        if mode is None or mode[0] != self.constant("NVML_DEVICE_MIG_ENABLE", 1):
-            return None
-        parent = self.call("nvmlDeviceGetUUID", handle)
-        devices = []
-        for j in range(self.call("nvmlDeviceGetMaxMigDeviceCount", handle)):
-            mig = self.query("nvmlDeviceGetMigDeviceHandleByIndex", handle, j)
-            if mig is not None:  # None: NotFound, this slot holds no instance
-                devices.append(self._device(mig, f"{i}:{j}", parent))
-        return devices
 
     def free_memory(self, uuids: Iterable[str]) -> dict[str, int]:
         """Free bytes per UUID, for the devices NVML can read."""
         result: dict[str, int] = {}
         for uuid in uuids:
-            handle = self.query("nvmlDeviceGetHandleByUUID", uuid)
-            memory = self.query("nvmlDeviceGetMemoryInfo", handle) if handle is not None else None
-            if memory is not None:
-                result[uuid] = int(memory.free)
+            free = self.find(uuid, ("memory",)).memory_free
+            if free is not None:
+                result[uuid] = free
         return result
 
-    # --- the monitor: one reading of each visible device ----------------------------
+    # --- the monitor's view: one reading of each visible device ---------------------
 
     def readings(self, visible: list[str] | None) -> list[GpuReading | FailedGpu]:
         """A reading of each device in ``visible`` (UUIDs or numbers, as in
-        NVIDIA_VISIBLE_DEVICES; None: all). A device that cannot be found or read
-        gets its own error, so one lost GPU does not hide the others; raises
+        NVIDIA_VISIBLE_DEVICES; None: all, by number). A device that cannot be found or
+        read gets its own error, so one lost GPU does not hide the others; raises
         NvmlError only when NVML cannot count the GPUs."""
-        if visible is None:
-            found = [(str(i), self._lookup("nvmlDeviceGetHandleByIndex", i))
-                     for i in range(self.count())]
-        else:
-            found = [(ident, self._lookup("nvmlDeviceGetHandleByIndex", int(ident))
-                      if ident.isdigit() else self._lookup("nvmlDeviceGetHandleByUUID", ident))
-                     for ident in visible]
-        return [self.read(i, asked_as, handle) for i, (asked_as, handle) in enumerate(found)]
+        idents: list[str | int] = list(range(self.count())) if visible is None else [
+            int(v) if v.isdigit() else v for v in visible]
+        return [_reading(i, self.find(ident, MONITOR_FIELDS))
+                for i, ident in enumerate(idents)]
 
-    def _lookup(self, function: str, ident: Any) -> Any:
-        """A device's handle, or the NvmlError of its lookup (lost, not found)."""
-        try:
-            return self.call(function, ident)
-        except NvmlError as e:
-            return e
-
-    def read(self, position: int, asked_as: str, handle: Any) -> GpuReading | FailedGpu:
-        """Everything NVML will tell about one device (``handle``, or its lookup's error)."""
-        errors: dict[str, str] = {}
-        try:
-            if isinstance(handle, NvmlError):
-                raise handle
-            uuid = self.call("nvmlDeviceGetUUID", handle)  # a GPU off the bus fails here first
-        except NvmlError as e:
-            return FailedGpu(index=position, uuid=asked_as, errors=errors, error=str(e))
-
-        def get(field: str, function: str, *args: Any) -> Any:
-            return self.query(function, handle, *args, errors=errors, field=field)
-
-        name = get("name", "nvmlDeviceGetName")
-        memory = get("memory", "nvmlDeviceGetMemoryInfo")
-        rates = get("utilization", "nvmlDeviceGetUtilizationRates")
-        temperature = get("temperature", "nvmlDeviceGetTemperature",
-                          self.constant("NVML_TEMPERATURE_GPU", 0))
-        power = get("power", "nvmlDeviceGetPowerUsage")
-        limit = get("power_limit", "nvmlDeviceGetEnforcedPowerLimit")
-        procs = get("processes", "nvmlDeviceGetComputeRunningProcesses")
-        return GpuReading(
-            index=position, uuid=uuid, errors=errors, name=name,
-            memory_used=int(memory.used) if memory is not None else None,
-            memory_total=int(memory.total) if memory is not None else None,
-            utilization=rates.gpu / 100 if rates is not None else None,
-            temperature=temperature,
-            power_draw=power / 1000 if power is not None else None,  # mW -> W
-            power_limit=limit / 1000 if limit is not None else None,
-            processes=_processes(procs) if procs is not None else None,
-        )
-
-
-    # --- the watchdog: every device of the host, with host PIDs ----------------------
+    # --- the watchdog's view: every device of the host, with host PIDs ---------------
 
     def host_gpus(self, expected: Iterable[str] = ()) -> HostScan:
         """Every device NVML sees (MIG instances in place of their GPU when MIG is on),
@@ -383,87 +481,61 @@ class Nvml:
         lost too. Blocking: call it in a thread."""
         try:
             self.start()
-            count = self.count()
+            walked = self.walk(HOST_FIELDS)
         except NvmlError as e:
             return HostScan([], str(e))
-        gpus: list[HostGpu] = []
-        for i in range(count):
-            try:  # one lost GPU must not take the others out
-                records = self._host_gpu_records(i)
-            except NvmlError as e:
-                records = [_lost(gpu, str(e)) for gpu in self._last.get(i, [])] or [
-                    _lost(_blank(f"unknown:{i}", i), str(e))]
+        devices: list[NvmlDevice] = []
+        for i, records in enumerate(walked):
+            if records and not records[0].answered:  # the GPU failed: its one record
+                # named as at its last good read, if there was one
+                records = [_gone(d, records[0]) for d in self._last.get(i, [])] or records
             else:
                 self._last[i] = records
-            gpus.extend(records)
-        listed = {gpu["uuid"] for gpu in gpus}
+            devices.extend(records)
+        listed = {d.uuid for d in devices}
         for uuid in dict.fromkeys(expected):
             if uuid not in listed:
-                gpus.append(self._unlisted(uuid))
-        return HostScan(gpus)
+                devices.append(self._unlisted(uuid))
+        return HostScan([_host_gpu(d) for d in devices])
 
-    def _host_gpu_records(self, i: int) -> list[HostGpu]:
-        """GPU ``i`` (or its MIG instances); raises NvmlError when the GPU cannot be read."""
-        handle = self.call("nvmlDeviceGetHandleByIndex", i)
-        uuid = self.call("nvmlDeviceGetUUID", handle)  # a GPU off the bus fails here first
-        mode = self.query("nvmlDeviceGetMigMode", handle)  # NotSupported without MIG
-        if mode is None or mode[0] != self.constant("NVML_DEVICE_MIG_ENABLE", 1):
-            return [self._host_gpu(handle, uuid, i)]
-        records = []
-        for j in range(self.call("nvmlDeviceGetMaxMigDeviceCount", handle)):
-            mig = self.query("nvmlDeviceGetMigDeviceHandleByIndex", handle, j)
-            if mig is not None:  # None: NotFound, this slot holds no instance
-                mig_uuid = self.call("nvmlDeviceGetUUID", mig)
-                records.append(self._host_gpu(mig, mig_uuid, i, j, uuid))
-        return records
-
-    def _host_gpu(self, handle: Any, uuid: str, index: int, mig: int | None = None,
-                  parent: str | None = None) -> HostGpu:
-        gpu = _blank(uuid, index, mig, parent)
-        errors = gpu["errors"]
-
-        def get(field: str, function: str) -> Any:
-            try:
-                return self.call(function, handle)
-            except NvmlError as e:
-                errors[field] = str(e)
-                if self.is_error(e, "NVML_ERROR_GPU_IS_LOST", 15) and gpu["lost"] is None:
-                    gpu["lost"] = str(e)  # it fell off the bus between two calls
-                return None
-
-        gpu["name"] = get("name", "nvmlDeviceGetName")
-        if mig is not None:
-            gpu["gpu_instance"] = get("gpu_instance", "nvmlDeviceGetGpuInstanceId")
-        memory = get("memory", "nvmlDeviceGetMemoryInfo")
-        if memory is not None:
-            gpu["memory_used"], gpu["memory_total"] = int(memory.used), int(memory.total)
-        rates = get("utilization", "nvmlDeviceGetUtilizationRates")  # not for MIG instances
-        if rates is not None:
-            gpu["utilization"] = rates.gpu / 100
-        compute = get("processes", "nvmlDeviceGetComputeRunningProcesses")
-        if compute is not None:
-            # Graphics contexts are rare in notebooks but hold memory all the same;
-            # datacenter GPUs answer NotSupported. A PID in both lists counts once.
-            graphics = get("graphics_processes", "nvmlDeviceGetGraphicsRunningProcesses")
-            gpu["processes"] = _host_processes([*compute, *(graphics or [])])
-        return gpu
-
-    def _unlisted(self, uuid: str) -> HostGpu:
+    def _unlisted(self, uuid: str) -> NvmlDevice:
         """An expected device that the host's list lacks: lost, unless NVML finds it."""
-        try:
-            handle = self.call("nvmlDeviceGetHandleByUUID", uuid)
-        except NvmlError as e:
-            known = [g for gpus in self._last.values() for g in gpus if g["uuid"] == uuid]
-            return _lost(known[0] if known else _blank(uuid, -1), str(e))
-        index = self.query("nvmlDeviceGetIndex", handle)
-        return self._host_gpu(handle, uuid, index if isinstance(index, int) else -1)
+        device = self.find(uuid, HOST_FIELDS | {"index"})
+        if device.answered:
+            return device
+        known = [d for records in self._last.values() for d in records if d.uuid == uuid]
+        return _gone(known[0], device) if known else device
 
-def _processes(procs: list[Any]) -> ProcessSummary:
+
+def _process(p: Any) -> HostProcess:
+    used = getattr(p, "usedGpuMemory", None)  # pynvml: None when not available
+    return HostProcess(int(p.pid), used if isinstance(used, int) else None)
+
+
+def _reading(position: int, d: NvmlDevice) -> GpuReading | FailedGpu:
+    if not d.answered:
+        return FailedGpu(index=position, uuid=d.uuid, errors=d.errors, error=d.error or "")
+    return GpuReading(
+        index=position, uuid=d.uuid, errors=d.errors, name=d.name,
+        memory_used=d.memory_used, memory_total=d.memory_total, utilization=d.utilization,
+        temperature=d.temperature, power_draw=d.power_draw, power_limit=d.power_limit,
+        processes=_summary(d.processes) if d.processes is not None else None,
+    )
+
+
+def _summary(processes: list[HostProcess]) -> ProcessSummary:
     # NVML gives host PIDs, which mean nothing inside the container, and on a
     # shared GPU other users' processes: only how many and how much.
-    used = [getattr(p, "usedGpuMemory", None) for p in procs]
-    known = all(isinstance(u, int) for u in used)  # not known under MIG
+    used = [p.used_memory for p in processes]
+    known = all(u is not None for u in used)  # not known under MIG
     return ProcessSummary(count=len(used), used_memory=sum(used) if known else None)
+
+
+def _gone(last: NvmlDevice, failure: NvmlDevice) -> NvmlDevice:
+    """A device as it was last read, now failing: its names kept, its values unknown."""
+    return NvmlDevice(last.uuid, last.index, last.mig, last.parent, failure.state,
+                      failure.error, name=last.name, gpu_instance=last.gpu_instance,
+                      memory_total=last.memory_total)
 
 
 def _blank(uuid: str, index: int, mig: int | None = None, parent: str | None = None) -> HostGpu:
@@ -472,21 +544,17 @@ def _blank(uuid: str, index: int, mig: int | None = None, parent: str | None = N
                    errors={}, lost=None)
 
 
-def _lost(gpu: HostGpu, why: str) -> HostGpu:
-    """A device as it was last read, now lost: its names kept, its values unknown."""
-    lost = _blank(gpu["uuid"], gpu["index"], gpu["mig"], gpu["parent"])
-    lost.update(gpu_instance=gpu["gpu_instance"], name=gpu["name"],
-                memory_total=gpu["memory_total"], lost=why)
-    return lost
-
-
-def _host_processes(procs: list[Any]) -> list[HostProcess]:
-    seen: dict[int, HostProcess] = {}
-    for p in procs:
-        used = getattr(p, "usedGpuMemory", None)  # pynvml: None when not available
-        used = used if isinstance(used, int) else None
-        seen.setdefault(int(p.pid), HostProcess(int(p.pid), used))
-    return list(seen.values())
+def _host_gpu(d: NvmlDevice) -> HostGpu:
+    processes = None
+    if d.processes is not None:  # each PID once: it can hold compute and graphics contexts
+        seen: dict[int, HostProcess] = {}
+        for p in d.processes:
+            seen.setdefault(p.pid, p)
+        processes = list(seen.values())
+    return HostGpu(uuid=d.uuid, index=d.index, mig=d.mig, parent=d.parent,
+                   gpu_instance=d.gpu_instance, name=d.name, memory_used=d.memory_used,
+                   memory_total=d.memory_total, utilization=d.utilization, processes=processes,
+                   errors=d.errors, lost=d.error if d.state != OK else None)
 
 
 # --- XID errors, through NVML events ---------------------------------------------------

@@ -3,15 +3,20 @@ reasons, the retry delay, decoded text, lost GPUs, unsupported fields and MIG.""
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
+import spawner
 from fake_pynvml import (
     FakeGpu,
     FakeNvml,
+    NVMLError,
     NVMLError_DriverNotLoaded,
     NVMLError_GpuIsLost,
     NVMLError_LibraryNotFound,
@@ -19,9 +24,17 @@ from fake_pynvml import (
     NVMLError_NotSupported,
 )
 from spawner.gpu.nvml import (
+    HOST_FIELDS,
+    INVENTORY_FIELDS,
+    LOST,
+    MONITOR_FIELDS,
     NOT_INSTALLED,
+    OK,
+    UNREADABLE,
     Device,
+    HostProcess,
     Nvml,
+    NvmlDevice,
     NvmlError,
     NvmlNotInstalled,
     NvmlUnavailable,
@@ -208,6 +221,85 @@ def test_every_failure_of_a_call_is_an_nvml_error_with_a_reason():
 def test_reason_is_the_errors_text_or_its_type():
     assert reason(NVMLError_GpuIsLost()) == "GPU is lost"
     assert reason(RuntimeError()) == "RuntimeError"
+
+
+# --- the one reader: a record per device ---------------------------------------------
+
+
+def test_one_walk_gives_a_record_per_device_mig_included_lost_gpus_as_states():
+    gpus = [FakeGpu("GPU-a", memory=80 * G, used=30 * G, utilization=57,
+                    processes=[(4242, 20 * G)], graphics=[(4242, 20 * G), (4243, G)]),
+            FakeGpu("GPU-b", mig_mode=1, mig=[
+                FakeGpu("MIG-b0", memory=10 * G, used=G, processes=[(99, None)],
+                        fail={"nvmlDeviceGetUtilizationRates": NVMLError_NotSupported}),
+                None,
+                FakeGpu("MIG-b2", fail={"nvmlDeviceGetMemoryInfo": NVMLError_GpuIsLost})]),
+            FakeGpu("GPU-c", lost=True),  # off the bus: its lookup fails
+            FakeGpu("GPU-d", fail={"nvmlDeviceGetUUID": NVMLError})]  # Unknown Error
+    lib, nvml = started(*gpus)
+    a, b, c, d = lib.walk(HOST_FIELDS)
+    assert a == [NvmlDevice(
+        "GPU-a", 0, name="NVIDIA H100 80GB HBM3", memory_total=80 * G, memory_used=30 * G,
+        memory_free=50 * G, utilization=0.57,
+        processes=[HostProcess(4242, 20 * G), HostProcess(4242, 20 * G), HostProcess(4243, G)])]
+    b0, b2 = b
+    assert (b0.uuid, b0.index, b0.mig, b0.parent, b0.gpu_instance) == ("MIG-b0", 1, 0, "GPU-b", 0)
+    assert (b0.state, b0.error, b0.errors) == (OK, None, {"utilization": "Not Supported"})
+    assert b0.memory_total == 10 * G and b0.processes == [HostProcess(99, None)]
+    # lost between two reads: what was read up to then stays
+    assert (b2.uuid, b2.mig, b2.state, b2.error) == ("MIG-b2", 2, LOST, "GPU is lost")
+    assert b2.errors == {"memory": "GPU is lost"} and b2.name == "NVIDIA H100 80GB HBM3"
+    assert b2.answered
+    assert c == [NvmlDevice("unknown:2", 2, state=LOST, error="GPU is lost")]
+    assert d == [NvmlDevice("unknown:3", 3, state=UNREADABLE, error="Unknown Error")]
+    assert not c[0].answered and not d[0].answered
+    calls = Counter(nvml.calls)
+    assert calls["nvmlDeviceGetMigDeviceHandleByIndex"] == 7  # GPU-b's slots, each once
+    assert calls["nvmlDeviceGetName"] == 3  # GPU-a, MIG-b0 and MIG-b2, each once
+
+
+def test_a_record_holds_the_fields_asked_for_each_read_once():
+    lib, nvml = started(FakeGpu("GPU-a", used=G, temperature=61, power=123_456,
+                                processes=[(7, G)]))
+    [[device]] = lib.walk(INVENTORY_FIELDS)
+    assert (device.name, device.memory_total, device.memory_used) == (
+        "NVIDIA H100 80GB HBM3", 80 * G, G)
+    assert (device.utilization, device.temperature, device.processes) == (None, None, None)
+    nvml.calls.clear()
+    [[device]] = lib.walk(MONITOR_FIELDS)
+    assert (device.temperature, device.power_draw, device.power_limit) == (61, 123.456, 700.0)
+    assert device.processes == [HostProcess(7, G)]  # compute only: graphics not asked for
+    assert set(Counter(nvml.calls).values()) == {1}
+    assert "nvmlDeviceGetGraphicsRunningProcesses" not in nvml.calls
+
+
+def test_find_reads_one_device_by_uuid_or_number():
+    gpus = [FakeGpu("GPU-a"), FakeGpu("GPU-b", lost=True),
+            FakeGpu("GPU-c", mig_mode=1, mig=[FakeGpu("MIG-c0", memory=10 * G)])]
+    lib, _ = started(*gpus)
+    mig = lib.find("MIG-c0", {"memory", "index"})
+    assert (mig.uuid, mig.memory_total, mig.state) == ("MIG-c0", 10 * G, OK)
+    assert mig.index == -1  # a MIG instance has no index of its own
+    assert lib.find("GPU-a", {"index"}).index == 0 and lib.find(0, ()).uuid == "GPU-a"
+    assert lib.find("GPU-a", ()).index == -1  # not asked for
+    assert lib.find(1, ()) == NvmlDevice("1", 1, state=LOST, error="GPU is lost")
+    assert lib.find("GPU-b", ()) == NvmlDevice("GPU-b", -1, state=LOST, error="GPU is lost")
+    assert lib.find("GPU-gone", ()) == NvmlDevice("GPU-gone", -1, state=UNREADABLE,
+                                                  error="Not Found")
+    assert lib.find(7, ()).error == "Invalid Argument"
+
+
+def test_only_the_nvml_layer_calls_nvml_and_it_walks_and_reads_devices_once():
+    package = Path(spawner.__file__).parent
+    layer = package / "gpu" / "nvml.py"
+    nvml_names = re.compile(r"\bpynvml\b|\bnvml[A-Z]\w*")
+    others = [str(path.relative_to(package)) for path in sorted(package.rglob("*.py"))
+              if path != layer and nvml_names.search(path.read_text())]
+    assert others == []
+    source = layer.read_text()
+    assert source.count('"nvmlDeviceGetMigDeviceHandleByIndex"') == 1  # one MIG walk
+    assert source.count('"nvmlDeviceGetMemoryInfo"') == 1  # one device read
+    assert source.count('"nvmlDeviceGetComputeRunningProcesses"') == 1
 
 
 # --- the hub's reads ---------------------------------------------------------------------
