@@ -223,7 +223,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         choice = await self.resolve(self._choices)
         refusal = await self.budget_refusal_in(table, usage, choice.role)
         if refusal:
-            self.log.warning("Refused %s: %s", self._log_name, refusal)
+            self.log.warning("Refused %s: %s", self.log_name, refusal)
             raise web.HTTPError(403, refusal)
         self._apply_choice(choice)
         session = self._session = ServerSession(usage, self.hub_id, self.pod_name)
@@ -247,7 +247,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         self.user_options = {**(self.user_options or {}), "profile": choice.role.name,
                              "image": choice.image.key}
         self.log.info("Starting %s as role %s with image %s (%g CPUs, %d bytes memory, "
-                      "%d GPUs)", self._log_name, choice.role.name, choice.image.key,
+                      "%d GPUs)", self.log_name, choice.role.name, choice.image.key,
                       choice.role.cpus, choice.role.memory, choice.role.gpus)
 
     async def _start(self) -> Any:
@@ -357,7 +357,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         ``delete_pvc``."""
         if self.name:
             self.log.info("Not deleting the home claim %s with the named server %s: it is "
-                          "the user's", self.pvc_name, self._log_name)
+                          "the user's", self.pvc_name, self.log_name)
             return
         try:
             self.pvc_name = self.home_claim_name()
@@ -395,7 +395,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
                         else [f"the pod cannot be read: {type(e).__name__}: {e}"])
             self.log.error("Refused to create a pod for %s; each setting below is not "
                            "allowed (docs/kubernetes.md#security-context):\n  %s",
-                           self._log_name, "\n  ".join(problems))
+                           self.log_name, "\n  ".join(problems))
             raise web.HTTPError(500, refusals.SETTING_REFUSED) from None
         return body
 

@@ -147,6 +147,13 @@ class QuotaConfig(Configurable):
         """What starts the default hub id."""
         return "quota"
 
+    @property
+    def log_name(self: Any) -> str:
+        """The server as the hub's own log lines name it: ``user``, or ``user:server``
+        for a named server."""
+        user = self.user.name if self.user else "(no user)"
+        return f"{user}:{self.name}" if self.name else user
+
     @default("options_form")
     def _options_form_default(self) -> Any:
         return type(self).render_options_form
