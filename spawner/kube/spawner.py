@@ -46,6 +46,7 @@ pods, and a pod that does not fit waits Pending (docs/kubernetes.md).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any, ClassVar
 
 from kubernetes_asyncio.client.rest import ApiException
@@ -208,12 +209,13 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         """The user's home claim: the one KubeSpawner remembers from an earlier start
         (``remember_pvc_name``; kept when the user's name or the naming changed since,
         as KubeSpawner keeps it), else ``quota-home-<user>``."""
-        if self.remember_pvc_name and self._pvc_exists and self.pvc_name:
+        # KubeSpawner saves the claim's name in its state once it knows the claim exists
+        if self.remember_pvc_name and "pvc_name" in super().get_state() and self.pvc_name:
             return self.pvc_name
         return home_claim_name(self.user.name, self.options.home_claim_prefix)
 
     async def load_user_options(self) -> None:
-        """The first step of every start (KubeSpawner's ``_start``): the options checked
+        """The first step of every start (KubeSpawner's ``start``): the options checked
         against the user's roles and budgets; a 4xx with a plain sentence before anything
         is created. Then the start's session is opened in the usage ledger."""
         self._spec, self.choice, self._choices = None, None, None
@@ -250,10 +252,16 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
                       "%d GPUs)", self.log_name, choice.role.name, choice.image.key,
                       choice.role.cpus, choice.role.memory, choice.role.gpus)
 
-    async def _start(self) -> Any:
+    def start(self) -> asyncio.Future[Any]:
+        """KubeSpawner's start, with this start's session, and the options put back when
+        it is refused. KubeSpawner's own future is made at once (its progress events
+        follow it), then awaited by this one."""
         self._starting, self._session, self._disrupted = True, None, None
+        return asyncio.ensure_future(self._started(super().start()))
+
+    async def _started(self, starting: Awaitable[Any]) -> Any:
         try:
-            started = await super()._start()
+            started = await starting
         except BaseException as e:
             # as on Docker: a table that cannot be read leaves the saved options alone
             if self._choices is not None:

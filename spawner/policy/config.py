@@ -154,12 +154,13 @@ class QuotaConfig(Configurable):
         user = self.user.name if self.user else "(no user)"
         return f"{user}:{self.name}" if self.name else user
 
+    # named apart from KubeSpawner's methods for the same defaults, which they replace
     @default("options_form")
-    def _options_form_default(self) -> Any:
+    def _quota_options_form_default(self) -> Any:
         return type(self).render_options_form
 
     @default("options_from_form")
-    def _options_from_form_default(self) -> Any:
+    def _quota_options_from_form_default(self) -> Any:
         return options_from_form
 
     @default("quota_source")
