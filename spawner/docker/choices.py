@@ -40,7 +40,7 @@ class ChoicesMixin(RoleChoicesMixin):
     async def hub_runtime(self: Any) -> HubRuntime:
         """This hub's runtime (built at hub start, or now), in step with the running
         containers."""
-        return await HubRuntime.of(self).ready(self, f"for {self._log_name}")
+        return await HubRuntime.of(self).ready(self, f"for {self.log_name}")
 
     async def choices(self: Any, runtime: HubRuntime | None = None) -> list[Choice]:
         """What this user may start, from the table as it is now."""
@@ -85,7 +85,7 @@ class ChoicesMixin(RoleChoicesMixin):
         choices = await self.choices(runtime)
         try:
             choice = await self.resolve(choices, options)
-            GpuStart(runtime, self.user.name, self._log_name, self.log,
+            GpuStart(runtime, self.user.name, self.log_name, self.log,
                      lambda message, percent: None).refuse_never(choice.role, choices)
         except BaseException as e:
             shown(e)

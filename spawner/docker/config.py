@@ -10,6 +10,7 @@ again when the container is created (spawner/docker/container.py).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from traitlets import (
@@ -27,6 +28,23 @@ from traitlets import (
 from spawner.gpu.queue import BEST_EFFORT_FIFO, STRATEGIES
 from spawner.host.admission import CPU_RATIO, MEMORY_RATIO
 from spawner.policy.config import QuotaConfig
+
+
+def filled_templates(value: Any, namespace: Mapping[str, str]) -> Any:
+    """``value`` with every string in it (dict keys and values, list and tuple items)
+    formatted with ``namespace`` (``{username}``, ``{servername}``, ...), as DockerSpawner
+    fills its settings; a string that is no such template (``{`` in a path) stays as it is."""
+    if isinstance(value, str):
+        try:
+            return value.format(**namespace)
+        except (ValueError, KeyError):
+            return value
+    if isinstance(value, dict):
+        return {filled_templates(k, namespace): filled_templates(v, namespace)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)([filled_templates(item, namespace) for item in value])
+    return value
 
 
 class QuotaSpawnerConfig(QuotaConfig):
@@ -164,12 +182,13 @@ class QuotaSpawnerConfig(QuotaConfig):
         return self.prefix
 
     async def admin_value(self, value: Any) -> dict[str, Any]:
-        """An admin's dict setting as DockerSpawner reads it: called if callable,
-        awaited, with {username}-style templates filled in."""
-        value = self._eval_if_callable(value)
+        """An admin's dict setting as DockerSpawner reads it: called with the spawner if
+        callable, awaited, with {username}-style templates filled in."""
+        if callable(value):
+            value = value(self)
         if inspect.isawaitable(value):
             value = await value
-        return self._render_templates(dict(value or {}))
+        return filled_templates(dict(value or {}), self.template_namespace())
 
     def start_cpus(self, engine_cpus: float) -> float | None:
         """CPUs for the start boost; None when it is off. ``engine_cpus``: 0 if unknown."""

@@ -35,7 +35,6 @@ from typing import Any
 
 from docker.errors import DockerException
 from docker.utils import parse_bytes
-from dockerspawner.dockerspawner import _deep_merge
 
 from spawner.contract import LABEL_PREFIX, TORCH_ALLOC_CONF
 from spawner.docker.mounts import BindSource, bind_sources, socket_problems
@@ -296,16 +295,27 @@ def create_body(
 
     ``client`` is a docker-py APIClient; only its offline builders are used.
     """
-    kwargs = copy.deepcopy(dict(create))
-    _deep_merge(kwargs, copy.deepcopy(dict(admin_create)))
-    host_kwargs = copy.deepcopy(dict(host))
-    _deep_merge(host_kwargs, copy.deepcopy(dict(admin_host)))
+    kwargs = deep_merge(copy.deepcopy(dict(create)), copy.deepcopy(dict(admin_create)))
+    host_kwargs = deep_merge(copy.deepcopy(dict(host)), copy.deepcopy(dict(admin_host)))
     try:
         body = client.create_container_config(
             host_config=client.create_host_config(**host_kwargs), **kwargs)
     except (DockerException, TypeError, ValueError) as e:
         raise PolicyError([f"the container settings cannot be read: {e}"]) from None
     return apply_quota(dict(body), spec)
+
+
+def deep_merge(dest: dict[str, Any], src: Mapping[str, Any]) -> dict[str, Any]:
+    """``src`` merged into ``dest``, which is changed and returned: a dict in both is
+    merged key by key, anything else in ``src`` replaces what ``dest`` had. DockerSpawner
+    merges ``extra_create_kwargs`` and ``extra_host_config`` into its request so."""
+    for key, value in src.items():
+        mine = dest.get(key)
+        if isinstance(mine, dict) and isinstance(value, dict):
+            deep_merge(mine, value)
+        else:
+            dest[key] = value
+    return dest
 
 
 def _refuse_unknown(setting: str, key: str, safe: frozenset[str]) -> str:

@@ -121,7 +121,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             refuse_any(problems)
         except ContainerPolicyError as e:
             self.log.error("Refused to create a container for %s; each setting below is not "
-                           "allowed (docs/security.md):\n  %s", self._log_name,
+                           "allowed (docs/security.md):\n  %s", self.log_name,
                            "\n  ".join(e.problems))
             raise web.HTTPError(500, refusals.SETTING_REFUSED) from None
         return created
@@ -180,7 +180,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             self._apply_choice(choice)
             refusal = await self.budget_refusal(runtime, choice.role)
             if refusal:
-                self.log.warning("Refused %s: %s", self._log_name, refusal)
+                self.log.warning("Refused %s: %s", self.log_name, refusal)
                 raise web.HTTPError(403, refusal)
             await self._our_container()
             ip, port = await self._start_choice(runtime, choice, choices)
@@ -201,14 +201,14 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                              "profile": role.name, "image": choice.image.key}
         owner = self.object_name
         self.log.info("Starting %s as role %s with image %s (%g CPUs, %d bytes memory, %d GPUs)",
-                      self._log_name, role.name, choice.image.key, role.cpus, role.memory,
+                      self.log_name, role.name, choice.image.key, role.cpus, role.memory,
                       role.gpus)
         self._progress(f"Role {role.name} with {choice.image.display_name}", 10)
         runtime.pool.starting.add(owner)
         session = ServerSession(runtime.usage, self.hub_id, owner)
         await session.open(choice, self.user.name, self.name,
                            [g.name for g in self.user.groups], requested=requested)
-        gpus = GpuStart(runtime, self.user.name, self._log_name, self.log, self._progress)
+        gpus = GpuStart(runtime, self.user.name, self.log_name, self.log, self._progress)
         self.gpu_uuids, self._gpu_memory = (), None
         try:
             # at once, after a wait in the queue or a preemption; else refused (gpus.py)
@@ -243,14 +243,14 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             await set_cpu_quota(self.docker, self.container_id, spec.cpu_quota, CPU_PERIOD)
         except Exception as e:
             self.log.error("Could not set %s to its role's %g CPUs after the start boost (%s); "
-                           "stopping it", self._log_name, cpus, e)
+                           "stopping it", self.log_name, cpus, e)
             try:
                 await self.docker("remove_container", self.container_id, force=True)
             except Exception as remove_error:
                 self.log.error("Could not remove %s: %s", self.object_name, remove_error)
             raise web.HTTPError(500, refusals.CPU_LIMIT_FAILED) from None
         self.log.info("%s answered; CPU quota set from the start boost (%g CPUs) to the "
-                      "role's %g", self._log_name, spec.start_cpu_quota / CPU_PERIOD, cpus)
+                      "role's %g", self.log_name, spec.start_cpu_quota / CPU_PERIOD, cpus)
         self._progress(f"CPU limit set to the role's {cpus:g} CPUs", 80)
 
     def get_state(self) -> dict[str, Any]:

@@ -46,6 +46,7 @@ pods, and a pod that does not fit waits Pending (docs/kubernetes.md).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any, ClassVar
 
 from kubernetes_asyncio.client.rest import ApiException
@@ -208,12 +209,13 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         """The user's home claim: the one KubeSpawner remembers from an earlier start
         (``remember_pvc_name``; kept when the user's name or the naming changed since,
         as KubeSpawner keeps it), else ``quota-home-<user>``."""
-        if self.remember_pvc_name and self._pvc_exists and self.pvc_name:
+        # KubeSpawner saves the claim's name in its state once it knows the claim exists
+        if self.remember_pvc_name and "pvc_name" in super().get_state() and self.pvc_name:
             return self.pvc_name
         return home_claim_name(self.user.name, self.options.home_claim_prefix)
 
     async def load_user_options(self) -> None:
-        """The first step of every start (KubeSpawner's ``_start``): the options checked
+        """The first step of every start (KubeSpawner's ``start``): the options checked
         against the user's roles and budgets; a 4xx with a plain sentence before anything
         is created. Then the start's session is opened in the usage ledger."""
         self._spec, self.choice, self._choices = None, None, None
@@ -223,7 +225,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         choice = await self.resolve(self._choices)
         refusal = await self.budget_refusal_in(table, usage, choice.role)
         if refusal:
-            self.log.warning("Refused %s: %s", self._log_name, refusal)
+            self.log.warning("Refused %s: %s", self.log_name, refusal)
             raise web.HTTPError(403, refusal)
         self._apply_choice(choice)
         session = self._session = ServerSession(usage, self.hub_id, self.pod_name)
@@ -247,13 +249,19 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         self.user_options = {**(self.user_options or {}), "profile": choice.role.name,
                              "image": choice.image.key}
         self.log.info("Starting %s as role %s with image %s (%g CPUs, %d bytes memory, "
-                      "%d GPUs)", self._log_name, choice.role.name, choice.image.key,
+                      "%d GPUs)", self.log_name, choice.role.name, choice.image.key,
                       choice.role.cpus, choice.role.memory, choice.role.gpus)
 
-    async def _start(self) -> Any:
+    def start(self) -> asyncio.Future[Any]:
+        """KubeSpawner's start, with this start's session, and the options put back when
+        it is refused. KubeSpawner's own future is made at once (its progress events
+        follow it), then awaited by this one."""
         self._starting, self._session, self._disrupted = True, None, None
+        return asyncio.ensure_future(self._started(super().start()))
+
+    async def _started(self, starting: Awaitable[Any]) -> Any:
         try:
-            started = await super()._start()
+            started = await starting
         except BaseException as e:
             # as on Docker: a table that cannot be read leaves the saved options alone
             if self._choices is not None:
@@ -357,7 +365,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         ``delete_pvc``."""
         if self.name:
             self.log.info("Not deleting the home claim %s with the named server %s: it is "
-                          "the user's", self.pvc_name, self._log_name)
+                          "the user's", self.pvc_name, self.log_name)
             return
         try:
             self.pvc_name = self.home_claim_name()
@@ -395,7 +403,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
                         else [f"the pod cannot be read: {type(e).__name__}: {e}"])
             self.log.error("Refused to create a pod for %s; each setting below is not "
                            "allowed (docs/kubernetes.md#security-context):\n  %s",
-                           self._log_name, "\n  ".join(problems))
+                           self.log_name, "\n  ".join(problems))
             raise web.HTTPError(500, refusals.SETTING_REFUSED) from None
         return body
 

@@ -147,12 +147,20 @@ class QuotaConfig(Configurable):
         """What starts the default hub id."""
         return "quota"
 
+    @property
+    def log_name(self: Any) -> str:
+        """The server as the hub's own log lines name it: ``user``, or ``user:server``
+        for a named server."""
+        user = self.user.name if self.user else "(no user)"
+        return f"{user}:{self.name}" if self.name else user
+
+    # named apart from KubeSpawner's methods for the same defaults, which they replace
     @default("options_form")
-    def _options_form_default(self) -> Any:
+    def _quota_options_form_default(self) -> Any:
         return type(self).render_options_form
 
     @default("options_from_form")
-    def _options_from_form_default(self) -> Any:
+    def _quota_options_from_form_default(self) -> Any:
         return options_from_form
 
     @default("quota_source")

@@ -127,6 +127,8 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
     missing = "There is no such endpoint here."
     unreadable = "The request could not be read."
     failed = "The request failed because of an error; the service's log has the details."
+    # the visitor as get_current_user found them (None: not yet, or nobody)
+    known_user: dict[str, Any] | None = None
 
     @property
     def setup(self) -> Setup:
@@ -153,6 +155,11 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         inputs.check_body_size(len(self.request.body or b""))
         # fetch the user model without blocking the loop; current_user then reads the cache
         await self.hub_auth.get_user(self, sync=False)
+
+    def get_current_user(self) -> dict[str, Any] | None:
+        # HubOAuthenticated's, kept for the error page, which must not ask the hub again
+        self.known_user = super().get_current_user()
+        return self.known_user
 
     def policy(self) -> str:
         """The Content-Security-Policy: nothing from elsewhere, no script."""
@@ -208,8 +215,7 @@ class PageHandler(BaseHandler):
         return token.decode() if isinstance(token, bytes) else str(token)
 
     def render_page(self, template: str, status: int = 200, **values: Any) -> None:
-        # the cache: an error page must not ask the hub again
-        model = getattr(self, "_hub_auth_user_cache", None) or {}
+        model = self.known_user or {}  # an error page must not ask the hub again
         values.setdefault("scripts", [static_url(self.prefix, name) for name in self.scripts])
         self.set_status(status)
         self.set_header("Content-Type", "text/html; charset=utf-8")

@@ -141,7 +141,7 @@ async def test_a_hub_without_nvml_refuses_in_plain_words_and_logs_the_reason(tmp
         usage=Mock(return_value=Usage(0, 0, 0, 0)), available=Mock(return_value=0)))
     spawner.choice = Choice(GPU_ROLE, IMAGE)
     gpus = GpuStart(SimpleNamespace(pool=pool, nvidia=None), spawner.user.name,  # type: ignore[arg-type]
-                    spawner._log_name, spawner.log, spawner._progress)
+                    spawner.log_name, spawner.log, spawner._progress)
     with caplog.at_level(logging.WARNING, logger=log.name), \
             pytest.raises(web.HTTPError) as refused:
         await gpus.assign("quota-alice", spawner.choice.role, [Choice(GPU_ROLE, IMAGE),

@@ -128,7 +128,7 @@ class HubUser:
 async def hub_start(spawner: Any, fail: BaseException | None = None) -> HubUser:
     """Start the spawner's server as the hub does (its ``_start``, then the server it
     answers at); the hub's stop of it is the returned HubUser's."""
-    url = await spawner._start()
+    url = await spawner.start()
     spawner.server = Server.from_url(url)
     hub = HubUser(spawner, fail)
     spawner.user.stop = hub.stop

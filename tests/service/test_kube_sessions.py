@@ -140,7 +140,7 @@ async def test_a_start_is_a_session_with_the_role_and_its_gpus(monkeypatch, url,
     spawner, cluster = spawner_on(monkeypatch, url)
     spawner.user_options = {"profile": "gpu-training", "image": "paddle"}
     before = time.time()
-    host, port = (await spawner._start()).split("//")[1].split(":")
+    host, port = (await spawner.start()).split("//")[1].split(":")
     assert host == "10.0.0.7"
     (row,) = sessions(ledger)
     assert row["hub"] == HUB and row["user_name"] == "cy"
@@ -163,7 +163,7 @@ async def test_a_start_is_a_session_with_the_role_and_its_gpus(monkeypatch, url,
 async def test_a_shared_role_reserves_its_share(monkeypatch, url, ledger):
     spawner, _ = spawner_on(monkeypatch, url, user="bo", groups=("cs101",))
     spawner.user_options = {"profile": "gpu-lab"}
-    await spawner._start()
+    await spawner.start()
     (row,) = sessions(ledger)
     assert (row["gpu_count"], row["gpu_mode"], row["gpu_reserved"]) == (1, "shared:4", 0.25)
     assert row["gpu_mem_limit"] == load_quota_table(str(SHIPPED)).roles["gpu-lab"].gpu_memory
@@ -172,7 +172,7 @@ async def test_a_shared_role_reserves_its_share(monkeypatch, url, ledger):
 async def test_the_culler_s_reason_is_kept(monkeypatch, url, ledger):
     spawner, _ = spawner_on(monkeypatch, url)
     spawner.user_options = {"profile": "senior-engineer"}
-    await spawner._start()
+    await spawner.start()
     assert ledger.hint_server("cy", "", CULLED)  # what the culler's arbiter tells first
     await spawner.stop()
     (row,) = sessions(ledger)
@@ -188,7 +188,7 @@ async def test_an_ended_notebook_closes_its_session_with_how(monkeypatch, url, l
                                                               why, reason, words):
     spawner, cluster = spawner_on(monkeypatch, url)
     spawner.user_options = {"profile": "senior-engineer"}
-    await spawner._start()
+    await spawner.start()
     assert await spawner.poll() is None  # running: nothing recorded
     assert sessions(ledger)[0]["stopped"] is None
     terminated(the_pod(spawner, cluster), code, why)
@@ -202,7 +202,7 @@ async def test_an_ended_notebook_closes_its_session_with_how(monkeypatch, url, l
 async def test_a_pod_the_scheduler_preempted_is_preempted(monkeypatch, url, ledger):
     spawner, cluster = spawner_on(monkeypatch, url, user="research-lead", groups=())
     spawner.user_options = {"profile": "gpu-training"}
-    await spawner._start()
+    await spawner.start()
     preempting(the_pod(spawner, cluster))
     assert await spawner.poll() is None  # still terminating: its grace period
     cluster.pods.clear()  # gone by the next poll
@@ -215,7 +215,7 @@ async def test_a_pod_the_scheduler_preempted_is_preempted(monkeypatch, url, ledg
 async def test_a_pod_gone_without_a_trace_is_lost(monkeypatch, url, ledger):
     spawner, cluster = spawner_on(monkeypatch, url)
     spawner.user_options = {"profile": "senior-engineer"}
-    await spawner._start()
+    await spawner.start()
     cluster.pods.clear()
     assert await spawner.poll() == 1
     (row,) = sessions(ledger)
@@ -225,7 +225,7 @@ async def test_a_pod_gone_without_a_trace_is_lost(monkeypatch, url, ledger):
 async def test_a_restarted_hub_closes_the_session_it_did_not_open(monkeypatch, url, ledger):
     spawner, cluster = spawner_on(monkeypatch, url)
     spawner.user_options = {"profile": "senior-engineer"}
-    await spawner._start()
+    await spawner.start()
     state = spawner.get_state()
     restarted, _ = spawner_on(monkeypatch, url)
     restarted.api = cluster
@@ -245,7 +245,7 @@ async def test_a_refused_option_opens_no_session_and_leaves_an_old_one(monkeypat
                 cpu_limit=1, mem_limit=G)
     spawner.user_options = {"profile": "admin"}
     with pytest.raises(web.HTTPError) as info:
-        await spawner._start()
+        await spawner.start()
     assert info.value.status_code == 400
     (row,) = sessions(ledger)
     assert row["role"] == "x" and row["stopped"] is None  # not this start's to close
@@ -257,7 +257,7 @@ async def test_a_start_refused_at_the_last_step_is_a_failed_session(monkeypatch,
         monkeypatch, url, extra_container_config={"securityContext": {"privileged": True}})
     spawner.user_options = {"profile": "senior-engineer"}
     with pytest.raises(web.HTTPError) as info:
-        await spawner._start()
+        await spawner.start()
     assert info.value.status_code == 500
     (row,) = sessions(ledger)
     assert row["reason"] == FAILED and row["detail"] == SETTING_REFUSED
@@ -291,7 +291,7 @@ async def test_a_spent_budget_refuses_a_gpu_start_as_on_docker(monkeypatch, url,
     spawner, cluster = spawner_on(monkeypatch, url, quota, user="alice", groups=())
     spawner.user_options = {"profile": "gpu"}
     with pytest.raises(web.HTTPError) as info:
-        await spawner._start()
+        await spawner.start()
     table = await spawner.quota_table()
     expected = check_start(ledger.engine, table, "alice", [], table.roles["gpu"], time.time())
     assert info.value.status_code == 403 and info.value.log_message == expected
@@ -299,14 +299,14 @@ async def test_a_spent_budget_refuses_a_gpu_start_as_on_docker(monkeypatch, url,
     assert cluster.created == [] and len(sessions(ledger)) == 1  # only the old one
 
     spawner.user_options = {"profile": "cpu"}  # a CPU role is never refused
-    await spawner._start()
+    await spawner.start()
     assert sessions(ledger)[-1]["role"] == "cpu"
 
 
 async def test_the_report_counts_kubernetes_sessions(monkeypatch, url, ledger):
     spawner, _ = spawner_on(monkeypatch, url, user="bo", groups=("cs101",))
     spawner.user_options = {"profile": "gpu-lab"}
-    await spawner._start()
+    await spawner.start()
     await spawner.stop()
     end = time.time() + 1
     report = build_report(ledger.engine, since=end - 3600, until=end, by="role")

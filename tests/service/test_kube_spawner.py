@@ -217,18 +217,18 @@ def offline(spawner: Any, api: type = FakeApi) -> Any:
 
 
 async def start(spawner: Any) -> FakeApi:
-    """KubeSpawner's own _start, up to the pod's creation; no reflector is started."""
+    """The spawner's start, up to the pod's creation; no reflector is started."""
     offline(spawner)
     with pytest.raises(Created):
-        await spawner._start()
+        await spawner.start()
     return spawner.api
 
 
 async def refused_start(spawner: Any, api: type = FakeApi) -> web.HTTPError:
-    """KubeSpawner's own _start against ``api``, refused: the error the user gets."""
+    """The spawner's start against ``api``, refused: the error the user gets."""
     offline(spawner, api)
     with pytest.raises(web.HTTPError) as info:
-        await spawner._start()
+        await spawner.start()
     return info.value
 
 
@@ -556,7 +556,7 @@ async def test_a_refused_start_forgets_options_the_user_no_longer_holds(tmp_path
     spawner = make(QuotaKubeSpawner, quota, user="anyone", events_enabled=False)
     with_saved_options(spawner, {"profile": "big"}, {"profile": "big", "image": "pytorch"})
     with pytest.raises(web.HTTPError):
-        await spawner._start()
+        await spawner.start()
     assert spawner.orm_spawner.user_options == {}  # the first choice, next time
 
 
@@ -566,7 +566,7 @@ async def test_a_broken_table_leaves_the_saved_options_alone(tmp_path):
     spawner = make(QuotaKubeSpawner, quota, events_enabled=False)
     with_saved_options(spawner, {"profile": "big"}, {"profile": "small", "image": "pytorch"})
     with pytest.raises(web.HTTPError) as info:
-        await spawner._start()
+        await spawner.start()
     assert info.value.status_code == 500
     assert spawner.orm_spawner.user_options == {"profile": "big"}  # as on Docker
 

@@ -48,7 +48,7 @@ async def start_senior(monkeypatch: pytest.MonkeyPatch, url: str, quota: Any,
     spawner, _ = spawner_on(monkeypatch, url, quota, quota_source="database")
     spawner.log = LOG
     spawner.user_options = {"profile": "senior-engineer"}
-    await spawner._start()
+    await spawner.start()
     await spawner.stop()
     return sessions(ledger)[-1]
 

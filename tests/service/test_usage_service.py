@@ -368,6 +368,18 @@ async def test_an_address_argument_that_is_not_text_is_a_sentence(site, caplog, 
     assert [x.getMessage() for x in caplog.records if x.exc_info] == []
 
 
+async def test_a_refusal_names_the_visitor_the_login_found(site):
+    """An error page's frame (who is signed in, their pages) is the user model the
+    request's login already found; a visitor the hub refuses is named nowhere."""
+    r = await site.get("user?name=bob&period=30d", "prof-ada")
+    page = r.body.decode()
+    assert r.code == 403 and "You can see the usage of" in page
+    assert 'Signed in as <strong class="me" dir="auto">prof-ada</strong>' in page
+    assert 'aria-label="Pages of this service"' in page
+    r = await site.get("user?name=alice", "nobody")
+    assert r.code == 403 and "Signed in as" not in r.body.decode()
+
+
 async def test_anyone_else_is_refused_with_a_sentence(site):
     # the front door sends a user to what they may do here: ask for a bigger role
     r = await site.get("", "carol")

@@ -22,6 +22,7 @@ from spawner.docker.container import (
     check_admin_host_config,
     check_admin_labels,
     create_body,
+    deep_merge,
     device_requests,
     environment,
     labels,
@@ -541,6 +542,23 @@ def test_hostile_admin_settings_are_refused_by_name(kwargs, words):
 def test_settings_docker_py_cannot_read_are_refused():
     with pytest.raises(ContainerPolicyError, match="cannot be read"):
         decide(admin_host={"ulimits": "not a list"})
+
+
+def test_deep_merge_merges_dicts_key_by_key_and_replaces_the_rest():
+    """As DockerSpawner merges extra_create_kwargs and extra_host_config into its request."""
+    request = {"labels": {"a": "1", "b": "2"}, "ports": {"8888/tcp": None},
+               "command": ["jupyterhub-singleuser"], "log_config": {"type": "json-file"},
+               "deep": {"one": {"two": 2, "keep": True}}}
+    merged = deep_merge(request, {
+        "labels": {"b": "3", "c": "4"}, "command": ["start.sh"], "log_config": None,
+        "deep": {"one": {"two": {"three": 3}}}, "dns": ["10.0.0.2"]})
+    assert merged is request
+    assert request == {
+        "labels": {"a": "1", "b": "3", "c": "4"}, "ports": {"8888/tcp": None},
+        "command": ["start.sh"], "log_config": None,
+        "deep": {"one": {"two": {"three": 3}, "keep": True}}, "dns": ["10.0.0.2"]}
+    assert deep_merge({"x": 1}, {"x": {"y": 2}}) == {"x": {"y": 2}}
+    assert deep_merge({"x": {"y": 2}}, {}) == {"x": {"y": 2}}
 
 
 def test_create_body_never_changes_its_inputs():
