@@ -33,7 +33,6 @@ REMOVED_IN = "0.3.0"
 # old module -> the module it is now (the docs named these in hub configs and images)
 MODULES = {
     "spawner.culling": "spawner.hubconfig.culling",
-    "spawner.culler_config": "spawner.hubconfig.culler_config",
     "spawner.rbac": "spawner.hubconfig.rbac",
     "spawner.passwords": "spawner.hubconfig.passwords",
     "spawner.engine": "spawner.docker.engine",
