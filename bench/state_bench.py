@@ -76,16 +76,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sqlalchemy import create_engine, func, select, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from spawner.events import EVENTS_FILE, EventLog  # noqa: E402
 from spawner.gpu.inventory import declared_inventory  # noqa: E402
 from spawner.gpu.pool import GpuPool, Server  # noqa: E402
 from spawner.host.admission import HostBook, HostCapacity  # noqa: E402
 from spawner.quota.model import Role  # noqa: E402
-from spawner.state import GPU_USAGE, GPUS, Document, Documents, FolderDocuments, Kind  # noqa: E402
 from spawner.usage import event_store  # noqa: E402
+from spawner.usage.documents import (  # noqa: E402
+    GPU_USAGE,
+    GPUS,
+    DatabaseDocuments,  # noqa: E402
+    Document,
+    Documents,
+    FolderDocuments,
+    Kind,
+)
+from spawner.usage.event_log import EVENTS_FILE, EventLog  # noqa: E402
 from spawner.usage.ledger import Ledger  # noqa: E402
 from spawner.usage.schema import event_claims, events  # noqa: E402
-from spawner.usage.state_docs import DatabaseDocuments  # noqa: E402
 from spawner.watchdog.hub_events import read_new, read_new_rows  # noqa: E402
 from spawner.webapp.gpus import read_map  # noqa: E402
 
@@ -346,7 +353,7 @@ def run_watchdog(node: int, url: str, folder: str, args: argparse.Namespace,
 # --- the usage service and the client --------------------------------------------------
 
 
-def run_usage_service(url: str, folder: str, args: argparse.Namespace, ready: Any,
+def run_webapp(url: str, folder: str, args: argparse.Namespace, ready: Any,
                       results: Any, stop: Any) -> None:
     folder_docs = FolderDocuments(folder)
     documents: Documents = folder_docs
@@ -466,7 +473,7 @@ def run_backend(backend: str, url: str, args: argparse.Namespace) -> dict[str, A
         ((_, port),) = wait_for(ready, processes, 1)
         for node in range(args.watchdogs):
             start(run_watchdog, node, url, folder, args, ready, results, stop)
-        start(run_usage_service, url, folder, args, ready, results, stop)
+        start(run_webapp, url, folder, args, ready, results, stop)
         start(run_client, port, args, ready, results, stop)
         wait_for(ready, processes, args.watchdogs + 2)
         time.sleep(args.warmup)

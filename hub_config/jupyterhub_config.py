@@ -27,7 +27,7 @@ from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_duration
 from spawner.usage.ledger import Ledger, default_url
 from spawner.watchdog.service import watchdog_service
-from spawner.webapp.app import CUSTOM_SCOPES, DEFAULT_URL, external_service, usage_service
+from spawner.webapp.app import CUSTOM_SCOPES, DEFAULT_URL, external_service, webapp_service
 from spawner.webapp.requests import USER_SCOPES
 
 c = get_config()  # noqa: F821 (provided by JupyterHub)
@@ -195,7 +195,7 @@ c.JupyterHub.custom_scopes = {
     **(c.JupyterHub.custom_scopes if "custom_scopes" in c.JupyterHub else {}), **CUSTOM_SCOPES}
 USAGE_URL = env("USAGE_URL", DEFAULT_URL)
 if USAGE_URL != "0" and USAGE_DB != "none":
-    usage, usage_role, usage_own_role = usage_service(
+    usage, usage_role, usage_own_role = webapp_service(
         c.JupyterHub.bind_url, USAGE_DB, c.QuotaSpawner.quota_file, url=USAGE_URL,
         state_dir=str(STATE), secret_file=c.JupyterHub.cookie_secret_file,
         prefix=c.QuotaSpawner.prefix if "prefix" in c.QuotaSpawner else "quota",

@@ -8,6 +8,7 @@ import math
 import sys
 from typing import Any
 
+from spawner import __version__
 from spawner.host.admission import CPU_RATIO, MEMORY_RATIO, HostCapacity
 from spawner.host.fit import describe_fit, never_fit
 from spawner.quota.form import describe_limits
@@ -373,6 +374,7 @@ def class_prefix_argument(text: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="quota-spawner", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     validate = sub.add_parser("validate", help="check quota tables; print FILE:LINE: problems")
     validate.add_argument("files", nargs="+", metavar="FILE")

@@ -75,10 +75,10 @@ def usage_config(port: int, classes: dict[str, list[str]] | None = None) -> str:
 import jupyterhub
 from spawner.hubconfig.rbac import CLASS_OAUTH_SCOPES, class_service_scopes, instructor_roles
 from spawner.webapp.requests import USER_SCOPES
-from spawner.webapp.app import CUSTOM_SCOPES, usage_service
+from spawner.webapp.app import CUSTOM_SCOPES, webapp_service
 CLASSES = {classes!r}
 c.JupyterHub.custom_scopes = CUSTOM_SCOPES
-usage, usage_role, usage_own_role = usage_service(
+usage, usage_role, usage_own_role = webapp_service(
     c.JupyterHub.bind_url, c.QuotaSpawner.usage_db, c.QuotaSpawner.quota_file,
     url="http://127.0.0.1:{port}", state_dir=c.QuotaSpawner.state_dir,
     secret_file=c.JupyterHub.cookie_secret_file, prefix=c.DockerSpawner.prefix,

@@ -188,7 +188,7 @@ def pytest_make_parametrize_id(config, val, argname):
 
 
 def pytest_sessionfinish(session):
-    """Remove the empty parent cgroups the test hubs' fences left (docker/fence.py): a hub
+    """Remove the empty parent cgroups the test hubs' fences left (docker/parent_cgroup.py): a hub
     keeps its own, since its servers may outlive it, but a test hub never comes back.
     Only on the controller, once every worker is done, and only the test hubs' (their
     prefixes start with "qs"; the demo hub's is "quota"); a cgroup still in use is kept."""

@@ -25,8 +25,8 @@ import requests
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import make_url
 
-from spawner.events import EVENTS_FILE, read_events
 from spawner.usage import event_store
+from spawner.usage.event_log import EVENTS_FILE, read_events
 from spawner.usage.ledger import LEDGER_FILE
 from spawner.usage.schema import events as events_table
 

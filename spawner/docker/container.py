@@ -92,7 +92,7 @@ class ContainerSpec:
     start_cpus: float | None = None
     # The image's torch reads per_process_memory_fraction (from its label).
     torch_reads_fraction: bool = False
-    # The notebooks' parent cgroup (docker/fence.py); "" where the hub could not set it up.
+    # The notebooks' parent cgroup (docker/parent_cgroup.py); "" where the hub could not set it up.
     cgroup_parent: str = ""
 
     def __post_init__(self) -> None:
@@ -180,7 +180,7 @@ def apply_quota(body: dict[str, Any], spec: ContainerSpec) -> dict[str, Any]:
         host.pop("ShmSize", None)  # Docker's default
     for name in _CLEARED_HOST_FIELDS:
         host.pop(name, None)
-    host.pop("CgroupParent", None)  # the engine's default parent, unless the fence's
+    host.pop("CgroupParent", None)  # the engine's default parent, unless the parent cgroup
     if spec.cgroup_parent:
         host["CgroupParent"] = spec.cgroup_parent
     security = [o for o in host.get("SecurityOpt") or [] if not NO_NEW_PRIVILEGES.match(o)]

@@ -17,7 +17,7 @@ calls in threads, and is the only one that does:
    the notice is removed and the server keeps running.
 
 The preemptions in their grace are kept in the hub's ``PREEMPTIONS`` document
-(spawner/state.py: the ledger's database, or a file in the state folder of a hub
+(spawner/usage/documents.py: the ledger's database, or a file in the state folder of a hub
 without a ledger), so a hub restart (which ends the waiting start they
 were for) calls them off instead of leaving a notice that nothing will carry
 out. The start that waits for a preemption (spawner/docker/gpus.py) only reads
@@ -39,10 +39,10 @@ from spawner.contract import PREEMPT_DIR, PREEMPT_NOTICE, PREEMPT_PIDS_DIR
 from spawner.gpu.pool import GpuPool
 from spawner.gpu.queue import Ticket
 from spawner.host.admission import Reservation
+from spawner.policy.stopping import stop_through_hub
 from spawner.quota.model import DEFAULT_GRACE_PERIOD, Role
 from spawner.quota.units import format_human, human_duration
-from spawner.state import PREEMPTIONS, Documents
-from spawner.stopping import stop_the_hubs_way
+from spawner.usage.documents import PREEMPTIONS, Documents
 from spawner.usage.ledger import PREEMPTED, LedgerWriter
 
 # How long a stop may take before the server is taken down by removing its container.
@@ -157,7 +157,7 @@ class Evictor:
         spawner = self.spawners.get(name)
         if spawner is not None and not spawner.pending and spawner.server is not None:
             try:
-                await asyncio.wait_for(stop_the_hubs_way(spawner), STOP_TIMEOUT)
+                await asyncio.wait_for(stop_through_hub(spawner), STOP_TIMEOUT)
                 return True
             except Exception as e:
                 self.log.error("Could not stop %s (%s) through the hub (%s); removing its "

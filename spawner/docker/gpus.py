@@ -5,7 +5,7 @@
 pool's queue (gpu/queue.py), and while the start waits it tells the progress
 page where it stands and whom or what it waits for; a preemption planned for it
 is carried out by the evictor (docker/evictor.py), which this only reads. It
-refuses, with a 503 and one plain sentence (refusals.py), a role the hub could
+refuses, with a 503 and one plain sentence (policy/refusals.py), a role the hub could
 never serve (more GPUs than it has, more than the host's share), an engine
 without the NVIDIA runtime, and a wait past the role's ``queue_timeout``
 (docs/preemption.md#the-wait-queue, docs/deployment.md#host-capacity).
@@ -21,7 +21,6 @@ from typing import Any, NoReturn, TypeVar
 from docker.errors import APIError, NotFound
 from tornado import web
 
-from spawner import refusals
 from spawner.docker.engine import no_nvidia_runtime
 from spawner.docker.evictor import preemption_time
 from spawner.docker.runtime import HubRuntime, Log
@@ -29,6 +28,7 @@ from spawner.gpu.allocator import GpuRequest, NoGpuFree
 from spawner.gpu.pool import GpuPool, Server, mode_label, request_for
 from spawner.gpu.queue import ORDER, Ticket
 from spawner.host.fit import never_fits
+from spawner.policy import refusals
 from spawner.quota.model import Choice, Role
 from spawner.quota.units import human_duration
 

@@ -16,7 +16,7 @@ built once, in this order:
 4. the event log (the ledger's ``events`` table; a file without a ledger, or when
    ``events_file`` names one), the GPU pool
    (allocation and the wait queue), the host's capacity (admission), the
-   notebooks' parent cgroup, in a thread (docker/fence.py; the log says whether
+   notebooks' parent cgroup, in a thread (docker/parent_cgroup.py; the log says whether
    it is in effect), and the ledger's writer;
 5. the reconciler (the pool in step with the containers' labels, zombies) and
    the evictor (preemptions, and stopping a server the hub's way), which first
@@ -44,23 +44,22 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
+from spawner.common.registry import Registry
 from spawner.docker.engine import FrameworkLabels, NvidiaRuntime, check_engine_info
 from spawner.docker.evictor import Evictor
-from spawner.docker.fence import Fence, FenceError, is_local, set_up
+from spawner.docker.parent_cgroup import ParentCgroup, ParentCgroupError, is_local, set_up
 from spawner.docker.reconcile import Claims, Reconciler
-from spawner.events import EventLog, events_path
 from spawner.gpu.inventory import Inventory
 from spawner.gpu.pool import GpuPool, hub_inventory
 from spawner.host.admission import HostBook, HostCapacity
 from spawner.quota.model import GpuCapacity, QuotaTable, QuotaTableError
 from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_size
-from spawner.registry import Registry
-from spawner.state import GPUS, Documents, FolderDocuments
 from spawner.usage import event_store
+from spawner.usage.documents import GPUS, DatabaseDocuments, Documents, FolderDocuments
 from spawner.usage.duties import UsageDuties
+from spawner.usage.event_log import EventLog, events_path
 from spawner.usage.ledger import Ledger, LedgerWriter, default_url
-from spawner.usage.state_docs import DatabaseDocuments
 from spawner.usage.table_versions import table_store
 
 Log = logging.Logger | logging.LoggerAdapter
@@ -143,7 +142,7 @@ class HubRuntime:
     evictor: Evictor
     duties: UsageDuties | None
     nvidia: NvidiaRuntime | None  # whether the engine can give GPUs; None without GPUs
-    fence: Fence | None  # the notebooks' parent cgroup; None where it could not be set up
+    parent_cgroup: ParentCgroup | None  # the notebooks'; None where it could not be set up
 
     def __init__(self, settings: Settings, log: Log):
         self.settings = settings
@@ -155,7 +154,7 @@ class HubRuntime:
         self.spawners: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self.frameworks = FrameworkLabels()  # the images' contents, for the form and caps
         self.engine_info = None
-        self.fence = None  # set by the build (docker/fence.py)
+        self.parent_cgroup = None  # set by the build (docker/parent_cgroup.py)
         self._building: asyncio.Task[None] | None = None
 
     @classmethod
@@ -208,7 +207,7 @@ class HubRuntime:
         capacity = self._host_capacity()
         self.pool.set_host(HostBook(capacity) if capacity and settings.host_admission
                            else None)
-        self.fence = await self._fence(capacity)
+        self.parent_cgroup = await self._parent_cgroup(capacity)
         self.usage = LedgerWriter(ledger, log) if ledger is not None else None
         self.reconciler = Reconciler(
             self.pool, self.docker_client, log, sync_interval=settings.gpu_sync_interval,
@@ -254,8 +253,8 @@ class HubRuntime:
             self.log.info("Host capacity: %s", capacity.describe())
         return capacity
 
-    async def _fence(self, capacity: HostCapacity | None) -> Fence | None:
-        """The notebooks' parent cgroup, set up now (docker/fence.py); None, said in the
+    async def _parent_cgroup(self, capacity: HostCapacity | None) -> ParentCgroup | None:
+        """The notebooks' parent cgroup, set up now (docker/parent_cgroup.py); None, said in the
         log, where it cannot be."""
         if not self.settings.notebooks_cgroup:
             return None
@@ -266,16 +265,16 @@ class HubRuntime:
         limit = capacity.memory - capacity.kept_memory
         local = is_local(str(getattr(self.docker_client, "base_url", "")))
         try:
-            fence = await asyncio.to_thread(set_up, self.engine_info or {}, self.hub_id,
-                                            limit, local=local)
-        except FenceError as e:
+            cgroup = await asyncio.to_thread(set_up, self.engine_info or {}, self.hub_id,
+                                             limit, local=local)
+        except ParentCgroupError as e:
             self.log.warning("The notebooks' memory is not fenced: %s. Nothing keeps the "
                              "notebooks together from taking the hub's and the proxy's "
                              "memory beyond admission (docs/deployment.md#the-notebooks-"
                              "cgroup)", e)
             return None
-        self.log.info("Notebooks' memory fenced: %s", fence.describe())
-        return fence
+        self.log.info("Notebooks' memory fenced: %s", cgroup.describe())
+        return cgroup
 
     async def _engine_info(self) -> dict[str, Any] | None:
         try:
@@ -425,7 +424,7 @@ async def _build_at_hub_start(log: Log) -> None:
 
 
 def shared_documents(ledger: Ledger | None, hub_id: str, state_dir: str) -> Documents:
-    """Where the hub keeps the documents other processes read (spawner/state.py): its
+    """Where the hub keeps the documents other processes read (spawner/usage/documents.py): its
     ledger's database, reading the state folder's files of before the upgrade once; the
     folder alone without a ledger."""
     folder = FolderDocuments(state_dir)

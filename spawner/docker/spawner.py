@@ -17,7 +17,6 @@ from dockerspawner import DockerSpawner
 from jupyterhub.utils import maybe_future
 from tornado import web
 
-from spawner import refusals
 from spawner.contract import HUB_LABEL
 from spawner.docker.choices import ChoicesMixin
 from spawner.docker.config import QuotaSpawnerConfig
@@ -36,6 +35,7 @@ from spawner.docker.mounts import bind_sources
 from spawner.docker.network import HostNetworkMixin, wait_for_port, warn_host_network
 from spawner.docker.runtime import HubRuntime
 from spawner.gpu.pool import mode_label, request_for
+from spawner.policy import refusals
 from spawner.policy.choices import shown
 from spawner.policy.gpu import torch_reads_fraction
 from spawner.quota.model import Choice
@@ -87,7 +87,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             gpu_device_memory=self._gpu_memory, extra_labels=dict(self.extra_labels),
             start_cpus=self.start_cpus(engine_cpus),
             torch_reads_fraction=torch_reads_fraction(frameworks),
-            cgroup_parent=runtime.fence.parent if runtime.fence is not None else "",
+            cgroup_parent=runtime.parent_cgroup.parent if runtime.parent_cgroup is not None else "",
         )
 
     async def create_object(self) -> dict[str, Any]:

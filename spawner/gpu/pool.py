@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from spawner.events import EventLog
 from spawner.gpu.allocator import GpuAllocator, GpuRequest, Holding
 from spawner.gpu.inventory import (
     DISCOVERY_OFF,
@@ -35,6 +34,7 @@ from spawner.gpu.snapshot import SnapshotWriter
 from spawner.host.admission import HostBook, Reservation
 from spawner.quota.model import GpuCapacity, Role
 from spawner.quota.units import format_human
+from spawner.usage.event_log import EventLog
 
 
 def hub_inventory(declared: list[dict[str, Any]], discovery: bool) -> Inventory:

@@ -3,7 +3,7 @@ another process.
 
 The hub holds the GPUs, the host's reservations and the queue in memory; the usage
 service that draws the map is another process. So the pool publishes ``pool_snapshot`` as
-the hub's ``GPUS`` document (spawner/state.py: a row of the ledger's database, or
+the hub's ``GPUS`` document (spawner/usage/documents.py: a row of the ledger's database, or
 ``quota-spawner-gpus.json`` in the state folder of a hub without a ledger) whenever its
 holdings or its queue change, at most once a second (``SnapshotWriter``).
 

@@ -30,13 +30,13 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from spawner.events import EventLog, events_path
+from spawner.policy.stopping import stop_through_hub
 from spawner.quota.model import QuotaTable
-from spawner.stopping import stop_the_hubs_way
 from spawner.usage import event_store
+from spawner.usage.documents import DatabaseDocuments
 from spawner.usage.duties import BudgetDuties
+from spawner.usage.event_log import EventLog, events_path
 from spawner.usage.ledger import Ledger
-from spawner.usage.state_docs import DatabaseDocuments
 from spawner.usage.table_versions import table_store
 
 Log = logging.Logger | logging.LoggerAdapter
@@ -122,7 +122,7 @@ class KubeHub:
 
     async def stop_server(self, pod: str, why: str) -> bool:
         """Stop the server in ``pod`` the way the hub stops any server
-        (spawner/stopping.py). False when no server of this hub runs it now, or the stop
+        (spawner/policy/stopping.py). False when no server of this hub runs it now, or the stop
         failed; the next check tries again."""
         spawner = self.servers.get(pod)
         if spawner is None or spawner.pod_name != pod:
@@ -136,7 +136,7 @@ class KubeHub:
                           spawner.pending or "not running")
             return False
         try:
-            stopping = asyncio.ensure_future(stop_the_hubs_way(spawner))
+            stopping = asyncio.ensure_future(stop_through_hub(spawner))
             # shielded: a slow stop goes on (pending "stop"), never cut off halfway
             await asyncio.wait_for(asyncio.shield(stopping), STOP_TIMEOUT)
         except TimeoutError:

@@ -224,3 +224,9 @@ def pod_manifest(spec: NotebookPod, name: str, namespace: str | None = None,
     }
     return apply_quota(pod, spec)
 
+
+def __getattr__(name: str) -> Any:
+    # names that moved out of this module (``home_claim_name``: names.py; moved.py)
+    from spawner.common.moved import moved_name
+
+    return moved_name(__name__, name)

@@ -30,7 +30,7 @@ Each start is a session in the usage ledger, as on Docker and through the
 same ``ServerSession`` (spawner/usage/sessions.py), keyed by the pod's name:
 opened when the role is resolved (a spent GPU-hour budget is refused then,
 403), started when the pod is created, ready when it runs, and closed with why
-it ended (``ends.pod_end``: stopped, culled, OOM, preempted by the scheduler,
+it ended (``pod_end.pod_end``: stopped, culled, OOM, preempted by the scheduler,
 lost). The hub does not know which GPUs the device plugin gave, so
 a session records the role's GPU count and mode, not UUIDs.
 
@@ -54,22 +54,22 @@ from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Dict, Integer, default
 
-from spawner import refusals
+from spawner.common.registry import Registry
 from spawner.kube.checks import config_problems, violations
 from spawner.kube.claims import home_claim
 from spawner.kube.duties import HubSettings, KubeHub
-from spawner.kube.ends import disruption, pod_end
 from spawner.kube.names import home_claim_name
 from spawner.kube.notebook import NotebookPod
 from spawner.kube.options import KubeOptions
 from spawner.kube.pod import apply_quota
+from spawner.kube.pod_end import disruption, pod_end
 from spawner.kube.quantities import byte_quantity
+from spawner.policy import refusals
 from spawner.policy.choices import RoleChoicesMixin, shown
 from spawner.policy.config import QuotaConfig
 from spawner.policy.rules import PolicyError, refuse_any
 from spawner.quota.form import options_from_form
 from spawner.quota.model import Choice
-from spawner.registry import Registry
 from spawner.usage.ledger import STOPPED, Ledger, LedgerWriter, default_url
 from spawner.usage.sessions import End, ServerSession
 

@@ -17,7 +17,7 @@ from typing import Any
 import jinja2
 from tornado import web
 
-from spawner import refusals
+from spawner.policy import refusals
 from spawner.quota.form import render_form
 from spawner.quota.model import Choice, GpuCapacity, QuotaTable, QuotaTableError, Role
 from spawner.quota.options import OptionsError, resolve_choice

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Protocol
 
+from spawner.common.registry import Registry
 from spawner.quota.loader import load_quota_table
 from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError
-from spawner.registry import Registry
 
 Log = logging.Logger | logging.LoggerAdapter
 

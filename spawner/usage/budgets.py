@@ -29,7 +29,7 @@ from sqlalchemy import Engine, and_, func, select
 
 from spawner.quota.model import Budget, QuotaTable, Role, time_zone
 from spawner.quota.units import hours_text
-from spawner.state import BUDGET_MEMORY, Documents
+from spawner.usage.documents import BUDGET_MEMORY, Documents
 from spawner.usage.queries import in_window, seconds_in_window
 from spawner.usage.schema import session_groups, sessions
 
@@ -244,7 +244,7 @@ class BudgetWatch:
     Each user is told of a budget once per period: once when it passes its
     warn_at, once when it is spent (only that, when a check finds it spent
     first). What was told is remembered in the hub's ``BUDGET_MEMORY`` document
-    (spawner/state.py: the ledger's database, or a file in the state folder of a hub
+    (spawner/usage/documents.py: the ledger's database, or a file in the state folder of a hub
     without a ledger), written whole on each change, so a hub restart tells nothing
     twice; an entry is forgotten when its period ends. A new period, or a new
     ``gpu_hours`` in the table, is a new budget to tell of. Without ``documents`` it is
@@ -345,7 +345,7 @@ class BudgetWatch:
         return True
 
 
-# --- what users are told (spawner/refusals.py has the other refusals) ---------------
+# --- what users are told (spawner/policy/refusals.py has the other refusals) ---------------
 
 _MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
            "September", "October", "November", "December")

@@ -26,12 +26,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from spawner.common.outages import OutageLog
 from spawner.contract import HUB_LABEL
-from spawner.lapses import Lapse
 from spawner.quota.model import QuotaTable
-from spawner.state import Documents
 from spawner.usage import event_store
 from spawner.usage.budgets import BudgetWatch, running_gpu_sessions
+from spawner.usage.documents import Documents
 from spawner.usage.ledger import BUDGET, Ledger, ended
 
 INTERVAL = 60.0
@@ -41,7 +41,7 @@ SPENT_WHY = "its GPU-hour budget is spent"  # for the stop's log line
 
 
 class EventSink(Protocol):
-    """Where the notices go: the hub's event log (spawner/events.py ``EventLog``)."""
+    """Where the notices go: the hub's event log (spawner/usage/event_log.py ``EventLog``)."""
 
     def append(self, event: str, **fields: Any) -> Any: ...
 
@@ -54,7 +54,7 @@ class Periodic(ABC):
     interval: float
     log: Log
     _task: asyncio.Task[None] | None = None
-    _lapse: Lapse | None = None  # made at the first run: a failing run is told once
+    _outage: OutageLog | None = None  # made at the first run: a failing run is told once
 
     def start(self) -> None:
         if self._task is None or self._task.done():
@@ -69,15 +69,15 @@ class Periodic(ABC):
         """One round of the duty at ``now`` (epoch seconds); raises when it failed."""
 
     async def _loop(self) -> None:
-        lapse = self._lapse = Lapse(logging.ERROR)
+        outage = self._outage = OutageLog(logging.ERROR)
         while True:
             try:
                 await self.run(time.time())
             except Exception as e:  # the ledger is down, say: the next run tries again
-                lapse.failed(self.log, e, "%s failed (%s: %s); trying again every %gs",
+                outage.failed(self.log, e, "%s failed (%s: %s); trying again every %gs",
                              self.what, type(e).__name__, e, self.interval)
             else:
-                lapse.works(self.log, "%s works again", self.what)
+                outage.works(self.log, "%s works again", self.what)
             await asyncio.sleep(self.interval)
 
 

@@ -1,7 +1,7 @@
 """The hub's event log in the ledger's database: the ``events`` table.
 
 Every process that writes events (the hub's spawners, the web app's role requests)
-appends its records here as well as to the state folder's file (spawner/events.py), so
+appends its records here as well as to the state folder's file (spawner/usage/event_log.py), so
 a watchdog on another machine, given only the database's URL, reads them in order
 (``read_after``) and tells the people concerned.
 
@@ -43,7 +43,7 @@ def append(engine: Engine, records: Sequence[Mapping[str, Any]]) -> None:
 
 
 def append_one(engine: Engine, record: Mapping[str, Any]) -> None:
-    """``append`` of one record: the event log's ``store`` (spawner/events.py)."""
+    """``append`` of one record: the event log's ``store`` (spawner/usage/event_log.py)."""
     append(engine, [record])
 
 

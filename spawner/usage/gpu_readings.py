@@ -1,4 +1,4 @@
-"""The watchdogs' ``gpu-usage`` documents (spawner/state.py; one per node, written by
+"""The watchdogs' ``gpu-usage`` documents (spawner/usage/documents.py; one per node, written by
 spawner/watchdog/app.py) as their readers judge them: how fresh a node's readings are,
 which of several nodes' readings of one GPU is shown, their merge for the host map and
 the class dashboard, and which GPUs another node's watchdog holds, so that a watchdog

@@ -142,7 +142,7 @@ prewarm_schedules = Table(
 Index("ix_prewarm_schedules_state", prewarm_schedules.c.state, prewarm_schedules.c.at)
 Index("ix_prewarm_schedules_group", prewarm_schedules.c.group_name, prewarm_schedules.c.at)
 
-# The hub's event log (spawner/events.py) for processes that share no folder with the hub:
+# The hub's event log (spawner/usage/event_log.py) for processes that share no folder with the hub:
 # one row per event in the order written (usage/event_store.py serialises the writers on
 # a server), read by id. ``body`` is the whole record as JSON.
 events = Table(
@@ -157,7 +157,7 @@ events = Table(
 Index("ix_events_hub", events.c.hub, events.c.id)
 
 # The small documents the hub and each watchdog publish for the other processes
-# (spawner/state.py's kinds): one row per hub, kind and node, replaced whole.
+# (spawner/usage/documents.py's kinds): one row per hub, kind and node, replaced whole.
 state_documents = Table(
     "state_documents",
     metadata,

@@ -6,7 +6,7 @@ created and ready when the server answers, and is closed with why it ended.
 ``ServerSession`` is that lifecycle, once: QuotaSpawner (Docker) and
 QuotaKubeSpawner (Kubernetes) call it at those moments; each backend reads
 its own way why a server ended (spawner/usage/duties.py ``record_end`` from
-the Docker engine, spawner/kube/ends.py from the pod), as an ``End``.
+the Docker engine, spawner/kube/pod_end.py from the pod), as an ``End``.
 
 Every call goes through the hub's ``LedgerWriter`` (one thread, in order): a
 ledger that fails is logged, never a failed start or stop. Without a ledger

@@ -43,14 +43,13 @@ from sqlalchemy.engine import make_url
 from traitlets import CaselessStrEnum, Float, Integer, TraitError, Unicode, default
 from traitlets.config import Application
 
-from spawner.events import EVENTS_FILE
+from spawner.common.outages import OutageLog
 from spawner.gpu.nvml import Nvml, XidWatcher
-from spawner.lapses import Lapse
 from spawner.policy.config import hub_id_from_secret_file
-from spawner.state import GPU_USAGE, write_atomically
+from spawner.usage.documents import GPU_USAGE, DatabaseDocuments, write_atomically
+from spawner.usage.event_log import EVENTS_FILE
 from spawner.usage.gpu_readings import held_elsewhere, json_object, stale_after
 from spawner.usage.ledger import Ledger, Sample, default_url
-from spawner.usage.state_docs import DatabaseDocuments
 from spawner.watchdog.containers import Containers, EngineClient, EngineUnreachable, OomEvents
 from spawner.watchdog.host import CgroupReader, CpuMeter, gpu_memory_by_container
 from spawner.watchdog.hub_api import HubDirectory
@@ -105,11 +104,11 @@ class QuotaWatchdog(Application):
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
         # what can keep failing each cycle, each told once until it works again
-        self._events_lapse = Lapse()  # the hub's event log cannot be read
-        self._usage_lapse = Lapse()  # the usage ledger cannot be written
-        self._gpu_usage_lapse = Lapse()  # the GPU readings cannot be saved
-        self._engine_lapse = Lapse()  # the engine cannot be reached
-        self._elsewhere_lapse = Lapse()  # the other nodes' readings cannot be read
+        self._events_lapse = OutageLog()  # the hub's event log cannot be read
+        self._usage_lapse = OutageLog()  # the usage ledger cannot be written
+        self._gpu_usage_lapse = OutageLog()  # the GPU readings cannot be saved
+        self._engine_lapse = OutageLog()  # the engine cannot be reached
+        self._elsewhere_lapse = OutageLog()  # the other nodes' readings cannot be read
         self._left: set[str] = set()  # the GPUs left to other nodes' watchdogs, as told
         self._started: float | None = None  # when ``run`` began watching
 

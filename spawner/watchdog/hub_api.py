@@ -1,7 +1,7 @@
 """What the watchdog asks the hub: each user's groups (for routing) and servers (for zombies).
 
-Read through the hub's REST API (spawner/hub_client.py) with the service token JupyterHub gives a
-managed service (JUPYTERHUB_API_TOKEN); the scopes it needs are
+Read through the hub's REST API (spawner/common/hub_client.py) with the service token
+JupyterHub gives a managed service (JUPYTERHUB_API_TOKEN); the scopes it needs are
 ``list:users``, ``read:users:groups`` and ``read:servers`` (docs/watchdog.md).
 Asynchronous, on the watchdog's event loop.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from spawner.hub_client import HubClient
+from spawner.common.hub_client import HubClient
 
 
 class HubDirectory:

@@ -2,7 +2,7 @@
 GPU-hour budget to the user it runs short for.
 
 The hub appends its preemption and queue events to a JSON-lines file
-(``spawner.events``). Each cycle the watchdog reads what was appended since
+(``spawner.usage.event_log``). Each cycle the watchdog reads what was appended since
 the last one (``read_new``), from the position the incident book keeps
 (``IncidentBook.events``), so a restart tells nothing twice and misses
 nothing; the very first read starts at the file's end, so the hub's history
@@ -46,8 +46,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from spawner.events import read_events
 from spawner.usage import event_store
+from spawner.usage.event_log import read_events
 from spawner.watchdog.model import Server, Snapshot
 from spawner.watchdog.rules import (
     BUDGET,

@@ -5,6 +5,7 @@ requests, behind the hub's OAuth (docs/architecture.md#the-web-app).
 ``app.py`` is the process and its routes; a module per resource holds its page and its
 JSON API (``report``, ``table``, ``gpus``, ``classes`` with ``prewarm``, ``requests``);
 they stand on ``base`` (the page and API handlers), ``access`` (who sees what),
-``inputs``, ``formatting``, ``charts``, ``reader``, ``hub_api`` and ``state_files``,
-which stand on spawner.usage and spawner.quota. Nothing imports upwards.
+``inputs``, ``formatting``, ``charts``, ``reader`` and ``hub_api``, which stand on
+spawner.usage (the ledger and the documents the processes share) and spawner.quota.
+Nothing imports upwards.
 """

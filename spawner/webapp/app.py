@@ -1,5 +1,5 @@
-"""The web app as a process: ``UsageService``, its settings, its routes, and the managed
-service the hub's config starts it as (``usage_service``).
+"""The web app as a process: ``QuotaWebApp``, its settings, its routes, and the managed
+service the hub's config starts it as (``webapp_service``).
 
 The hub starts it as the service ``usage`` (``python -m spawner.webapp``), behind its
 OAuth at ``/services/usage/``, with its settings in the environment: JupyterHub's own
@@ -33,9 +33,9 @@ from jupyterhub.services.auth import HubOAuthCallbackHandler
 from tornado import web
 from tornado.httpserver import HTTPServer
 from traitlets import CaselessStrEnum, Float, TraitError, Unicode, default, validate
-from traitlets.config import Application
+from traitlets.config import Application, Config
 
-from spawner.events import EventLog, events_path
+from spawner.common.moved import config_sections, moved_name
 from spawner.policy.config import (
     hub_id_environment,
     hub_id_from_secret_file,
@@ -48,10 +48,10 @@ from spawner.quota.editing import (
     SOURCES,
 )
 from spawner.quota.store import QuotaStore
-from spawner.state import Documents, FolderDocuments
 from spawner.usage import event_store
+from spawner.usage.documents import DatabaseDocuments, Documents, FolderDocuments
+from spawner.usage.event_log import EventLog, events_path
 from spawner.usage.ledger import default_url
-from spawner.usage.state_docs import DatabaseDocuments
 from spawner.usage.table_versions import DatabaseSource
 from spawner.webapp import classes, gpus, inputs, report, requests, table
 from spawner.webapp.access import SCOPE
@@ -93,19 +93,19 @@ def _time_zone(name: str) -> str:
     return name
 
 
-class UsageService(Application):
+class QuotaWebApp(Application):
     """The web app's process: its settings, the tornado app they make, and the server."""
 
     name = "quota-spawner-usage"
     description = ("The hub's web app (the managed service 'usage'): the usage report, the "
                    "quota table editor, the host map, the class dashboard and role requests.")
     aliases = {
-        "usage-db": "UsageService.usage_db",
-        "quota-file": "UsageService.quota_file",
-        "quota-source": "UsageService.quota_source",
-        "state-dir": "UsageService.state_dir",
-        "bind-url": "UsageService.bind_url",
-        "time-zone": "UsageService.time_zone",
+        "usage-db": "QuotaWebApp.usage_db",
+        "quota-file": "QuotaWebApp.quota_file",
+        "quota-source": "QuotaWebApp.quota_source",
+        "state-dir": "QuotaWebApp.state_dir",
+        "bind-url": "QuotaWebApp.bind_url",
+        "time-zone": "QuotaWebApp.time_zone",
         "log-level": "Application.log_level",
     }
 
@@ -344,6 +344,15 @@ class UsageService(Application):
         return web.Application(routes(setup.prefix), cookie_secret=os.urandom(32),
                                usage=setup)
 
+    def _find_my_config(self, cfg: Config) -> Any:
+        # c.UsageService.x and --UsageService.x=…, the class's name before 0.2, still set
+        # its settings, with a warning; its own section wins (spawner/common/moved.py)
+        found = Config()
+        for old in config_sections(type(self).__name__, cfg):
+            found.merge(cfg[old])
+        found.merge(super()._find_my_config(cfg))
+        return found
+
     def initialize(self, argv: list[str] | None = None) -> None:
         self.parse_command_line(argv)
         logging.basicConfig(level=self.log_level, format=LOG_FORMAT)
@@ -388,18 +397,18 @@ def routes(prefix: str) -> list[tuple[Any, ...]]:
 
 
 def make_app(*, clock: Callable[[], float] = time.time, **settings: Any) -> web.Application:
-    """The tornado app for tests: ``settings`` are UsageService's (usage_db, quota_file,
+    """The tornado app for tests: ``settings`` are QuotaWebApp's (usage_db, quota_file,
     service_prefix, state_dir, hub_api_url, …); the others come from the environment,
     as in the service."""
-    unknown = set(settings) - set(UsageService.class_trait_names(config=True))
+    unknown = set(settings) - set(QuotaWebApp.class_trait_names(config=True))
     if unknown:  # traitlets would only warn of a misspelt setting
-        raise TypeError(f"UsageService has no settings {sorted(unknown)}")
-    return UsageService(**settings).web_app(clock)
+        raise TypeError(f"QuotaWebApp has no settings {sorted(unknown)}")
+    return QuotaWebApp(**settings).web_app(clock)
 
 
 
 def external_service(service: dict[str, Any], token: str) -> dict[str, Any]:
-    """``usage_service``'s service as one the hub does not start: the same name, URL and
+    """``webapp_service``'s service as one the hub does not start: the same name, URL and
     OAuth client, the process's token instead of its command and environment (it runs
     elsewhere, with ``external_environment``'s variables)."""
     kept = ("name", "url", "oauth_client_allowed_scopes", "oauth_no_confirm")
@@ -430,13 +439,13 @@ def external_environment(hub_url: str, api_url: str, token: str, *, name: str = 
     return found
 
 
-main = UsageService.launch_instance
+main = QuotaWebApp.launch_instance
 
 
 # --- the hub config's side ---------------------------------------------------------------
 
 
-def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "usage",
+def webapp_service(public_url: str, usage_db: str, quota_file: str, name: str = "usage",
                   url: str = DEFAULT_URL, state_dir: str = "", secret_file: str = "",
                   prefix: str = "quota", quota_source: str = "", quota_table_name: str = "",
                   hub_id: str = "") -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
@@ -499,3 +508,8 @@ def usage_service(public_url: str, usage_db: str, quota_file: str, name: str = "
         "services": [name],
     }
     return service, role, own
+
+
+def __getattr__(name: str) -> Any:
+    # UsageService and usage_service, this module's names before 0.2 (common/moved.py)
+    return moved_name(__name__, name)

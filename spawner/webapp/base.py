@@ -32,9 +32,9 @@ import jinja2
 from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 
-from spawner.events import EventLog
 from spawner.quota.store import QuotaStore
-from spawner.state import Documents
+from spawner.usage.documents import Documents
+from spawner.usage.event_log import EventLog
 from spawner.webapp import inputs
 from spawner.webapp.access import REFUSED, Refused, is_admin, nav_for
 from spawner.webapp.formatting import FILTERS
@@ -70,8 +70,8 @@ class Setup:
     quota_table_name: str
     quota_store: QuotaStore | None  # None: no table
     state_dir: str  # the hub's state folder; "" when not given
-    # the hub's and the watchdogs' documents (spawner/state.py; blocking, None: neither the
-    # ledger nor the state folder), and whether they are the database's rows
+    # the hub's and the watchdogs' documents (spawner/usage/documents.py; blocking, None:
+    # neither the ledger nor the state folder), and whether they are the database's rows
     documents: Callable[[], Documents | None]
     database: bool
     tz: tzinfo  # the days and times of the pages

@@ -47,9 +47,11 @@ from urllib.parse import quote
 from markupsafe import Markup
 from tornado import web
 
-from spawner.hub_client import HubRefused
+from spawner.common.hub_client import HubRefused
 from spawner.quota.model import QuotaTable
 from spawner.usage import schedules
+from spawner.usage.documents import read_usage
+from spawner.usage.gpu_readings import usage_state
 from spawner.usage.queries import open_sessions
 from spawner.webapp import inputs
 from spawner.webapp.access import (
@@ -71,7 +73,6 @@ from spawner.webapp.hub_api import (
     summary,
 )
 from spawner.webapp.reader import LedgerReader, NotReady, load_table
-from spawner.webapp.state_files import read_usage, usage_state
 
 log = logging.getLogger("quota_spawner.usage")
 
@@ -126,7 +127,7 @@ def lacking(table: QuotaTable, users: Sequence[dict[str, Any]], role: str,
 
 def gpu_memory_by_user(usage: dict[str, Any] | None, now: float) -> dict[str, int]:
     """Each user's GPU memory (bytes, over all their servers' GPUs) from the watchdogs'
-    readings (state_files.py ``read_usage``), when they are fresh; else nothing."""
+    readings (``read_usage``, usage/documents.py), when they are fresh; else nothing."""
     if usage_state(usage, now) != "fresh" or not usage:
         return {}
     found: dict[str, int] = {}

@@ -11,7 +11,7 @@ the hub's pool snapshot with the watchdog's numbers behind both.
   updates the page in place (keyboard focus stays where it is).
 - ``GET {prefix}api/gpus``: the same as JSON (``map_document``).
 
-Two files in the hub's state folder feed it (state_files.py): the hub's pool snapshot and
+Two files in the hub's state folder feed it (usage/documents.py): the hub's pool snapshot and
 the watchdog's usage file, read on the service's worker threads, never on the event loop.
 ``gpu_map`` returns one row per GPU: the pool's, in its order, then any other GPU the
 watchdog sees on the host. Each row has the pool's fields (``uuid``, ``index``, ``name``,
@@ -51,20 +51,12 @@ from urllib.parse import quote
 from tornado import web
 
 from spawner.gpu.queue import ORDER, STRATEGIES, STRICT_FIFO
-from spawner.state import GPU_USAGE, GPUS, Documents
+from spawner.usage.documents import GPU_USAGE, GPUS, Documents, read_pool, read_usage
+from spawner.usage.gpu_readings import VERSION, interval_of, number, stale_after, usage_state
+from spawner.usage.gpu_readings import as_dict as _dict
+from spawner.usage.gpu_readings import as_list as _list
 from spawner.webapp.base import FORMAT_SCRIPT, ApiHandler, BaseHandler, PageHandler
 from spawner.webapp.formatting import duration, half_up, isolate, size
-from spawner.webapp.state_files import (
-    VERSION,
-    interval_of,
-    number,
-    read_pool,
-    read_usage,
-    stale_after,
-    usage_state,
-)
-from spawner.webapp.state_files import as_dict as _dict
-from spawner.webapp.state_files import as_list as _list
 
 POLL_SECONDS = 2.0
 ADMINS_ONLY = ("The host map is for admins only: it names everyone who holds a GPU or "

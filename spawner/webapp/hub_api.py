@@ -1,11 +1,11 @@
-"""The hub's REST API, as the web app calls it (through spawner/hub_client.py, the one
+"""The hub's REST API, as the web app calls it (through spawner/common/hub_client.py, the one
 client every process uses), and the hub's user models.
 
 Calls go with a token: a visitor's own OAuth token for what they do on a page (the
 class dashboard: the hub's RBAC has the last word), or the service's own token
 (``service_token``, JUPYTERHUB_API_TOKEN) for what nobody is there to do: the table
 editor's preview, the requesters' groups, the scheduled pre-warms. Its role
-(``usage_service`` in app.py) holds ``list:users``, ``read:users:groups``,
+(``webapp_service`` in app.py) holds ``list:users``, ``read:users:groups``,
 ``read:servers`` and the classes' ``servers!group=``.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from spawner.hub_client import NO_ANSWER, HubClient, message_of
+from spawner.common.hub_client import NO_ANSWER, HubClient, message_of
 from spawner.webapp.access import Refused
 from spawner.webapp.formatting import isolate
 
@@ -50,7 +50,7 @@ class HubApi:
     async def call(self, token: str, method: str, path: str,
                    body: Any = None) -> tuple[int, Any]:
         """One request with ``token``: (status, JSON or None); NO_ANSWER when the hub
-        did not answer (hub_client.py: a GET is tried again first)."""
+        did not answer (spawner/common/hub_client.py: a GET is tried again first)."""
         return await self.client.call(method, path, body, token=token)
 
     async def users(self, token: str) -> list[dict[str, Any]]:

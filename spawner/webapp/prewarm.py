@@ -3,7 +3,7 @@
 An instructor schedules a class's servers to start at a time (``POST
 api/classes/<g>/prewarm`` with ``at``, classes.py); the schedules are in the ledger
 (spawner/usage/schedules.py). The ``Prewarmer`` looks for due ones every
-``UsageService.prewarm_interval`` seconds (QUOTA_SPAWNER_PREWARM_INTERVAL, 30) and starts
+``QuotaWebApp.prewarm_interval`` seconds (QUOTA_SPAWNER_PREWARM_INTERVAL, 30) and starts
 every stopped server of the class with the service's own token, whose role holds
 ``servers!group=G`` for the hub config's classes (spawner/hubconfig/rbac.py's
 ``class_service_scopes``); then it marks the schedule done (every member's server started
@@ -18,7 +18,7 @@ from typing import Any
 
 from tornado.ioloop import PeriodicCallback
 
-from spawner.hub_client import HubRefused
+from spawner.common.hub_client import HubRefused
 from spawner.usage import schedules
 from spawner.webapp.hub_api import HubApi, members, summary
 from spawner.webapp.reader import LedgerReader, NotReady

@@ -253,7 +253,7 @@ class RequestsApi(RequestsHandler, ApiHandler):
 
     refused = LOG_IN  # HubOAuthenticated refused the visitor: no login, or no access
 
-    def told(self, outcome: rr.Outcome) -> None:
+    def record_and_reply(self, outcome: rr.Outcome) -> None:
         """The outcome's event appended to the hub's log, then the answer; a refusal: 400."""
         if not outcome.done:
             raise Refused(outcome.refusal or "", 400)
@@ -314,7 +314,7 @@ class AskHandler(RequestsApi):
         now = self.setup.clock()
         outcome = await self.reader.run(lambda engine: rr.ask(
             engine, table, user, groups, body["role"], starts, ends, body["reason"], now))
-        self.told(outcome)
+        self.record_and_reply(outcome)
 
 
 class WithdrawHandler(RequestsApi):
@@ -325,7 +325,7 @@ class WithdrawHandler(RequestsApi):
         self.body()
         found = inputs.record_id(request_id, "request")
         user, now = self.who(), self.setup.clock()
-        self.told(await self.reader.run(rr.withdraw, found, user, now))
+        self.record_and_reply(await self.reader.run(rr.withdraw, found, user, now))
 
 
 class PendingHandler(RequestsApi):
@@ -366,7 +366,7 @@ class DecideHandler(RequestsApi):
         who, now = self.who(), self.setup.clock()
         outcome = await self.reader.run(lambda engine: rr.decide(
             engine, table, number, who, approve, comment, may, now))
-        self.told(outcome)
+        self.record_and_reply(outcome)
 
 
 class DeleteHandler(RequestsApi):

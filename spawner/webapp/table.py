@@ -18,7 +18,7 @@ through the JSON API, with the service's XSRF token, which the page carries:
 Only admins (``admin`` true in the hub's user model) may use either: the usage page's
 viewers and instructors are refused with a sentence. The check, the preview and the save
 are spawner/quota/editing.py's, against the hub's GPU inventory and host as its pool
-snapshot tells it (``read_room``), as ``quota-spawner validate --gpus N --gpu-memory
+snapshot tells it (``hub_room``), as ``quota-spawner validate --gpus N --gpu-memory
 SIZE --engine``: a table the hub would refuse is never saved, nor one with a role larger
 than the host's share, which can never start there (spawner/host/fit.py's
 ``never_fit``). Without a snapshot the table is checked for everything else, and the
@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 from tornado import web
 
-from spawner.gpu.snapshot import HubRoom
+from spawner.gpu.snapshot import HubRoom, hub_room
 from spawner.host.fit import never_fit
 from spawner.quota.editing import (
     CONFLICT,
@@ -65,12 +65,12 @@ from spawner.quota.editing import (
 from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError
 from spawner.quota.schema import quota_table_schema
 from spawner.quota.units import format_human, format_size
+from spawner.usage.documents import read_pool
 from spawner.usage.table_versions import Audit, newest_good
 from spawner.webapp import inputs
 from spawner.webapp.access import Refused
 from spawner.webapp.base import ApiHandler, BaseHandler, PageHandler
 from spawner.webapp.hub_api import HubApi
-from spawner.webapp.state_files import read_room
 
 T = TypeVar("T")
 log = logging.getLogger("quota_spawner.usage")
@@ -263,7 +263,7 @@ class TableEditor(BaseHandler):
         """The hub's GPU inventory and host share, from its pool snapshot; None while it
         has published none, or it cannot be read (logged)."""
         try:
-            return await self.blocking(lambda: read_room(self.setup.documents()))
+            return await self.blocking(lambda: hub_room(read_pool(self.setup.documents())))
         except Exception as e:  # the check goes on without it, and says so
             log.warning("Table editor: could not read the hub's GPU inventory: %s", e)
             return None

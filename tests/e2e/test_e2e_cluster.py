@@ -50,10 +50,9 @@ from harness import (
     write_fake_nvml_state,
 )
 from spawner.contract import PREEMPT_NOTICE
-from spawner.state import BUDGET_MEMORY, GPU_USAGE, GPUS, PREEMPTIONS
+from spawner.usage.documents import BUDGET_MEMORY, GPU_USAGE, GPUS, PREEMPTIONS, DatabaseDocuments
 from spawner.usage.ledger import Ledger
 from spawner.usage.schema import role_requests
-from spawner.usage.state_docs import DatabaseDocuments
 from spawner.webapp.app import external_environment
 
 pytestmark = pytest.mark.e2e
@@ -102,10 +101,10 @@ c.JupyterHub.cleanup_servers = False
 import jupyterhub
 from spawner.hubconfig.rbac import CLASS_OAUTH_SCOPES, class_service_scopes, instructor_roles
 from spawner.watchdog.service import watchdog_service
-from spawner.webapp.app import CUSTOM_SCOPES, external_service, usage_service
+from spawner.webapp.app import CUSTOM_SCOPES, external_service, webapp_service
 from spawner.webapp.requests import USER_SCOPES
 c.JupyterHub.custom_scopes = CUSTOM_SCOPES
-usage, usage_role, usage_own_role = usage_service(
+usage, usage_role, usage_own_role = webapp_service(
     c.JupyterHub.bind_url, {db!r}, c.QuotaSpawner.quota_file, url={usage_url!r})
 usage = external_service(usage, {usage_token!r})
 usage["oauth_client_allowed_scopes"] += CLASS_OAUTH_SCOPES

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from harness import Hub, cleanup, container_for, containers, exec_text
-from spawner.refusals import SETTING_REFUSED as USER_MESSAGE
-from spawner.refusals import TABLE_BROKEN
+from spawner.policy.refusals import SETTING_REFUSED as USER_MESSAGE
+from spawner.policy.refusals import TABLE_BROKEN
 
 pytestmark = pytest.mark.e2e
 MiB, GiB = 2**20, 2**30

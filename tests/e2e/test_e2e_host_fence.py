@@ -1,5 +1,5 @@
 """End to end: the notebooks' parent cgroup keeps the kernel's OOM killer off the hub and
-the proxy (spawner/docker/fence.py, docs/deployment.md#the-notebooks-cgroup).
+the proxy (spawner/docker/parent_cgroup.py, docs/deployment.md#the-notebooks-cgroup).
 
 This module's hub counts 2 GiB of memory and keeps 1 GiB back, so its notebooks' parent
 cgroup may hold 1 GiB; with ``memory_overcommit`` 2 it admits 2 GiB of limits. Two

@@ -24,7 +24,7 @@ import harness
 from harness import ROOT, cleanup, container_for
 from spawner import QuotaSpawner
 from spawner.docker.network import HOST_NETWORK_WARNING, ICC_OPTION
-from spawner.refusals import SETTING_REFUSED as USER_MESSAGE
+from spawner.policy.refusals import SETTING_REFUSED as USER_MESSAGE
 
 pytestmark = pytest.mark.e2e
 

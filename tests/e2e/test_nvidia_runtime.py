@@ -34,7 +34,8 @@ from tornado import web
 from traitlets.config import Config
 
 from fake_pynvml import FakeGpu, FakeNvml, NVMLError_LibraryNotFound
-from spawner import QuotaSpawner, refusals
+from spawner import QuotaSpawner
+from spawner.common.registry import Registry
 from spawner.contract import USER_LABEL
 from spawner.docker import runtime as hub_runtime
 from spawner.docker.engine import (
@@ -48,8 +49,8 @@ from spawner.docker.engine import (
 from spawner.docker.gpus import GpuStart
 from spawner.gpu.allocator import GpuRequest, NoGpuFree, Usage
 from spawner.gpu.inventory import Inventory, discover_nvml
+from spawner.policy import refusals
 from spawner.quota.model import Choice, ImageSpec, Role
-from spawner.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_HOOK_DIR = ROOT / "scripts" / "fake-nvidia"

@@ -408,11 +408,11 @@ def test_the_link_to_a_server_is_escaped_as_the_hub_escapes_it():
 
 def test_the_prewarm_interval_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv(PREWARM_INTERVAL_ENV, raising=False)
-    assert service.UsageService().prewarm_interval == 30.0
+    assert service.QuotaWebApp().prewarm_interval == 30.0
     monkeypatch.setenv(PREWARM_INTERVAL_ENV, "2")
-    assert service.UsageService().prewarm_interval == 2.0
+    assert service.QuotaWebApp().prewarm_interval == 2.0
     monkeypatch.setenv(PREWARM_INTERVAL_ENV, "soon")
-    assert service.UsageService().prewarm_interval == 30.0
+    assert service.QuotaWebApp().prewarm_interval == 30.0
 
 
 def test_the_gpu_memory_needs_a_fresh_file():

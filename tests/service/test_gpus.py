@@ -22,9 +22,8 @@ from webapp_client import serve as serve_app
 
 from spawner.gpu.pool import Server
 from spawner.gpu.snapshot import pool_snapshot
-from spawner.state import GPU_USAGE, GPUS
+from spawner.usage.documents import GPU_USAGE, GPUS, DatabaseDocuments
 from spawner.usage.ledger import Ledger
-from spawner.usage.state_docs import DatabaseDocuments
 from spawner.watchdog.app import gpu_usage_snapshot
 from spawner.webapp import app as service
 from spawner.webapp import gpus as gpu_page
@@ -340,8 +339,8 @@ async def test_the_map_reads_the_database_with_no_state_folder(tmp_path, monkeyp
 
 async def test_the_state_folder_comes_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("QUOTA_SPAWNER_STATE_DIR", str(tmp_path))
-    assert service.UsageService().state_dir == str(tmp_path)
-    assert service.UsageService(state_dir="").state_dir == ""
+    assert service.QuotaWebApp().state_dir == str(tmp_path)
+    assert service.QuotaWebApp(state_dir="").state_dir == ""
 
 
 async def test_the_files_are_read_on_the_worker_threads(site, monkeypatch):

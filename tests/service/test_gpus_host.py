@@ -18,7 +18,7 @@ from spawner.gpu.pool import Server
 from spawner.gpu.queue import STRICT_FIFO
 from spawner.gpu.snapshot import pool_snapshot
 from spawner.quota.model import Role
-from spawner.state import GPU_USAGE, GPUS
+from spawner.usage.documents import GPU_USAGE, GPUS
 from spawner.watchdog.app import gpu_usage_snapshot
 from spawner.watchdog.rules import IncidentBook
 from spawner.webapp.gpus import ADMINS_ONLY

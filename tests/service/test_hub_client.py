@@ -1,4 +1,4 @@
-"""The one client of the hub's REST API (spawner/hub_client.py), against a small hub API
+"""The one client of the hub's REST API (spawner/common/hub_client.py), against a small hub API
 served in the test's process: JupyterHub's pagination, a hub that ignores it, retries of
 a GET (never of a POST), time-outs, and the hub's refusals as HubRefused."""
 
@@ -12,7 +12,7 @@ from tornado.testing import bind_unused_port
 from tornado.web import Application, RequestHandler
 from webapp_client import serve
 
-from spawner.hub_client import NO_ANSWER, PAGINATION, HubClient, HubRefused
+from spawner.common.hub_client import NO_ANSWER, PAGINATION, HubClient, HubRefused
 
 USERS = [{"name": f"u{i:03d}", "groups": ["lab"] if i % 2 else [], "servers": {}}
          for i in range(450)]

@@ -29,12 +29,12 @@ from test_budgets import table as budget_table  # noqa: E402
 from test_kube_sessions import FakeCluster, sessions, spawner_on  # noqa: E402
 from test_kube_spawner import MockUser, no_cluster  # noqa: E402, F401
 
-from spawner.events import TABLE  # noqa: E402
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
 from spawner.usage import duties as usage_duties  # noqa: E402
 from spawner.usage import event_store  # noqa: E402
 from spawner.usage.budgets import SPENT, WARNING  # noqa: E402
 from spawner.usage.duties import BudgetDuties  # noqa: E402
+from spawner.usage.event_log import TABLE  # noqa: E402
 from spawner.usage.ledger import BUDGET, STOPPED, Ledger  # noqa: E402
 
 HUB = "test-hub"  # test_kube_spawner.make's hub id

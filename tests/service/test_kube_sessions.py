@@ -26,10 +26,10 @@ from test_budgets import table as budget_table  # noqa: E402
 from test_kube_spawner import SHIPPED, make, no_cluster, offline  # noqa: E402, F401
 from tornado import web  # noqa: E402
 
-from spawner.kube.ends import disruption, pod_end  # noqa: E402
+from spawner.kube.pod_end import disruption, pod_end  # noqa: E402
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
+from spawner.policy.refusals import SETTING_REFUSED  # noqa: E402
 from spawner.quota.loader import load_quota_table  # noqa: E402
-from spawner.refusals import SETTING_REFUSED  # noqa: E402
 from spawner.usage.budgets import check_start  # noqa: E402
 from spawner.usage.ledger import (  # noqa: E402
     CULLED,

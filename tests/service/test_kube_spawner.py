@@ -29,8 +29,8 @@ from traitlets.config import Config  # noqa: E402
 from spawner import QuotaSpawner  # noqa: E402
 from spawner.kube.checks import config_problems  # noqa: E402
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
+from spawner.policy.refusals import CLUSTER_REFUSED, SETTING_REFUSED  # noqa: E402
 from spawner.quota.loader import load_quota_table  # noqa: E402
-from spawner.refusals import CLUSTER_REFUSED, SETTING_REFUSED  # noqa: E402
 from spawner.usage import grants as rr
 from spawner.usage.ledger import Ledger  # noqa: E402
 

@@ -18,10 +18,10 @@ from test_kube_sessions import sessions, spawner_on  # noqa: E402
 from test_kube_spawner import SHIPPED, make, no_cluster  # noqa: E402, F401
 from traitlets import TraitError  # noqa: E402
 
+from spawner.common.registry import Registry  # noqa: E402
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
 from spawner.quota.editing import FROM_FILE, TableVersions  # noqa: E402
 from spawner.quota.store import QuotaStore  # noqa: E402
-from spawner.registry import Registry  # noqa: E402
 from spawner.usage.table_versions import Audit  # noqa: E402
 
 LOG = logging.getLogger("test-kube-table-database")

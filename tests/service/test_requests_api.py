@@ -371,10 +371,10 @@ def test_the_hub_id_is_the_spawners(tmp_path, monkeypatch):
     monkeypatch.delenv("QUOTA_SPAWNER_HUB_ID", raising=False)
     monkeypatch.setenv("QUOTA_SPAWNER_HUB_SECRET_FILE", str(secret))
     monkeypatch.setenv("QUOTA_SPAWNER_PREFIX", "quota")
-    assert service.UsageService().event_hub_id() == hub_id_from_secret(
+    assert service.QuotaWebApp().event_hub_id() == hub_id_from_secret(
         "quota", bytes.fromhex("ab" * 32))
     monkeypatch.setenv("QUOTA_SPAWNER_HUB_ID", "mine")
-    assert service.UsageService().event_hub_id() == "mine"
+    assert service.QuotaWebApp().event_hub_id() == "mine"
 
 
 # --- hostile input: checked before anything is stored ----------------------------------------

@@ -26,7 +26,7 @@ from spawner.gpu.inventory import declared_inventory
 from spawner.gpu.pool import GpuPool
 from spawner.gpu.snapshot import pool_snapshot
 from spawner.host.admission import HostBook, HostCapacity
-from spawner.state import GPUS, FolderDocuments
+from spawner.usage.documents import GPUS, FolderDocuments
 from spawner.usage.ledger import Ledger
 from spawner.webapp import app as service
 from spawner.webapp import table

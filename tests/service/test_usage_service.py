@@ -27,7 +27,7 @@ from spawner.hubconfig.rbac import USAGE_SCOPE, instructor_roles
 from spawner.usage.ledger import Ledger, Sample
 from spawner.webapp import app as service
 from spawner.webapp.access import Access, Refused, access_for, group_filter, user_group
-from spawner.webapp.app import usage_service
+from spawner.webapp.app import webapp_service
 from spawner.webapp.base import BaseHandler
 from spawner.webapp.report import window
 
@@ -173,7 +173,7 @@ def test_periods():
 
 
 def test_the_service_for_the_hub_config():
-    svc, role, own = usage_service("http://127.0.0.1:8000", "sqlite:////x/usage.sqlite",
+    svc, role, own = webapp_service("http://127.0.0.1:8000", "sqlite:////x/usage.sqlite",
                                    "/x/quotas.yaml", url="http://127.0.0.1:9999")
     assert svc["name"] == "usage" and svc["url"] == "http://127.0.0.1:9999"
     assert svc["command"][1:] == ["-m", "spawner.webapp"]

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from receivers import HttpReceiver
 
-from spawner.events import EventLog
 from spawner.quota.loader import parse_quota_table
 from spawner.usage.budgets import BudgetWatch, running_gpu_sessions
+from spawner.usage.event_log import EventLog
 from spawner.usage.ledger import Ledger
 from spawner.watchdog.hub_events import (
     budget_events,

@@ -16,8 +16,8 @@ import pytest
 from receivers import HttpReceiver
 from traitlets import TraitError
 
-from spawner.events import EventLog
 from spawner.usage import event_store
+from spawner.usage.event_log import EventLog
 from spawner.usage.ledger import Ledger
 from spawner.watchdog.app import QuotaWatchdog
 from spawner.watchdog.hub_events import facts, for_hub, preemption_events, read_new

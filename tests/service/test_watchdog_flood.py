@@ -21,7 +21,7 @@ import pytest
 from receivers import HttpReceiver
 from traitlets import TraitError
 
-from spawner.events import EventLog
+from spawner.usage.event_log import EventLog
 from spawner.watchdog.app import QuotaWatchdog
 from spawner.watchdog.hub_events import role_request_events
 from spawner.watchdog.limits import MessageLimits

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from receivers import HttpReceiver
 
-from spawner.events import EventLog
 from spawner.quota.loader import parse_quota_table
 from spawner.usage import grants as rr
+from spawner.usage.event_log import EventLog
 from spawner.usage.ledger import Ledger
 from spawner.watchdog.hub_events import (
     for_hub,

@@ -23,7 +23,6 @@ from spawner.cli import main as cli_main
 from spawner.quota.loader import TOP_FIELDS, parse_quota_table
 from spawner.quota.model import Budget, QuotaTable, QuotaTableError, Role
 from spawner.quota.units import hours_text
-from spawner.state import BUDGET_MEMORY, FolderDocuments
 from spawner.usage.budgets import (
     BudgetCheck,
     BudgetState,
@@ -37,8 +36,8 @@ from spawner.usage.budgets import (
     states_for,
     used_gpu_hours,
 )
+from spawner.usage.documents import BUDGET_MEMORY, DatabaseDocuments, FolderDocuments
 from spawner.usage.ledger import Ledger
-from spawner.usage.state_docs import DatabaseDocuments
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "docs" / "quota-table.schema.json").read_text())

@@ -231,3 +231,23 @@ def test_cli_validate_odd_host_numbers_are_usage_errors(capsys, value):
         cli_main(["validate", EXAMPLE, "--host-cpus", value, "--host-memory", "8G"])
     assert e.value.code == 2
     assert "expected a number, 0 or more" in capsys.readouterr().err
+
+
+def test_the_version_is_written_once_and_printed():
+    """spawner/__init__.py's __version__ is the release (semantic versioning): the installed
+    distribution's and ``quota-spawner --version``'s; pyproject.toml reads it from there."""
+    import importlib.metadata
+
+    import tomllib
+
+    import spawner
+
+    assert re.fullmatch(r"\d+\.\d+\.\d+", spawner.__version__)
+    assert importlib.metadata.version("quota-spawner") == spawner.__version__
+    result = subprocess.run([str(Path(sys.executable).parent / "quota-spawner"), "--version"],
+                            capture_output=True, text=True)
+    assert (result.returncode, result.stdout) == (0, f"quota-spawner {spawner.__version__}\n")
+    pyproject = tomllib.loads((Path(EXAMPLE).parents[1] / "pyproject.toml").read_text())
+    assert "version" not in pyproject["project"] and "version" in pyproject["project"]["dynamic"]
+    assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {
+        "attr": "spawner.__version__"}

@@ -574,7 +574,7 @@ def test_a_socket_bind_is_refused_on_the_decided_body():
         decide(admin_host={"binds": {"/var/run/docker.sock": {"bind": "/d", "mode": "rw"}}})
 
 
-# --- the notebooks' parent cgroup (docker/fence.py) -----------------------------------------
+# --- the notebooks' parent cgroup (docker/parent_cgroup.py) -----------------------------------------
 
 
 FENCED = "/quota_spawner_quota_abc_1a2b3c4d"

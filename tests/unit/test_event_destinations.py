@@ -1,4 +1,4 @@
-"""Where the hub's event log goes (spawner/events.py ``events_path``): with a ledger, its
+"""Where the hub's event log goes (spawner/usage/event_log.py ``events_path``): with a ledger, its
 ``events`` table only; the file quota-spawner-events.jsonl in the state folder only
 without a ledger, or a file an admin names (``events_file``) besides the table. Both the
 hub's runtime (spawner/docker/runtime.py) and the usage service (spawner/webapp/app.py)
@@ -14,15 +14,15 @@ import pytest
 from sqlalchemy import create_engine
 from test_runtime import LOG, source
 
+from spawner.common.registry import Registry
 from spawner.docker import runtime as hub_runtime
 from spawner.docker.runtime import HubRuntime
-from spawner.events import EVENTS_FILE, TABLE, events_path
 from spawner.policy.config import QuotaConfig
-from spawner.registry import Registry
 from spawner.usage import event_store
+from spawner.usage.event_log import EVENTS_FILE, TABLE, events_path
 from spawner.usage.ledger import Ledger
 from spawner.watchdog.service import watchdog_service
-from spawner.webapp.app import UsageService, usage_service
+from spawner.webapp.app import QuotaWebApp, webapp_service
 
 
 @pytest.fixture(autouse=True)
@@ -64,9 +64,9 @@ def test_the_spawners_setting_is_the_watchdogs_variable(monkeypatch):
     assert QuotaConfig().events_file == ""
     monkeypatch.setenv("QUOTA_SPAWNER_EVENTS_FILE", "/var/log/hub.jsonl")
     assert QuotaConfig().events_file == "/var/log/hub.jsonl"
-    assert UsageService().events_file == "/var/log/hub.jsonl"
+    assert QuotaWebApp().events_file == "/var/log/hub.jsonl"
     # the hub's managed services are given it, so all three mean the same file
-    service, _, _ = usage_service("http://hub", "sqlite:///x", "quotas.yaml")
+    service, _, _ = webapp_service("http://hub", "sqlite:///x", "quotas.yaml")
     assert service["environment"]["QUOTA_SPAWNER_EVENTS_FILE"] == "/var/log/hub.jsonl"
     watchdog, _ = watchdog_service("http://hub", state_dir="/srv/state")
     assert watchdog["environment"]["QUOTA_SPAWNER_EVENTS_FILE"] == "/var/log/hub.jsonl"
@@ -141,7 +141,7 @@ async def test_a_table_that_fails_is_logged_and_the_append_returns(tmp_path, cap
 def service_log(tmp_path: Path, **settings):
     state = tmp_path / "state"
     state.mkdir(exist_ok=True)
-    return UsageService(state_dir=str(state), hub_id="hub-u", **settings).setup().events, state
+    return QuotaWebApp(state_dir=str(state), hub_id="hub-u", **settings).setup().events, state
 
 
 def test_with_a_ledger_the_service_writes_the_table_and_no_file(tmp_path):

@@ -1,5 +1,5 @@
 """The hub's event log in the ledger's database (spawner/usage/event_store.py), and the
-event log that writes there too (spawner/events.py ``store``). tests/service/
+event log that writes there too (spawner/usage/event_log.py ``store``). tests/service/
 test_event_store_postgres.py runs the same on PostgreSQL."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from alembic import command
 from sqlalchemy import func, insert, select
 from test_usage_ledger import open_session
 
-from spawner.events import EventLog
 from spawner.usage import event_store
+from spawner.usage.event_log import EventLog
 from spawner.usage.ledger import Ledger, _alembic_config, make_engine
 from spawner.usage.schema import event_claims, events
 from spawner.watchdog.hub_events import read_new_rows

@@ -10,21 +10,20 @@ import logging
 import os
 
 from spawner.docker.reconcile import Reconciler
-from spawner.events import EventLog
 from spawner.gpu.allocator import GpuRequest
 from spawner.gpu.inventory import declared_inventory
 from spawner.gpu.pool import GpuPool, Server
 from spawner.gpu.snapshot import pool_snapshot
 from spawner.quota.model import Role
-from spawner.state import GPU_USAGE, GPUS, FolderDocuments
+from spawner.usage.documents import GPU_USAGE, GPUS, DatabaseDocuments, FolderDocuments
+from spawner.usage.event_log import EventLog
+from spawner.usage.gpu_readings import json_object, usage_state
 from spawner.usage.ledger import Ledger
-from spawner.usage.state_docs import DatabaseDocuments
 from spawner.watchdog.app import QuotaWatchdog, gpu_usage_snapshot
 from spawner.watchdog.model import GpuSample, ServerSample, Snapshot
 from spawner.watchdog.model import Server as WatchedServer
 from spawner.watchdog.rules import GPU_IDLE, Incident, IncidentBook
 from spawner.webapp.gpus import gpu_map
-from spawner.webapp.state_files import json_object, usage_state
 
 G = 2**30
 T = 1_700_000_000.0

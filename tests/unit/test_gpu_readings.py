@@ -16,9 +16,12 @@ from spawner.gpu.allocator import GpuRequest
 from spawner.gpu.inventory import declared_inventory
 from spawner.gpu.pool import GpuPool, Server
 from spawner.gpu.snapshot import pool_snapshot
-from spawner.usage.gpu_readings import held_elsewhere, reading_rank
+from spawner.usage.gpu_readings import (
+    held_elsewhere,
+    merge_usage,  # as the pages read the rows
+    reading_rank,
+)
 from spawner.webapp.gpus import map_document, nodes_text
-from spawner.webapp.state_files import merge_usage  # as the pages read the rows
 
 G = 2**30
 T = 1_700_000_000.0

@@ -153,16 +153,16 @@ def test_an_external_usage_service_is_registered_with_its_token_and_the_hubs_id(
 
 def test_a_hub_id_set_in_the_config_reaches_the_managed_services(tmp_path, monkeypatch):
     from spawner.watchdog.service import watchdog_service
-    from spawner.webapp.app import usage_service
+    from spawner.webapp.app import webapp_service
 
-    usage, _, _ = usage_service("http://hub", "sqlite:///u.sqlite", "q.yaml", hub_id="h-1",
+    usage, _, _ = webapp_service("http://hub", "sqlite:///u.sqlite", "q.yaml", hub_id="h-1",
                                 secret_file="/srv/secret", prefix="quota")
     watchdog, _ = watchdog_service("http://hub", hub_id="h-1", secret_file="/srv/secret")
     for env in (usage["environment"], watchdog["environment"]):
         assert env["QUOTA_SPAWNER_HUB_ID"] == "h-1"
         assert env["QUOTA_SPAWNER_HUB_SECRET_FILE"] == "/srv/secret"
     monkeypatch.setenv("JUPYTERHUB_COOKIE_SECRET", "ab" * 32)  # the id, never the secret
-    usage, _, _ = usage_service("http://hub", "sqlite:///u.sqlite", "q.yaml")
+    usage, _, _ = webapp_service("http://hub", "sqlite:///u.sqlite", "q.yaml")
     assert usage["environment"]["QUOTA_SPAWNER_HUB_ID"].startswith("quota-")
     assert "ab" * 32 not in str(usage)
 

@@ -2,13 +2,13 @@
 hub.services / hub.loadRoles entries in values.yaml), without a cluster.
 
 What is checked: the manifest reads strictly into the client's models and meets the
-restricted standard; every environment variable it sets is one UsageService or the
+restricted standard; every environment variable it sets is one QuotaWebApp or the
 hub's OAuth client reads, and ``python -m spawner.webapp``'s app, initialised in a
 process of its own with that environment, has the settings the hub expects (the
 ledger, the table, no state folder, the prefix, the hub's API, the OAuth client);
 hub.services' URL is the Service's name and port, and the service's token the
 chart's Secret key; the service and its roles are what the Docker hub config
-registers (spawner.webapp.app.usage_service and the class dashboard's scopes),
+registers (spawner.webapp.app.webapp_service and the class dashboard's scopes),
 without the command; every scope is one JupyterHub knows, and JupyterHub initialises
 with them. Nothing here has been applied to a cluster
 (docs/kubernetes.md#not-yet-built-not-run-against-a-real-cluster).
@@ -121,7 +121,7 @@ def test_the_service_and_the_policy_select_the_pod() -> None:
 
 # --- its settings ------------------------------------------------------------------------
 
-# The variables UsageService's defaults read (its _env calls), and those of the hub's
+# The variables QuotaWebApp's defaults read (its _env calls), and those of the hub's
 # OAuth client (HubOAuth, jupyterhub/services/auth.py) that a service the hub does not
 # start must be given.
 USAGE_SERVICE_ENV = set(re.findall(r'_env\("([A-Z_]+)"', Path(webapp.__file__).read_text()))
@@ -167,8 +167,8 @@ def test_the_table_is_the_hubs_configmap_mounted_as_the_hub_mounts_it(
 PROBE = """\
 import json, sys
 from jupyterhub.services.auth import HubOAuth
-from spawner.webapp.app import UsageService
-app = UsageService()
+from spawner.webapp.app import QuotaWebApp
+app = QuotaWebApp()
 app.initialize(sys.argv[1:])
 web = app.web_app()
 setup = web.settings["usage"]
@@ -279,12 +279,12 @@ def test_the_entry_is_a_jupyterhub_service_the_hub_does_not_start() -> None:
 
 
 def test_the_service_and_its_roles_are_the_docker_hubs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What spawner.webapp.app.usage_service() registers, and the class dashboard's
+    """What spawner.webapp.app.webapp_service() registers, and the class dashboard's
     scopes hub_config/jupyterhub_config.py adds to it, without the command and its
     environment (the Deployment's)."""
     key = service_key()
     c = run_extra_config(monkeypatch)
-    docker, viewer, own = webapp.usage_service("https://hub.example.org", "sqlite://",
+    docker, viewer, own = webapp.webapp_service("https://hub.example.org", "sqlite://",
                                                "quotas.yaml", name=key)
     (service,) = [s for s in c.JupyterHub.services if s["name"] == key]
     assert sorted(service["oauth_client_allowed_scopes"]) == sorted(

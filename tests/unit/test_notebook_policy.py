@@ -188,12 +188,12 @@ POLICY = ["spawner.policy.gpu", "spawner.policy.notebook", "spawner.policy.envir
 KUBE_BUILDERS = ["spawner.kube.names", "spawner.kube.priority", "spawner.kube.options",
                  "spawner.kube.notebook", "spawner.kube.quantities", "spawner.kube.security",
                  "spawner.kube.claims", "spawner.kube.pod", "spawner.kube.checks",
-                 "spawner.kube.ends", "spawner.usage.sessions"]
+                 "spawner.kube.pod_end", "spawner.usage.sessions"]
 REFUSED = ["docker", "dockerspawner", "kubernetes", "kubernetes_asyncio", "kubespawner"]
 BUILD = """
 from spawner.kube.checks import config_problems, violations
 from spawner.kube.claims import home_claim
-from spawner.kube.ends import pod_end
+from spawner.kube.pod_end import pod_end
 from spawner.kube.notebook import NotebookPod
 from spawner.kube.options import KubeOptions
 from spawner.kube.pod import pod_manifest

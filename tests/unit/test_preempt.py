@@ -19,14 +19,14 @@ import pytest
 
 from spawner.contract import PREEMPT_NOTICE
 from spawner.docker.evictor import STOP_TIMEOUT, Evictor, preemption_time
-from spawner.events import EventLog, read_events
 from spawner.gpu.allocator import GpuAllocator, GpuRequest
 from spawner.gpu.inventory import GpuDevice
 from spawner.gpu.pool import Server
 from spawner.gpu.preemption import Plan
 from spawner.gpu.queue import Ticket
 from spawner.quota.model import Role
-from spawner.state import PREEMPTIONS, FolderDocuments
+from spawner.usage.documents import PREEMPTIONS, FolderDocuments
+from spawner.usage.event_log import EventLog, read_events
 
 LOG = logging.getLogger("test-preempt")
 
@@ -72,7 +72,7 @@ class FakePool:
 
 
 def evictor_of(pool: FakePool, state: Path, spawners: dict[str, Any] | None = None) -> Evictor:
-    """``state``: the preemptions' file (spawner/state.py) in the folder the evictor keeps."""
+    """``state``: the preemptions' file (spawner/usage/documents.py) in the folder the evictor keeps."""
     return Evictor(pool, pool.docker_client, FolderDocuments(str(state.parent)),  # type: ignore[arg-type]
                    LOG, spawners=spawners)
 

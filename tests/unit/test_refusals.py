@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from spawner.gpu.allocator import GpuRequest, NoGpuFree, Usage
+from spawner.policy.refusals import no_gpu
 from spawner.quota.model import Choice, ImageSpec, Role
-from spawner.refusals import no_gpu
 
 G = 2**30
 IMAGE = ImageSpec("pytorch", "quota-spawner/pytorch:latest", "PyTorch")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import threading
 
+from spawner.common.registry import Registry
 from spawner.docker.config import QuotaSpawnerConfig
 from spawner.quota.store import QuotaStore
-from spawner.registry import Registry
 
 
 def test_made_once_per_key_from_many_threads():

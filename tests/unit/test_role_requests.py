@@ -17,11 +17,11 @@ from alembic import command
 from sqlalchemy import select
 
 from spawner.docker.choices import ChoicesMixin
-from spawner.events import EventLog, read_events
 from spawner.quota.loader import parse_quota_table
 from spawner.quota.model import QuotaTableError, RequestRules
 from spawner.quota.options import OptionsError, resolve_choice
 from spawner.usage import grants as rr
+from spawner.usage.event_log import EventLog, read_events
 from spawner.usage.ledger import (
     Ledger,
     LedgerWriter,

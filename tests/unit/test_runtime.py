@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from traitlets import TraitError
 
+from spawner.common.registry import Registry
 from spawner.contract import GPUS_LABEL, HUB_LABEL, USER_LABEL
 from spawner.docker import runtime as hub_runtime
 from spawner.docker.config import QuotaSpawnerConfig
 from spawner.docker.gpus import start_time_for
 from spawner.docker.runtime import HubRuntime, Settings, build_at_hub_start
 from spawner.quota.model import Role
-from spawner.registry import Registry
 
 HUB = "hub-rt"
 LOG = logging.getLogger("test.runtime")
@@ -268,7 +268,7 @@ async def test_a_hub_that_cannot_fence_its_notebooks_says_so_at_start(tmp_path, 
     spawner = source(tmp_path, client, notebooks_cgroup=True)
     with caplog.at_level(logging.WARNING, logger=LOG.name):
         runtime = await HubRuntime.of(spawner).built(spawner)
-    assert runtime.fence is None
+    assert runtime.parent_cgroup is None
     assert "The notebooks' memory is not fenced: the Docker engine is on another machine, " \
            "whose cgroups this hub cannot reach." in caplog.text
 
@@ -277,4 +277,4 @@ async def test_without_the_setting_no_fence_is_tried(tmp_path, caplog, monkeypat
     monkeypatch.setattr(hub_runtime, "set_up", lambda *a, **k: pytest.fail("tried"))
     spawner = source(tmp_path, FakeDocker(info={"NCPU": 8, "MemTotal": 16 * G}))
     runtime = await HubRuntime.of(spawner).built(spawner)
-    assert runtime.fence is None and "fenced" not in caplog.text
+    assert runtime.parent_cgroup is None and "fenced" not in caplog.text

@@ -1,5 +1,5 @@
-"""The documents the processes share (spawner/state.py) as rows of the ledger's database
-(spawner/usage/state_docs.py), and as a state folder's files without one.
+"""The documents the processes share (spawner/usage/documents.py) as rows of the ledger's database
+(spawner/usage/documents.py), and as a state folder's files without one.
 tests/service/test_state_docs_postgres.py runs the same on PostgreSQL."""
 
 from __future__ import annotations
@@ -9,8 +9,14 @@ import threading
 
 import pytest
 
-from spawner.state import BUDGET_MEMORY, GPU_USAGE, GPUS, PREEMPTIONS, FolderDocuments
-from spawner.usage.state_docs import DatabaseDocuments
+from spawner.usage.documents import (
+    BUDGET_MEMORY,
+    GPU_USAGE,
+    GPUS,
+    PREEMPTIONS,
+    DatabaseDocuments,
+    FolderDocuments,
+)
 
 
 def test_a_document_is_replaced_whole_and_kept_per_hub_kind_and_node(ledger):

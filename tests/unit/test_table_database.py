@@ -40,7 +40,7 @@ from spawner.usage.table_versions import (
     newest_good,
     table_store,
 )
-from spawner.webapp.app import usage_service
+from spawner.webapp.app import webapp_service
 
 pytestmark = pytest.mark.usefixtures("quiet_alembic")
 
@@ -320,7 +320,7 @@ def test_the_services_are_told_the_source(monkeypatch):
     monkeypatch.delenv("QUOTA_SPAWNER_QUOTA_SOURCE", raising=False)
     monkeypatch.delenv("QUOTA_SPAWNER_QUOTA_TABLE_NAME", raising=False)
     culler, _ = culler_service("/q.yaml", quota_source="database", quota_table_name="lab")
-    service, _, _ = usage_service("http://hub", "sqlite:///u", "/q.yaml",
+    service, _, _ = webapp_service("http://hub", "sqlite:///u", "/q.yaml",
                                   quota_source="database", quota_table_name="lab")
     for environment in (culler["environment"], service["environment"]):
         assert environment["QUOTA_SPAWNER_QUOTA_SOURCE"] == "database"
@@ -328,7 +328,7 @@ def test_the_services_are_told_the_source(monkeypatch):
     culler, _ = culler_service("/q.yaml")
     assert "QUOTA_SPAWNER_QUOTA_SOURCE" not in culler["environment"]
     monkeypatch.setenv("QUOTA_SPAWNER_QUOTA_SOURCE", "database")  # the hub's own variable
-    service, _, _ = usage_service("http://hub", "sqlite:///u", "/q.yaml")
+    service, _, _ = webapp_service("http://hub", "sqlite:///u", "/q.yaml")
     assert service["environment"]["QUOTA_SPAWNER_QUOTA_SOURCE"] == "database"
 
 

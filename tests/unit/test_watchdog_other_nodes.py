@@ -19,9 +19,8 @@ from pathlib import Path
 
 from fake_pynvml import FakeGpu, FakeNvml
 from spawner.gpu.nvml import Nvml
-from spawner.state import GPU_USAGE
+from spawner.usage.documents import GPU_USAGE, DatabaseDocuments
 from spawner.usage.ledger import Ledger
-from spawner.usage.state_docs import DatabaseDocuments
 from spawner.watchdog.app import QuotaWatchdog, gpu_usage_snapshot, usage_samples
 from spawner.watchdog.host import CgroupReader, CpuMeter
 from spawner.watchdog.model import GpuSample, Server, Snapshot

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 
-async def stop_the_hubs_way(spawner: Any) -> None:
+async def stop_through_hub(spawner: Any) -> None:
     """Stop ``spawner``'s server through its JupyterHub user; raises what the stop raises."""
     user = spawner.user
     proxy = user.settings.get("proxy")

@@ -1,8 +1,9 @@
 """Something that can keep failing (a database, an engine, a file), told once.
 
-A duty that runs every few seconds must not flood the log while the ledger is down: a
-``Lapse`` logs the failure when it starts, again only when its error changes, and once
-when the thing works again. Blocking or not, it holds no lock: one owner calls it.
+A duty that runs every few seconds must not flood the log while the ledger is down: an
+``OutageLog`` logs the failure when it starts, again only when its error changes, and once
+when the thing works again (the outage ends). Blocking or not, it holds no lock: one
+owner calls it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 Log = logging.Logger | logging.LoggerAdapter
 
 
-class Lapse:
+class OutageLog:
     """``failed`` logs ``message`` at ``level`` when ``error`` is new; ``works`` logs its
     message once after a failure. ``error`` is the last error, "" while it works."""
 

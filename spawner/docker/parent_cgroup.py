@@ -24,7 +24,7 @@ info`` ``CgroupDriver``, ``CgroupVersion``):
 
 The hub can do this only where it shares the engine's cgroup tree: on the engine's
 machine, as root (or with ``/sys/fs/cgroup`` writable and the host's cgroup
-namespace). Elsewhere ``FenceError`` says why and the hub logs it at start
+namespace). Elsewhere ``ParentCgroupError`` says why and the hub logs it at start
 (docs/deployment.md#the-notebooks-cgroup). Every function here blocks: call it in a
 thread.
 """
@@ -48,12 +48,12 @@ PAGE = 4096  # cgroup v1 rounds a limit down to whole pages
 Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
-class FenceError(Exception):
+class ParentCgroupError(Exception):
     """The parent cgroup cannot be set up here; the message says why."""
 
 
 @dataclass(frozen=True)
-class Fence:
+class ParentCgroup:
     """A parent cgroup whose memory limit is set."""
 
     parent: str  # HostConfig.CgroupParent for every notebook container of this hub
@@ -66,7 +66,7 @@ class Fence:
                 "acts inside that cgroup, never on the hub or the proxy")
 
 
-def fence_name(hub_id: str) -> str:
+def parent_cgroup_name(hub_id: str) -> str:
     """The parent cgroup's name for ``hub_id``: letters, digits and underscores only (a
     dash nests a systemd slice), with a hash when the id had to be changed."""
     safe = re.sub(r"[^A-Za-z0-9_]", "_", hub_id)[:48]
@@ -81,21 +81,21 @@ def is_local(base_url: str) -> bool:
 
 
 def set_up(info: Mapping[str, Any], hub_id: str, limit: int, *, local: bool,
-           root: Path = CGROUP_ROOT, run: Run = subprocess.run) -> Fence:
+           root: Path = CGROUP_ROOT, run: Run = subprocess.run) -> ParentCgroup:
     """Create (or update) the parent cgroup of ``hub_id``'s notebooks with ``limit`` bytes
-    of memory, for the engine ``info`` describes; raises FenceError saying why not."""
+    of memory, for the engine ``info`` describes; raises ParentCgroupError saying why not."""
     if limit <= 0:
-        raise FenceError("the notebooks' share of the host's memory is 0")
+        raise ParentCgroupError("the notebooks' share of the host's memory is 0")
     if not local:
-        raise FenceError("the Docker engine is on another machine, whose cgroups this hub "
+        raise ParentCgroupError("the Docker engine is on another machine, whose cgroups this hub "
                          "cannot reach")
     driver = str(info.get("CgroupDriver") or "")
     version = str(info.get("CgroupVersion") or "1")
-    name = fence_name(hub_id)
+    name = parent_cgroup_name(hub_id)
     if driver == "systemd":
         return _systemd(name, limit, version, run)
     if driver != "cgroupfs":
-        raise FenceError(f"the engine's cgroup driver is {driver or 'unknown'!r}, not "
+        raise ParentCgroupError(f"the engine's cgroup driver is {driver or 'unknown'!r}, not "
                          "cgroupfs or systemd")
     if version == "2":
         return _cgroupfs_v2(name, limit, root)
@@ -106,7 +106,7 @@ def _write(path: Path, value: str) -> None:
     try:
         path.write_text(value)
     except OSError as e:
-        raise FenceError(f"cannot write {path}: {e.strerror or e}") from None
+        raise ParentCgroupError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _read_int(path: Path) -> int | None:
@@ -121,13 +121,13 @@ def _make(path: Path) -> None:
     try:
         path.mkdir(exist_ok=True)
     except OSError as e:
-        raise FenceError(f"cannot create {path}: {e.strerror or e}") from None
+        raise ParentCgroupError(f"cannot create {path}: {e.strerror or e}") from None
 
 
-def _cgroupfs_v1(name: str, limit: int, root: Path) -> Fence:
+def _cgroupfs_v1(name: str, limit: int, root: Path) -> ParentCgroup:
     memory = root / "memory"
     if not (memory / "memory.limit_in_bytes").exists():
-        raise FenceError(f"{memory} is not a cgroup v1 memory controller here")
+        raise ParentCgroupError(f"{memory} is not a cgroup v1 memory controller here")
     folder = memory / name
     _make(folder)
     limit_file, swap_file = folder / "memory.limit_in_bytes", folder / "memory.memsw.limit_in_bytes"
@@ -142,16 +142,16 @@ def _cgroupfs_v1(name: str, limit: int, root: Path) -> Fence:
     for path, text in order:
         _write(path, text)
     _check(limit_file, limit)
-    return Fence(f"/{name}", limit, f"cgroup v1, cgroupfs driver, {folder}")
+    return ParentCgroup(f"/{name}", limit, f"cgroup v1, cgroupfs driver, {folder}")
 
 
-def _cgroupfs_v2(name: str, limit: int, root: Path) -> Fence:
+def _cgroupfs_v2(name: str, limit: int, root: Path) -> ParentCgroup:
     try:
         controllers = (root / "cgroup.controllers").read_text().split()
     except OSError:
-        raise FenceError(f"{root} is not a cgroup v2 hierarchy here") from None
+        raise ParentCgroupError(f"{root} is not a cgroup v2 hierarchy here") from None
     if "memory" not in controllers:
-        raise FenceError(f"the memory controller is not available in {root}")
+        raise ParentCgroupError(f"the memory controller is not available in {root}")
     subtree = root / "cgroup.subtree_control"
     if "memory" not in subtree.read_text().split():
         _write(subtree, "+memory")
@@ -161,32 +161,32 @@ def _cgroupfs_v2(name: str, limit: int, root: Path) -> Fence:
     if (folder / "memory.swap.max").exists():
         _write(folder / "memory.swap.max", "0")
     _check(folder / "memory.max", limit)
-    return Fence(f"/{name}", limit, f"cgroup v2, cgroupfs driver, {folder}")
+    return ParentCgroup(f"/{name}", limit, f"cgroup v2, cgroupfs driver, {folder}")
 
 
 def _check(path: Path, limit: int) -> None:
     found = _read_int(path)
     if found is None or not limit - PAGE < found <= limit:
-        raise FenceError(f"{path} reads {found} after writing {limit}")
+        raise ParentCgroupError(f"{path} reads {found} after writing {limit}")
 
 
-def _systemd(name: str, limit: int, version: str, run: Run) -> Fence:
+def _systemd(name: str, limit: int, version: str, run: Run) -> ParentCgroup:
     unit = f"{name}.slice"
     systemctl = shutil.which("systemctl")
     if systemctl is None:
-        raise FenceError("the engine uses the systemd cgroup driver, but systemctl is not "
+        raise ParentCgroupError("the engine uses the systemd cgroup driver, but systemctl is not "
                          "here")
     settings = ([f"MemoryMax={limit}", "MemorySwapMax=0"] if version == "2"
                 else [f"MemoryLimit={limit}"])
     done = run([systemctl, "set-property", "--runtime", unit, *settings],
                capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
-        raise FenceError(f"systemctl set-property {unit} failed: "
+        raise ParentCgroupError(f"systemctl set-property {unit} failed: "
                          f"{(done.stderr or done.stdout).strip()}")
     key = settings[0].partition("=")[0]
     shown = run([systemctl, "show", "-p", key, "--value", unit], capture_output=True,
                 text=True, timeout=30)
     if shown.returncode != 0 or shown.stdout.strip() != str(limit):
-        raise FenceError(f"systemctl show {unit} gives {key}={shown.stdout.strip()!r} after "
+        raise ParentCgroupError(f"systemctl show {unit} gives {key}={shown.stdout.strip()!r} after "
                          f"setting {limit}")
-    return Fence(unit, limit, f"cgroup v{version}, systemd driver, slice {unit}")
+    return ParentCgroup(unit, limit, f"cgroup v{version}, systemd driver, slice {unit}")

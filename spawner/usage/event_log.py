@@ -23,10 +23,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from spawner.lapses import Lapse
+from spawner.common.outages import OutageLog
 
 if TYPE_CHECKING:
-    from spawner.state import Documents, Kind
+    from spawner.usage.documents import Documents, Kind
 
 SCHEMA_VERSION = 1
 EVENTS_FILE = "quota-spawner-events.jsonl"  # the hub's, in its state folder
@@ -61,8 +61,8 @@ class EventLog:
         # also appends each record to the ledger's database (usage/event_store.py), for
         # processes that share no folder with this one; it blocks, so it runs on the thread
         self.store = store
-        self._storing = Lapse(logging.ERROR)
-        self._saving: dict[str, Lapse] = {}  # by the document's kind
+        self._storing = OutageLog(logging.ERROR)
+        self._saving: dict[str, OutageLog] = {}  # by the document's kind
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-events")
 
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
@@ -87,7 +87,7 @@ class EventLog:
         return " and ".join(found) or "nowhere"
 
     def save(self, documents: Documents, kind: Kind, text: str) -> None:
-        """Replace one of the hub's state documents (spawner/state.py: the database's row,
+        """Replace one of the hub's state documents (spawner/usage/documents.py: the database's row,
         or the state folder's file), on the log's thread, after every event before it."""
         self._writer.submit(self._save, documents, kind, text)
 
@@ -116,14 +116,14 @@ class EventLog:
         self._storing.works(self.log, "Event log: the database takes events again")
 
     def _save(self, documents: Documents, kind: Kind, text: str) -> None:
-        lapse = self._saving.setdefault(kind.name, Lapse(logging.ERROR))
+        outage = self._saving.setdefault(kind.name, OutageLog(logging.ERROR))
         try:
             documents.write(kind, text)
         except Exception as e:  # logged once until it works again, as the events are
-            lapse.failed(self.log, e, "Could not save the %s document (%s: %s)", kind.name,
+            outage.failed(self.log, e, "Could not save the %s document (%s: %s)", kind.name,
                          type(e).__name__, e)
             return
-        lapse.works(self.log, "The %s document is saved again", kind.name)
+        outage.works(self.log, "The %s document is saved again", kind.name)
 
 
 def read_events(path: str, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
