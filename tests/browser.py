@@ -158,6 +158,27 @@ def assert_text_reads_in_order(page, text: str, name: str = BIDI_NAME) -> None:
     assert found["same_line"] and found["after_left"] >= found["name_right"] - 0.5, found
 
 
+# an element as drawn: without whitespace-only text, numbers as N (ages and the figures
+# measured move on between two loads)
+DRAWING = r"""(element) => {
+  const copy = element.cloneNode(true);
+  const walk = (node) => {
+    for (const child of Array.from(node.childNodes)) {
+      if (child.nodeType === 3 && !child.nodeValue.trim()) node.removeChild(child);
+      else walk(child);
+    }
+  };
+  walk(copy);
+  return copy.outerHTML.replace(/[0-9]+(\.[0-9]+)?/g, "N");
+}"""
+
+
+def drawing(locator) -> str:
+    """``locator``'s element as drawn (DRAWING): two pages' drawings compare alike when the
+    same markup is drawn, whoever drew it."""
+    return locator.evaluate(DRAWING)
+
+
 class Visit:
     """One person's browser context: script errors, requests and dialogs recorded."""
 

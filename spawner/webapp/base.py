@@ -14,6 +14,11 @@ but a page's GET only with the service's XSRF token in ``X-XSRFToken`` (the page
 it, ``xsrf()``); without it the request has no user and is refused. An API's POST must
 also be JSON (``body``), which a form of another site cannot send without a CORS
 preflight this service never answers.
+
+Each page is drawn here, once: a page that stays live (the host map, a class's dashboard)
+has its script ask the page's API for the page again, as HTML (``Accept: text/html``
+only: ``ApiHandler.wants_html``, ``reply_html``), and patch what changed into the page in
+place (``static/live.js``). Every other client of the API gets JSON.
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ SCRIPT_CSP = ("default-src 'none'; script-src 'self'; style-src 'unsafe-inline';
 HARDENING = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
              "Referrer-Policy": "same-origin"}
 STATIC = files(__package__).joinpath("static")
-FORMAT_SCRIPT = "format.js"  # the formatters the page scripts share (formatting.py's)
+FORMAT_SCRIPT = "format.js"  # the formatters a page script still needs (formatting.py's)
+LIVE_SCRIPT = "live.js"  # a live page's drawing, asked again and patched in (reply_html)
 
 
 @dataclass(frozen=True)
@@ -186,6 +192,24 @@ class BaseHandler(HubOAuthenticated, web.RequestHandler):
         """``fn(*args)`` on the service's worker threads (files, the quota table)."""
         return await self.reader.call(fn, *args)
 
+    def xsrf(self) -> str:
+        """The XSRF token the page's script sends back as X-XSRFToken, as text."""
+        token = self.xsrf_token
+        return token.decode() if isinstance(token, bytes) else str(token)
+
+    def draw(self, template: str, block: str | None = None, **values: Any) -> str:
+        """``template`` (or only its ``block``) with ``values`` and what every page has: the
+        service's frame (prefix, who, the header's links, the time zone)."""
+        model = self.known_user or {}  # an error page must not ask the hub again
+        found = self.setup.templates.get_template(template)
+        values = dict(
+            prefix=self.prefix, hub_home=self.setup.hub_base.rstrip("/") + "/hub/home",
+            who=model.get("name", ""), nav=nav_for(model, self.prefix),
+            here=self.request.path, tz=self.tz, tz_name=str(self.tz), **values)
+        if block is None:
+            return found.render(values)
+        return "".join(found.blocks[block](found.new_context(values)))
+
     def sentence_for(self, status_code: int, **kwargs: Any) -> str:
         """The sentence of the error being written: its own, else this handler's."""
         error = kwargs.get("exc_info", (None, None, None))[1]
@@ -209,20 +233,11 @@ class PageHandler(BaseHandler):
     def policy(self) -> str:
         return SCRIPT_CSP if self.scripts else CSP
 
-    def xsrf(self) -> str:
-        """The XSRF token the page's script sends back as X-XSRFToken, as text."""
-        token = self.xsrf_token
-        return token.decode() if isinstance(token, bytes) else str(token)
-
     def render_page(self, template: str, status: int = 200, **values: Any) -> None:
-        model = self.known_user or {}  # an error page must not ask the hub again
         values.setdefault("scripts", [static_url(self.prefix, name) for name in self.scripts])
         self.set_status(status)
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.finish(self.setup.templates.get_template(template).render(
-            prefix=self.prefix, hub_home=self.setup.hub_base.rstrip("/") + "/hub/home",
-            who=model.get("name", ""), nav=nav_for(model, self.prefix),
-            here=self.request.path, tz=self.tz, tz_name=str(self.tz), **values))
+        self.finish(self.draw(template, **values))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         # a refusal is a sentence, without the page's scripts
@@ -253,6 +268,18 @@ class ApiHandler(BaseHandler):
     def reply(self, value: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(json.dumps(value, default=str))
+
+    def wants_html(self) -> bool:
+        """Asked for HTML only (``Accept: text/html``): a live page's script, which patches
+        the page as drawn here into itself. A browser's navigation accepts more (``*/*``),
+        and a script or ``curl`` asks for JSON or anything: they get JSON."""
+        accept = self.request.headers.get("Accept", "")
+        return [t.split(";")[0].strip().lower() for t in accept.split(",")] == ["text/html"]
+
+    def reply_html(self, template: str, **values: Any) -> None:
+        """The page's ``main`` block as its page handler draws it (``wants_html``)."""
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(self.draw(template, "main", **values))
 
     def write_error(self, status_code: int, **kwargs: Any) -> None:
         self.set_header("Content-Type", "application/json; charset=utf-8")

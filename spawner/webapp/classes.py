@@ -6,9 +6,10 @@ Pages under the service's prefix:
 - ``GET classes``: the visitor's classes, each a link to its dashboard;
 - ``GET classes/<group>``: the dashboard: each member's server state, role and image,
   last activity, CPU, memory and GPU memory; open a member's server, stop one or all,
-  pre-warm now or at a time, the pre-warm schedules. It is rendered here first, from the
-  same snapshot as the API's, then ``static/classes.js`` refreshes it from the API every
-  ``REFRESH_SECONDS`` and sends the actions to it, with the service's XSRF token.
+  pre-warm now or at a time, the pre-warm schedules. It is drawn here only, from the same
+  snapshot as the API's; ``static/classes.js`` asks the API for it again every
+  ``REFRESH_SECONDS``, as HTML, patches its live parts into the page in place
+  (``static/live.js``) and sends the actions to the API, with the service's XSRF token.
 
 The JSON API:
 
@@ -16,7 +17,8 @@ The JSON API:
 - ``GET api/classes/<g>``: each member's server state, role, image, last activity, CPU
   and memory (the usage ledger's open session) and GPU memory (the watchdog's file),
   the role and image pairs every member may start (the pre-warm picker), those only
-  some hold with who lacks them, and the class's pre-warm schedules;
+  some hold with who lacks them, and the class's pre-warm schedules; asked with
+  ``Accept: text/html`` only, the dashboard as its page draws it (base.py's ``reply_html``);
 - ``POST api/classes/<g>/stop`` ``{users: [...]}`` or ``{all: true}``: stop servers;
 - ``POST api/classes/<g>/prewarm`` ``{role, image, at?}``: without ``at`` start every
   member's stopped server now with ``{"profile": role, "image": image}``, reporting per
@@ -30,8 +32,8 @@ instructor's ``servers!group=G`` and ``list:users!group=G``. A group the visitor
 instructor of (the usage scope's ``!group=`` filters) is refused here before any hub
 call; a refusal of the hub is passed on as a sentence. Group and user names are chosen
 by people: Jinja escapes them, links carry them URL-encoded, and the script writes them
-as text only. A pre-warmed server is an ordinary server: the idle culler stops it if
-nobody comes.
+as text only (its sentences about an action). A pre-warmed server is an ordinary server:
+the idle culler stops it if nobody comes.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from spawner.webapp.access import (
     class_of,
     names,
 )
-from spawner.webapp.base import FORMAT_SCRIPT, ApiHandler, PageHandler, Setup
+from spawner.webapp.base import FORMAT_SCRIPT, LIVE_SCRIPT, ApiHandler, PageHandler, Setup
 from spawner.webapp.formatting import bdi, isolate, size
 from spawner.webapp.hub_api import (
     HubApi,
@@ -171,7 +173,7 @@ def member_row(user: dict[str, Any], used: Mapping[str, dict[str, Any]],
     }
 
 
-# --- how a row reads; static/classes.js writes the same text -------------------------------
+# --- how a row reads, for the template -----------------------------------------------------
 
 
 def cpu_text(row: dict[str, Any]) -> str:
@@ -197,6 +199,16 @@ def role_text(row: dict[str, Any]) -> str:
 
 def class_link(prefix: str, group: str) -> str:
     return f"{prefix}classes/{quote(group, safe='')}"
+
+
+def dashboard(prefix: str, group: str, found: dict[str, Any], access: Access,
+              xsrf: str) -> dict[str, Any]:
+    """The values class.html draws the snapshot ``found`` of ``group`` with."""
+    return dict(
+        title=f"Class {isolate(group)}", group=group, data=found, admin=access.everything,
+        classes_link=prefix + "classes", api=class_link(prefix + "api/", group), xsrf=xsrf,
+        refresh_ms=REFRESH_SECONDS * 1000, cpu_text=cpu_text, memory_text=memory_text,
+        role_text=role_text, choice_value=lambda c: json.dumps([c["role"], c["image"]]))
 
 
 # --- the dashboard's snapshot ------------------------------------------------------------------
@@ -321,7 +333,7 @@ class ClassPage(ClassVisitor, PageHandler):
     """GET {prefix}classes/<group>: the dashboard of one class."""
 
     page_title = "Classes"
-    scripts = (FORMAT_SCRIPT, "classes.js")
+    scripts = (FORMAT_SCRIPT, LIVE_SCRIPT, "classes.js")
 
     @web.authenticated
     async def get(self, group: str) -> None:
@@ -332,12 +344,8 @@ class ClassPage(ClassVisitor, PageHandler):
             log.info("Class dashboard page: refused %s the class %s", self.who(), group)
             raise
         found = await self.snapshot(group)
-        self.render_page(
-            "class.html", title=f"Class {isolate(group)}", group=group, data=found,
-            admin=access.everything, classes_link=self.prefix + "classes",
-            api=class_link(self.prefix + "api/", group), xsrf=self.xsrf(),
-            refresh_ms=REFRESH_SECONDS * 1000, cpu_text=cpu_text, memory_text=memory_text,
-            role_text=role_text, choice_value=lambda c: json.dumps([c["role"], c["image"]]))
+        self.render_page("class.html",
+                         **dashboard(self.prefix, group, found, access, self.xsrf()))
 
 
 # --- the API -----------------------------------------------------------------------------------
@@ -369,12 +377,18 @@ class ClassesHandler(ClassApi):
 
 
 class ClassHandler(ClassApi):
-    """GET: a class's members, the pre-warm choices and the schedules."""
+    """GET: a class's members, the pre-warm choices and the schedules; or the dashboard as
+    its page draws them."""
 
     @web.authenticated
     async def get(self, group: str) -> None:
-        self.group(group)
-        self.reply(await self.snapshot(group))
+        access = self.group(group)
+        found = await self.snapshot(group)
+        if self.wants_html():
+            self.reply_html("class.html",
+                            **dashboard(self.prefix, group, found, access, self.xsrf()))
+        else:
+            self.reply(found)
 
 
 class StopHandler(ClassApi):

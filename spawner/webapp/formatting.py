@@ -3,11 +3,10 @@ templates (as Jinja filters, ``FILTERS``) and for the handlers.
 
 The rules themselves are the hub's (spawner/quota/units.py: ``format_human``,
 ``human_duration``, ``format_moment``, ``hours_text``), so a page,
-the watchdog's messages and the CLI say the same size alike. ``static/format.js`` is
-their copy for the pages' scripts, with the same rounding (half up, in the same float
-arithmetic): a page drawn here and redrawn by its script reads the same
-(tests/unit/test_formatting.py runs both on one table of values). Unknown values (None,
-NaN) are "–" everywhere.
+the watchdog's messages and the CLI say the same size alike. The pages are drawn here
+only; ``static/format.js`` copies the two a script still writes itself, ``moment`` (in
+the browser's zone) and ``isolate`` (tests/unit/test_formatting.py runs both on one
+table of values). Unknown values (None, NaN) are "–" everywhere.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ def _number(value: Any) -> bool:
 
 
 def half_up(value: float) -> int:
-    """Rounded half up, as the scripts' Math.floor(value + 0.5)."""
+    """Rounded half up: 0.5 -> 1, 2.5 -> 3 (not Python's round to even)."""
     return math.floor(value + 0.5)
 
 

@@ -6,10 +6,12 @@ the hub's pool snapshot with the watchdog's numbers behind both.
   they use (the watchdog), each server's room; every GPU of the host with its state, who
   holds it (exclusive or shared), each holder's GPU memory, the GPU's utilisation and
   memory from the watchdog, idle held GPUs marked in words; and the wait queue, GPU
-  starts and starts waiting for room on the host. It is rendered here first, so it reads
-  without a script; ``static/gpus.js`` then asks the API every ``POLL_SECONDS`` and
-  updates the page in place (keyboard focus stays where it is).
-- ``GET {prefix}api/gpus``: the same as JSON (``map_document``).
+  starts and starts waiting for room on the host. It is drawn here only, so it reads
+  without a script; ``static/gpus.js`` then asks the API for it again every
+  ``POLL_SECONDS``, as HTML, and patches what changed into the page in place
+  (``static/live.js``; keyboard focus stays where it is).
+- ``GET {prefix}api/gpus``: the same as JSON (``map_document``); asked with
+  ``Accept: text/html`` only, the page's drawing of it (base.py's ``reply_html``).
 
 Two files in the hub's state folder feed it (usage/documents.py): the hub's pool snapshot and
 the watchdog's usage file, read on the service's worker threads, never on the event loop.
@@ -38,8 +40,8 @@ the engine has) and each server's ``cpu_used`` and ``memory_used``.
 Admins only (``admin`` true in the hub's OAuth user model): the map names every user
 holding a GPU or room on the host, across classes, so the usage page's viewers and
 instructors are refused, on the page and at the API. Holders' names are chosen by
-users: Jinja autoescapes them here, and the script sets them with textContent only; each
-stands isolated in its line (dir="auto", <bdi>), so its bidi controls stay inside it.
+users: Jinja autoescapes them here; each stands isolated in its line (dir="auto", <bdi>),
+so its bidi controls stay inside it.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from spawner.usage.documents import GPU_USAGE, GPUS, Documents, read_pool, read_
 from spawner.usage.gpu_readings import VERSION, interval_of, number, stale_after, usage_state
 from spawner.usage.gpu_readings import as_dict as _dict
 from spawner.usage.gpu_readings import as_list as _list
-from spawner.webapp.base import FORMAT_SCRIPT, ApiHandler, BaseHandler, PageHandler
+from spawner.webapp.base import LIVE_SCRIPT, ApiHandler, BaseHandler, PageHandler
 from spawner.webapp.formatting import duration, half_up, isolate, size
 
 POLL_SECONDS = 2.0
@@ -288,8 +290,7 @@ def _ticket(ticket: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
-# --- the map's words, as static/gpus.js writes them too ---------------------------------------
-# Sizes, durations and shares are formatting.py's (static/format.js in the script).
+# --- the map's words, for the template; sizes, durations and shares are formatting.py's ------
 
 
 def plural(count: int, word: str) -> str:
@@ -320,7 +321,7 @@ def amount_text(key: str, value: Any) -> str:
 
 
 def attr_number(value: Any) -> str:
-    """A number as the script's String(number) writes it, for a meter's attributes."""
+    """A number for a meter's attributes: a whole number without '.0'."""
     return str(int(value)) if number(value) and value == int(value) else str(value)
 
 
@@ -399,7 +400,7 @@ def preemption_text(ticket: dict[str, Any], users: dict[str, str],
 
 
 def user_link(prefix: str, user: str) -> str:
-    """The user's usage page; quoted as the script's encodeURIComponent quotes."""
+    """The user's usage page; quoted as encodeURIComponent quotes."""
     return prefix + "user?name=" + quote(user, safe="!'()*")
 
 
@@ -419,7 +420,8 @@ def holder_users(doc: dict[str, Any]) -> dict[str, str]:
 
 
 class GpuMap(BaseHandler):
-    """Shared by the page and the API: admins only, the two files read on the threads."""
+    """Shared by the page and the API: admins only, the two files read on the threads, and
+    what the template draws the map with."""
 
     refused = ADMINS_ONLY
 
@@ -427,23 +429,14 @@ class GpuMap(BaseHandler):
         return await self.blocking(
             lambda: read_map(self.setup.documents(), time.time()))
 
-
-class GpuPage(GpuMap, PageHandler):
-    """GET {prefix}gpus: the map, drawn here, kept live by static/gpus.js."""
-
-    page_title = "Host map"
-    scripts = (FORMAT_SCRIPT, "gpus.js")
-
-    @web.authenticated
-    async def get(self) -> None:
-        self.require_admin(ADMINS_ONLY, "host map page")
-        doc = await self.document()
+    def drawing(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """The values gpus.html draws ``doc`` with."""
         gpus_where, usage_where = IN_DATABASE if self.setup.database else IN_FOLDER
         users = holder_users(doc)
         indexes = {r["uuid"]: str(r["index"]) for r in doc["gpus"]
                    if isinstance(r.get("uuid"), str) and r.get("index") is not None}
-        self.render_page(
-            "gpus.html", title="Host map", doc=doc, now=doc["generated_at"],
+        return dict(
+            title="Host map", doc=doc, now=doc["generated_at"],
             no_state=NO_STATE, gpus_file=gpus_where, usage_file=usage_where,
             nodes_text=nodes_text,
             plural=plural, mode_text=mode_text, cpus_text=cpus_text,
@@ -452,18 +445,34 @@ class GpuPage(GpuMap, PageHandler):
             queue_text=queue_text,
             user_link=lambda user: user_link(self.prefix, user), holder_users=users,
             preemption_text=lambda t: preemption_text(t, users, indexes), xsrf=self.xsrf(),
-            api=self.prefix + "api/gpus", user_page=self.prefix + "user?name=")
+            api=self.prefix + "api/gpus")
+
+
+class GpuPage(GpuMap, PageHandler):
+    """GET {prefix}gpus: the map, drawn here, kept live by static/gpus.js."""
+
+    page_title = "Host map"
+    scripts = (LIVE_SCRIPT, "gpus.js")
+
+    @web.authenticated
+    async def get(self) -> None:
+        self.require_admin(ADMINS_ONLY, "host map page")
+        self.render_page("gpus.html", **self.drawing(await self.document()))
 
 
 class GpuApi(GpuMap, ApiHandler):
-    """GET {prefix}api/gpus: the map as JSON (map_document)."""
+    """GET {prefix}api/gpus: the map as JSON (map_document), or as the page draws it."""
 
     unreadable = failed = FAILED
 
     @web.authenticated
     async def get(self) -> None:
         self.require_admin(ADMINS_ONLY, "host map API")
-        self.reply(await self.document())
+        doc = await self.document()
+        if self.wants_html():
+            self.reply_html("gpus.html", **self.drawing(doc))
+        else:
+            self.reply(doc)
 
 
 def routes(prefix: str) -> list[tuple[str, type[web.RequestHandler]]]:

@@ -15,10 +15,11 @@
 from __future__ import annotations
 
 import re
+import time
 from datetime import datetime, timedelta
 
 import pytest
-from browser import BIDI_NAME, Visit, assert_reads_in_order, expect, launch, visits
+from browser import BIDI_NAME, Visit, assert_reads_in_order, drawing, expect, launch, visits
 from hubs import leave, on_hub
 
 from harness import Hub, container_for
@@ -285,6 +286,42 @@ def test_the_instructor_prewarms_opens_and_stops_their_class(make, hub, docker_c
     expect(planned.locator("button.cancel")).to_have_count(0)
     v.shot("class-dashboard-instructor")
     v.check_stayed_home()
+
+
+# what a refresh of the dashboard brings (static/classes.js's LIVE)
+LIVE_PARTS = ("#members-body", "#no-members", "#prewarm-choice", "#prewarm", "#no-choices",
+              "#lacking-block", "#schedules-body", "#no-schedules")
+AGO = re.compile(r"just now|N min ago|N h ago|N days ago")
+
+
+def live_parts(v: Visit) -> list[str]:
+    """The dashboard's live parts as drawn; "12 min ago" and "just now" alike."""
+    return [AGO.sub("ago", drawing(v.page.locator(part))) for part in LIVE_PARTS]
+
+
+def test_a_refresh_brings_the_dashboard_as_the_service_draws_it(make, hub):
+    """The script draws none of the dashboard: after its refresh the members, the picker
+    and the schedules are, element for element, what a fresh load of the page shows, as
+    the service drew it (with the schedules' times in the browser's zone)."""
+    v = make()
+    v.log_in("prof-ada")
+    v.open_service_page("classes/cs101")
+    r = v.api("POST", "api/classes/cs101/prewarm",
+              {"role": "student", "image": "pytorch", "at": time.time() + 3600})
+    assert r.status == 201, r.text()
+    planned = r.json()["id"]
+    try:
+        v.open_service_page("classes/cs101")  # drawn with the pending schedule
+        fresh = live_parts(v)
+        assert 'class="cancel secondary"' in fresh[LIVE_PARTS.index("#schedules-body")]
+        with v.page.expect_response(lambda r: r.url.endswith("/api/classes/cs101"),
+                                    timeout=10_000):
+            pass
+        v.page.wait_for_timeout(500)
+        assert live_parts(v) == fresh
+        v.check_stayed_home()
+    finally:
+        v.api("DELETE", f"api/classes/cs101/schedules/{planned}")
 
 
 def test_an_admin_sees_every_group_and_stops_another_classes_server(make, hub):

@@ -24,6 +24,7 @@ import time
 
 import pytest
 from browser import BIDI_NAME, Visit, assert_reads_in_order, expect, launch
+from browser import drawing as element_drawing
 from hubs import GPU_HUB_GPUS, GPU_HUB_ID, on_hub, stop_every_server
 
 from harness import Hub, WatchdogProcess, container_for, install_fake_nvml, write_fake_gpus
@@ -147,23 +148,9 @@ def holder(row, user: str):
     return row.locator("ul.holders li").filter(has=row.page.locator("a", has_text=user))
 
 
-# #live without whitespace-only text, numbers as N (ages and the CPUs and memory used
-# move on between two loads)
-DRAWING = r"""() => {
-  const copy = document.getElementById("live").cloneNode(true);
-  const walk = (node) => {
-    for (const child of Array.from(node.childNodes)) {
-      if (child.nodeType === 3 && !child.nodeValue.trim()) node.removeChild(child);
-      else walk(child);
-    }
-  };
-  walk(copy);
-  return copy.outerHTML.replace(/[0-9]+(\.[0-9]+)?/g, "N");
-}"""
-
-
 def drawing(page) -> str:
-    return page.evaluate(DRAWING)
+    """#live as drawn (tests/browser.py's DRAWING)."""
+    return element_drawing(page.locator("#live"))
 
 
 def test_the_admin_sees_the_map_follow_the_servers(setup, visit, docker_client):

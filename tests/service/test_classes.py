@@ -18,7 +18,7 @@ from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
-from webapp_client import PageSite, attribute, serve
+from webapp_client import PageSite, attribute, drawn, serve
 
 from spawner.hubconfig.rbac import CLASS_OAUTH_SCOPES, USAGE_SCOPE, class_service_scopes
 from spawner.usage import schedules
@@ -482,6 +482,7 @@ PREFIX = "/services/usage/"
 SCRIPT = ROOT / "spawner" / "webapp" / "static" / "classes.js"
 SCRIPT_VERSION = static_version("classes.js")  # in the scripts' URLs
 FORMAT_VERSION = static_version("format.js")
+LIVE_VERSION = static_version("live.js")
 HOSTILE_USER = "<script>alert('u')</script>&"
 HOSTILE_GROUP = "\"><img src=x onerror=alert('g')>/x"
 
@@ -610,6 +611,7 @@ async def test_the_dashboard_shows_each_member(site):
     assert attribute(page, "data-group") == "cs101"
     assert re.findall(r"<script\b[^>]*>", page) == [
         f'<script src="{PREFIX}static/format.js?v={FORMAT_VERSION}" defer>',
+        f'<script src="{PREFIX}static/live.js?v={LIVE_VERSION}" defer>',
         f'<script src="{PREFIX}static/classes.js?v={SCRIPT_VERSION}" defer>']
     for label in ('<label for="prewarm-choice">', '<label for="prewarm-at">'):
         assert label in page
@@ -628,10 +630,40 @@ async def test_the_page_allows_its_own_scripts_only(site):
 
 
 def test_the_script_writes_names_as_text_only():
-    script = SCRIPT.read_text()
+    script = SCRIPT.read_text() + (SCRIPT.parent / "live.js").read_text()
     for forbidden in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write",
                       "window.confirm", "alert(", "eval(", "http://", "https://"):
         assert forbidden not in script, forbidden
+
+
+async def test_the_script_gets_the_dashboard_as_the_page_draws_it(site):
+    """The dashboard is drawn in one place: asked for HTML only, the class's API answers
+    with the page's own drawing (its main block), from which the page's script patches the
+    members, the picker and the schedules; every other client gets the JSON."""
+    page = (await site.get("classes/cs101", "prof-ada")).body.decode()
+    r = await site.get("api/classes/cs101", "prof-ada", headers={"Accept": "text/html"})
+    assert r.code == 200 and r.headers["Content-Type"].startswith("text/html")
+    live = r.body.decode()
+    assert "<header>" not in live and "<script" not in live
+    for part in ("members-body", "prewarm-choice", "lacking", "schedules-body"):
+        assert re.search(rf'id="{part}"', live), part
+    assert cell(row(live, "alice"), "cpu") == "0.75 of 2 cores"
+    assert drawn(live) in drawn(page)
+    r = await site.get("api/classes/cs101", "prof-ada", headers={"Accept": "*/*"})
+    assert json.loads(r.body)["group"] == "cs101"
+    r = await site.get("api/classes/ml-platform", "prof-ada", headers={"Accept": "text/html"})
+    assert r.code == 403
+    assert json.loads(r.body) == {
+        "message": "You manage the servers of cs101 only, not of ml-platform."}
+
+
+def test_the_dashboard_is_drawn_and_worded_by_the_service_only():
+    """The rows, the picker and the schedules are the template's: the script makes none of
+    them and writes none of their text (classes.py's *_text and formatting.py's filters)."""
+    script = SCRIPT.read_text(encoding="utf-8")
+    for words in ("cores", "not held by", "make(\"tr\")", "make(\"option\"", "data.members",
+                  "data.schedules", "memory_limit", "ago(", "size("):
+        assert words not in script, words
 
 
 async def test_hostile_names_are_escaped(site):

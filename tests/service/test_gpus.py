@@ -12,12 +12,13 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 from test_gpu_map import G, busy_pool, idle_book, watched
 from test_table import PageHubAuth
 from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, Text
-from webapp_client import PageSite, attribute
+from webapp_client import PageSite, attribute, drawn
 from webapp_client import serve as serve_app
 
 from spawner.gpu.pool import Server
@@ -33,7 +34,8 @@ from spawner.webapp.gpus import ADMINS_ONLY, NO_STATE, map_document, user_link
 
 PREFIX = "/services/usage/"
 SCRIPT_VERSION = static_version("gpus.js")  # in the scripts' URLs
-FORMAT_VERSION = static_version("format.js")
+LIVE_VERSION = static_version("live.js")
+STATIC = Path(gpu_page.__file__).parent / "static"
 HOSTILE = '<script>alert(1)</script>"&'
 HOSTILE_ROLE = "<img src=x onerror=alert(2)>"
 
@@ -197,13 +199,49 @@ async def test_the_page_runs_its_own_script_only(site):
     assert csp["connect-src"] == "'self'"
     page = r.body.decode()
     assert re.findall(r"<script\b[^>]*>", page) == [
-        f'<script src="{PREFIX}static/format.js?v={FORMAT_VERSION}" defer>',
+        f'<script src="{PREFIX}static/live.js?v={LIVE_VERSION}" defer>',
         f'<script src="{PREFIX}static/gpus.js?v={SCRIPT_VERSION}" defer>']
     assert "http://" not in page and "https://" not in page  # nothing from the network
     r = await site.get(f"static/gpus.js?v={SCRIPT_VERSION}", "admin")
     assert r.code == 200 and r.headers["Content-Type"].startswith("text/javascript")
-    script = r.body.decode()
+    script = r.body.decode() + (await site.get(f"static/live.js?v={LIVE_VERSION}")).body.decode()
     assert "innerHTML" not in script and "X-XSRFToken" in script and "http" not in script
+
+
+async def test_the_page_script_gets_the_map_as_the_page_draws_it(site):
+    """The map is drawn in one place: asked for HTML only, the API answers with the page's
+    own drawing of the map (its main block: no frame, no script), which the page's script
+    patches in; any other client, a browser's navigation too, gets the JSON."""
+    await write_busy(site)
+    page = (await site.get("gpus", "admin")).body.decode()
+    r = await site.get("api/gpus", "admin", headers={"Accept": "text/html"})
+    assert r.code == 200 and r.headers["Content-Type"].startswith("text/html")
+    assert r.headers["Cache-Control"] == "no-store"
+    live = r.body.decode()
+    assert live.lstrip().startswith("<style>") and "<header>" not in live
+    assert "<script" not in live and '<div id="live" data-generated-at="' in live
+    assert drawn(live) in drawn(page)
+    assert "Exclusive" in words(row_of(live, "GPU-0"))
+    navigation = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
+    for accept in (None, "application/json", "*/*", navigation):
+        r = await site.get("api/gpus", "admin", headers={"Accept": accept} if accept else {})
+        assert r.headers["Content-Type"].startswith("application/json"), accept
+        assert json.loads(r.body)["gpus"][0]["uuid"] == "GPU-0"
+    # a refusal is the API's sentence, for the script to show
+    r = await site.get("api/gpus", "prof-ada", headers={"Accept": "text/html"})
+    assert r.code == 403 and json.loads(r.body) == {"message": ADMINS_ONLY}
+
+
+def test_the_map_is_drawn_and_worded_by_the_service_only():
+    """The map's markup and words are the template's and gpus.py's: its scripts make no
+    element and write none of its sentences; they patch in what the service drew."""
+    script = "".join((STATIC / name).read_text(encoding="utf-8")
+                     for name in ("gpus.js", "live.js"))
+    assert "createElement" not in script and "QuotaFormat" not in script
+    for words_ in ("places taken", "Nobody is waiting", "room on the host", "shared by up to",
+                   "on this GPU", "in the hub's pool", "The watchdog's figures", "Kept back",
+                   "Not in the hub's pool", "nobody", "waiting for a GPU", "kept for it"):
+        assert words_ not in script, words_
 
 
 # --- user-chosen names --------------------------------------------------------------------

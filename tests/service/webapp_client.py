@@ -33,8 +33,9 @@ class PageSite:
         self.base = f"http://127.0.0.1:{port}{prefix}"
         self.client = AsyncHTTPClient()
 
-    async def get(self, path: str, who: str = "", **kwargs: Any) -> HTTPResponse:
-        headers = {"X-Test-User": who} if who else {}
+    async def get(self, path: str, who: str = "", headers: dict[str, str] | None = None,
+                  **kwargs: Any) -> HTTPResponse:
+        headers = {**({"X-Test-User": who} if who else {}), **(headers or {})}
         return await self.client.fetch(self.base + path, headers=headers, raise_error=False,
                                        follow_redirects=False, **kwargs)
 
@@ -44,3 +45,10 @@ def attribute(page: str, name: str) -> str:
     found = re.search(rf'\b{name}="([^"]*)"', page)
     assert found, name
     return html.unescape(found.group(1))
+
+
+def drawn(text: str) -> str:
+    """A page's drawing with its numbers (ages, times) as N and its XSRF token left out, so
+    that two drawings a moment apart read alike."""
+    text = re.sub(r'data-xsrf="[^"]*"', 'data-xsrf=""', text)
+    return re.sub(r"[0-9]+(\.[0-9]+)?", "N", text)

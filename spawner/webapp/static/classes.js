@@ -1,9 +1,11 @@
-// The class dashboard (spawner/webapp/classes.py, templates/class.html), after format.js:
-// refreshes the page from the service's API every few seconds and sends the actions to
-// it. Plain script, no framework and nothing from the network. Names are chosen by
-// people, so they are only ever written as text (textContent) or attributes, never as HTML,
-// and each is isolated in its line (a <bdi>, or QuotaFormat.isolate in plain text), so its
-// bidi controls cannot reorder the words around it.
+// The class dashboard (spawner/webapp/classes.py, templates/class.html), after format.js
+// and live.js: every few seconds asks the service's API for the dashboard as the service
+// draws it and patches its live parts into the page in place (QuotaLive), and sends the
+// actions to the API. Plain script, no framework and nothing from the network. What it
+// writes itself (the sentences about an action, and the times in the browser's zone) is
+// text only (textContent), never HTML, each name isolated in its line (a <bdi>, or
+// QuotaFormat.isolate in plain text), so its bidi controls cannot reorder the words around
+// it.
 "use strict";
 
 (function () {
@@ -52,26 +54,7 @@
     return { status: response.status, data };
   }
 
-  // --- how a row reads: as classes.py's *_text functions; sizes, times and "ago" are
-  // format.js's, as formatting.py's are the page's ----------------------------------------
-
-  const { size, ago, moment, iso, isolate } = QuotaFormat;
-
-  function cpuText(m) {
-    if (m.cpu === null || m.cpu === undefined) return "–";
-    return m.cpu.toFixed(2) + (m.cpu_limit ? ` of ${m.cpu_limit} cores` : " cores");
-  }
-
-  function memoryText(m) {
-    if (m.memory === null || m.memory === undefined) return "–";
-    return size(m.memory) + (m.memory_limit ? ` of ${size(m.memory_limit)}` : "");
-  }
-
-  // as role_text: each name in a <bdi>
-  function roleParts(m) {
-    if (!m.role) return ["–"];
-    return m.image ? [{ name: m.role }, " · ", { name: m.image }] : [{ name: m.role }];
-  }
+  const { moment, isolate } = QuotaFormat;
 
   function setText(element, text) {
     // only on change: a screen reader hears, and a selection keeps, what did not change
@@ -87,152 +70,30 @@
 
   // parts: text, or {name} for a name someone chose, which goes in a <bdi> of its own
   function named(element, parts) {
-    const text = parts.map((p) => (typeof p === "string" ? p : p.name)).join("");
-    if (element.textContent === text && element.childNodes.length === parts.length) {
-      return element; // unchanged: a screen reader hears, and a selection keeps, the same
-    }
     element.replaceChildren(...parts.map((p) => (typeof p === "string" ? p
       : make("bdi", "", String(p.name)))));
     return element;
   }
 
-  // "a, b, c": names, each in a <bdi>
-  const nameList = (names) => names.flatMap((n, i) => (i ? [", ", { name: n }] : [{ name: n }]));
+  // --- refreshing: the service's drawing, patched in ---------------------------------------
 
-  // --- the members' table: rows are kept and updated in place, so focus stays --------
+  // what a refresh patches; the rest of the page (the action's status, the form's inputs)
+  // is the visitor's
+  const LIVE = ["members-body", "no-members", "prewarm-choice", "prewarm", "no-choices",
+                "lacking-block", "schedules-body", "no-schedules"];
+  // buttons the script holds, which a refresh leaves as they are: pressed once (armed), or
+  // their action under way
+  const held = new Set();
 
-  function makeRow(name) {
-    const tr = make("tr");
-    tr.dataset.user = name;
-    const head = make("th", "text name", name);
-    head.scope = "row";
-    const state = make("td", "text state");
-    state.append(make("span", "badge"));
-    const actions = make("td", "text actions");
-    const open = make("a", "open", "Open");
-    open.target = "_blank";
-    open.rel = "noopener";
-    open.setAttribute("aria-label", `Open ${name}'s server`);
-    const stop = make("button", "stop", "Stop");
-    stop.type = "button";
-    stop.setAttribute("aria-label", `Stop ${name}'s server`);
-    actions.append(open, " ", stop);
-    tr.append(head, state, make("td", "text role"), make("td", "activity"), make("td", "cpu"),
-              make("td", "memory"), make("td", "gpu"), actions);
-    return tr;
-  }
-
-  function fillRow(tr, m, now) {
-    const cell = (name) => tr.querySelector(`td.${name}`);
-    const state = cell("state").firstElementChild;
-    state.className = `badge state-${m.state}`;
-    setText(state, m.state);
-    named(cell("role"), roleParts(m));
-    const activity = cell("activity");
-    setText(activity, ago(m.last_activity, now));
-    activity.title = m.last_activity || "";
-    setText(cell("cpu"), cpuText(m));
-    setText(cell("memory"), memoryText(m));
-    setText(cell("gpu"), size(m.gpu_memory));
-    const open = tr.querySelector("a.open");
-    if (m.url) {
-      open.href = m.url;
-      open.hidden = false;
-    } else {
-      open.removeAttribute("href");
-      open.hidden = true;
-    }
-    const stop = tr.querySelector("button.stop");
-    const stopped = m.state === "stopped";
-    if (stopped && stop.classList.contains("armed")) disarm(stop);
-    if (!stop.classList.contains("busy")) stop.disabled = stopped;
-  }
-
-  function renderMembers(members, now) {
-    const body = byId("members-body");
-    const rows = new Map();
-    for (const tr of Array.from(body.rows)) rows.set(tr.dataset.user, tr);
-    const seen = new Set();
-    let previous = null;
-    for (const m of members) {
-      const tr = rows.get(m.name) || makeRow(m.name);
-      const wanted = previous ? previous.nextElementSibling : body.firstElementChild;
-      if (tr !== wanted) body.insertBefore(tr, wanted); // only new or reordered rows move
-      fillRow(tr, m, now);
-      previous = tr;
-      seen.add(m.name);
-    }
-    for (const [name, tr] of rows) if (!seen.has(name)) tr.remove();
-    byId("no-members").hidden = members.length > 0;
-  }
-
-  // --- the pre-warm picker ---------------------------------------------------------------
-
-  let shownChoices = null;
-
-  function renderChoices(data) {
-    const key = JSON.stringify([data.choices, data.partial_choices]);
-    if (key === shownChoices) return;
-    shownChoices = key;
-    const select = byId("prewarm-choice");
-    const kept = select.value;
-    const options = data.choices.map((c) => {
-      const option = make("option", "", `${isolate(c.role)} with ${isolate(c.image)}`);
-      option.value = JSON.stringify([c.role, c.image]);
-      return option;
-    });
-    select.replaceChildren(...options);
-    if (options.some((o) => o.value === kept)) select.value = kept;
-    select.disabled = options.length === 0;
-    byId("prewarm").disabled = options.length === 0;
-    byId("no-choices").hidden = options.length > 0;
-    const lacking = byId("lacking");
-    lacking.replaceChildren(...(data.partial_choices || []).map((c) =>
-      named(make("li"), [{ name: c.role }, " with ", { name: c.image }, ": not held by ",
-                         ...nameList(c.lacking)])));
-    byId("lacking-block").hidden = lacking.children.length === 0;
-  }
-
-  // --- the schedules: rebuilt when they change, focus put back on the same button -----
-
-  let shownSchedules = null;
-
-  function renderSchedules(schedules) {
-    const key = JSON.stringify(schedules);
-    if (key === shownSchedules) return;
-    shownSchedules = key;
-    const body = byId("schedules-body");
-    const focused = document.activeElement;
-    const focusedId = focused && body.contains(focused) ? focused.dataset.id : null;
-    body.replaceChildren(...schedules.map((s) => {
-      const tr = make("tr");
-      tr.dataset.id = String(s.id);
-      const time = make("time", "", moment(s.at));
-      if (iso(s.at)) time.dateTime = iso(s.at);
-      const when = make("td", "text");
-      when.append(time);
-      const actions = make("td", "text");
-      if (s.state === "pending") {
-        const cancel = make("button", "cancel secondary", "Cancel");
-        cancel.type = "button";
-        cancel.dataset.id = String(s.id);
-        cancel.setAttribute("aria-label", `Cancel the pre-warm at ${moment(s.at)}`);
-        actions.append(cancel);
-      }
-      tr.append(when, named(make("td", "text"), [{ name: s.role }, " · ", { name: s.image }]),
-                make("td", "text", s.created_by), make("td", "text schedule-state", s.state),
-                make("td", "text result", s.result), actions);
-      return tr;
-    }));
-    byId("no-schedules").hidden = schedules.length > 0;
-    if (focusedId !== null) {
-      const again = Array.from(body.querySelectorAll("button.cancel"))
-        .find((b) => b.dataset.id === focusedId);
-      (again || byId("action-status")).focus();
+  // the schedules' times in the browser's zone, as the pre-warm form takes them
+  function localise(scope) {
+    for (const time of scope.querySelectorAll("#schedules-body time[data-epoch]")) {
+      const shown = moment(Number(time.dataset.epoch));
+      time.textContent = shown;
+      const cancel = time.closest("tr").querySelector("button.cancel");
+      if (cancel) cancel.setAttribute("aria-label", `Cancel the pre-warm at ${shown}`);
     }
   }
-
-  // --- refreshing --------------------------------------------------------------------------
 
   let refreshing = false;
 
@@ -240,15 +101,39 @@
     if (refreshing) return;
     refreshing = true;
     try {
-      const { status, data } = await call("GET", "");
-      if (status === 200) {
-        renderMembers(data.members, data.now);
-        renderChoices(data);
-        renderSchedules(data.schedules);
-        setText(byId("refresh-status"), "");
-      } else {
-        setText(byId("refresh-status"), `It could not be refreshed: ${data.message}`);
+      let answer = null;
+      try {
+        answer = await QuotaLive.read(api, xsrf);
+      } catch (e) {
+        setText(byId("refresh-status"), "It could not be refreshed: The service did not " +
+          "answer; try again.");
+        return;
       }
+      const page = answer.ok ? answer.page : null;
+      const parts = LIVE.map((id) => [byId(id), page && page.getElementById(id)]);
+      if (!parts.every(([, wanted]) => wanted)) {
+        const why = answer.message || (answer.ok || answer.redirected
+          ? "Your login to this page has expired; reload the page."
+          : `The service answered with an error (HTTP ${answer.status}).`);
+        setText(byId("refresh-status"), `It could not be refreshed: ${why}`);
+        return;
+      }
+      localise(page);
+      const select = byId("prewarm-choice");
+      const kept = select.value;
+      for (const [old, wanted] of parts) {
+        QuotaLive.patch(old, wanted,
+                        { held: (e) => held.has(e), fallback: () => byId("action-status") });
+      }
+      if (Array.from(select.options).some((o) => o.value === kept)) select.value = kept;
+      // a server that stopped while its button waited for the second press: nothing to stop
+      for (const button of byId("members-body").querySelectorAll("button.stop.armed")) {
+        if (button.closest("tr").querySelector(".state-stopped")) {
+          disarm(button);
+          button.disabled = true;
+        }
+      }
+      setText(byId("refresh-status"), "");
     } finally {
       refreshing = false;
     }
@@ -290,6 +175,7 @@
   const timers = new Map();
 
   function arm(button, confirmText, confirmLabel, sentence) {
+    held.add(button);
     button.dataset.text = button.textContent;
     button.dataset.label = button.getAttribute("aria-label") || "";
     button.textContent = confirmText;
@@ -307,10 +193,11 @@
     if (button.dataset.label) button.setAttribute("aria-label", button.dataset.label);
     else button.removeAttribute("aria-label");
     button.classList.remove("armed");
+    held.delete(button);
   }
 
   async function stop(button, body, what) {
-    button.classList.add("busy");
+    held.add(button);
     button.disabled = true;
     report(`Stopping ${what}…`, []);
     try {
@@ -322,7 +209,7 @@
         report(data.message, data.results, true);
       }
     } finally {
-      button.classList.remove("busy");
+      held.delete(button);
       button.disabled = false;
       await refresh();
       keepFocus();
@@ -390,6 +277,7 @@
       body.at = when;
     }
     const button = byId("prewarm");
+    held.add(button);
     button.disabled = true;
     report(body.at === undefined
       ? `Starting the servers of ${isolate(group)} with ${isolate(role)}…`
@@ -408,6 +296,7 @@
         report(data.message, data.results, true);
       }
     } finally {
+      held.delete(button);
       button.disabled = select.disabled;
       await refresh();
     }
@@ -416,8 +305,10 @@
   byId("schedules-body").addEventListener("click", async (event) => {
     const button = event.target.closest("button.cancel");
     if (!button) return;
+    held.add(button);
     button.disabled = true;
     const { status, data } = await call("DELETE", `/schedules/${button.dataset.id}`);
+    held.delete(button);
     if (status === 200) {
       report(`Cancelled the pre-warm at ${moment(data.at)}.`, []);
     } else {
@@ -430,8 +321,6 @@
   // --- start -----------------------------------------------------------------------------
 
   byId("tz-note").textContent = zone;
-  for (const time of document.querySelectorAll("#schedules-body time[data-epoch]")) {
-    time.textContent = moment(Number(time.dataset.epoch));
-  }
+  localise(document);
   setInterval(refresh, refreshMs);
 })();

@@ -1,54 +1,16 @@
-// How the pages' scripts write sizes, durations, shares and times: the rules of
-// spawner/webapp/formatting.py (spawner/quota/units.py's format_human, human_duration and
-// format_moment), with the same rounding, half up, in the same float arithmetic, so a page
-// drawn by the service and redrawn by its script reads alike. tests/unit/test_formatting.py
-// runs both on one table of values. Loaded before the page's own script, as QuotaFormat.
+// What a page's script still writes itself, as the service writes it: a time in a zone
+// (the rules of spawner/webapp/formatting.py's moment, spawner/quota/units.py's
+// format_moment) and a name isolated in plain text: the class dashboard shows its
+// schedules' times in the browser's zone (the zone its pre-warm form takes) and words what
+// its actions did. Every other word of the pages is drawn by the service.
+// tests/unit/test_formatting.py runs both on one table of values. Loaded before the page's
+// own script, as QuotaFormat.
 "use strict";
 
 (function (root) {
   const UNKNOWN = "–";
   const isNumber = (v) => typeof v === "number" && Number.isFinite(v);
-  const halfUp = (v) => Math.floor(v + 0.5);
   const two = (n) => String(n).padStart(2, "0");
-
-  // format_human: at most three significant digits, never an exponent
-  function human(bytes) {
-    if (bytes < 0) return "-" + human(-bytes);
-    let value = bytes;
-    let unit = "B";
-    for (unit of ["B", "KiB", "MiB", "GiB", "TiB"]) {
-      if (value < 1024 || unit === "TiB") break;
-      value /= 1024;
-    }
-    const decimals = value < 10 ? 2 : value < 100 ? 1 : 0;
-    const scale = 10 ** decimals;
-    const scaled = Math.floor(value * scale + 0.5);
-    const whole = Math.floor(scaled / scale);
-    let shown = String(whole);
-    if (decimals) {
-      const part = String(scaled - whole * scale).padStart(decimals, "0").replace(/0+$/, "");
-      if (part) shown += "." + part;
-    }
-    return `${shown} ${unit}`;
-  }
-
-  const size = (bytes) => (isNumber(bytes) ? human(bytes) : UNKNOWN);
-
-  // human_duration: the two largest units
-  function duration(seconds) {
-    if (!isNumber(seconds)) return UNKNOWN;
-    const total = Math.max(0, halfUp(seconds));
-    const days = Math.floor(total / 86400);
-    const hours = Math.floor((total % 86400) / 3600);
-    const minutes = Math.floor((total % 3600) / 60);
-    const secs = total % 60;
-    if (days) return hours ? `${days}d${hours}h` : `${days}d`;
-    if (hours) return minutes ? `${hours}h${two(minutes)}m` : `${hours}h`;
-    if (minutes) return secs ? `${minutes}m${two(secs)}s` : `${minutes}m`;
-    return `${secs}s`;
-  }
-
-  const percent = (fraction) => (isNumber(fraction) ? `${halfUp(fraction * 100)}%` : UNKNOWN);
 
   // Python's format(x, "g"): what an invalid time shows of itself, as format_moment does
   function general(value) {
@@ -99,28 +61,9 @@
     return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute} ${name}`;
   }
 
-  // iso: the moment for a <time datetime>, in UTC; "" when no calendar shows it
-  function iso(epoch) {
-    const date = dateOf(epoch);
-    return date === null ? "" : date.toISOString().slice(0, 19) + "+00:00";
-  }
-
-  // ago: the hub's ISO time (last_activity) as '12 min ago'
-  function ago(text, now) {
-    if (!text) return "never";
-    const when = Date.parse(String(text).replace(/(\.\d{3})\d+/, "$1"));
-    if (Number.isNaN(when)) return "never";
-    const seconds = Math.max(0, now - when / 1000);
-    if (seconds < 60) return "just now";
-    if (seconds < 3600) return `${Math.floor(seconds / 60)} min ago`;
-    if (seconds < 86400) return `${Math.floor(seconds / 3600)} h ago`;
-    return `${Math.floor(seconds / 86400)} days ago`;
-  }
-
   // isolate: a name someone chose, between FIRST STRONG ISOLATE and POP DIRECTIONAL
   // ISOLATE, for plain text (an <option>, a sentence): its bidi controls stay inside it
   const isolate = (name) => `\u2068${name}\u2069`;
 
-  root.QuotaFormat = Object.freeze({ UNKNOWN, isNumber, halfUp, size, duration, percent,
-                                     moment, iso, ago, isolate });
+  root.QuotaFormat = Object.freeze({ moment, isolate });
 })(globalThis);
