@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from spawner.gpu.nvml import Nvml, XidWatcher  # noqa: E402
+from spawner.watchdog.app import reading_of  # noqa: E402
 from spawner.watchdog.host import container_id_of, gpu_memory_by_container  # noqa: E402
-from spawner.watchdog.model import GpuProcess, GpuSample  # noqa: E402
 
 HOLD = 2 * 2**30
 CHILD = (
@@ -50,13 +50,14 @@ def main() -> None:
         part("1. NVML's process list under a real torch allocation (Nvml.host_gpus)")
         scan = nvml.host_gpus()
         print("scan error:", scan.error)
-        for gpu in scan.gpus:
-            print(f"GPU {gpu['index']} {gpu['uuid']} {gpu['name']}: used {gpu['memory_used']} of "
-                  f"{gpu['memory_total']}, utilization {gpu['utilization']}, lost {gpu['lost']}")
-            for p in gpu["processes"] or []:
+        samples = [reading_of(d, []) for d in scan.gpus]  # as the watchdog reads them
+        for gpu in samples:
+            print(f"GPU {gpu.index} {gpu.uuid} {gpu.name}: used {gpu.memory_used} of "
+                  f"{gpu.memory_total}, utilization {gpu.utilization}, lost {gpu.lost}")
+            for p in gpu.processes:
                 mark = "  <- the torch child" if p.pid == child.pid else ""
                 print(f"   process pid {p.pid}: {p.used_memory} bytes{mark}")
-        pids = [p.pid for g in scan.gpus for p in g["processes"] or []]
+        pids = [p.pid for g in samples for p in g.processes]
         print(f"torch child pid {child.pid}; NVML lists it: {child.pid in pids}")
         if child.pid not in pids:
             print("NVML's PIDs are not this namespace's (a sandbox or container without the "
@@ -69,9 +70,6 @@ def main() -> None:
             except OSError as e:
                 lines = [f"(unreadable: {e})"]
             print(f"pid {pid}: container {container_id_of(pid)!r}; /proc/{pid}/cgroup: {lines[:4]}")
-        samples = [GpuSample(uuid=g["uuid"], index=g["index"],
-                             processes=[GpuProcess(p.pid, p.used_memory)
-                                        for p in g["processes"] or []]) for g in scan.gpus]
         print("gpu_memory_by_container:", gpu_memory_by_container(samples))
 
         part("3. One watchdog NVML cycle against one nvidia-smi call")

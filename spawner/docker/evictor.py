@@ -42,7 +42,7 @@ from spawner.host.admission import Reservation
 from spawner.policy.stopping import stop_through_hub
 from spawner.quota.model import DEFAULT_GRACE_PERIOD, Role
 from spawner.quota.units import format_human, human_duration
-from spawner.usage.documents import PREEMPTIONS, Documents
+from spawner.usage.documents import PREEMPTIONS, Documents, Preemptions
 from spawner.usage.ledger import PREEMPTED, LedgerWriter
 
 # How long a stop may take before the server is taken down by removing its container.
@@ -306,7 +306,7 @@ class Evictor:
     def _save(self) -> None:
         if self.documents is not None:  # on the event log's thread, after the events before
             self.events.save(self.documents, PREEMPTIONS,
-                             json.dumps(list(self._pending.values())))
+                             Preemptions(tuple(self._pending.values())).to_text())
 
     async def recover(self) -> None:
         """After a hub restart: call off the preemptions that were in their grace.
@@ -317,13 +317,16 @@ class Evictor:
             return
         try:
             found = await asyncio.to_thread(self.documents.read, PREEMPTIONS)
-            left = json.loads(found.text) if found is not None else []
-        except Exception as e:  # a damaged document or a database that fails: nothing to call off
+        except Exception as e:  # a database that fails: nothing to call off
             self.log.error("Could not read the preemptions in their grace: %s", e)
-            left = []
+            found = None
+        left = Preemptions.from_text(found.text) if found is not None else Preemptions()
+        if left is None:  # a damaged document: nothing to call off
+            self.log.error("Could not read the preemptions in their grace: the document "
+                           "is damaged or of another version")
+            left = Preemptions()
         why = ("the hub restarted during the grace period, which ended the start it was for; "
                "the server keeps running")
-        for record in left if isinstance(left, list) else []:
-            if isinstance(record, dict) and record.get("container"):
-                await self._withdraw(record["container"], record, why)
+        for record in left.records:
+            await self._withdraw(record["container"], record, why)
         self._save()

@@ -30,8 +30,9 @@ Each user asks for the fields it needs and takes its view of the records:
   never holds the driver open (a driver update can unload it) and never
   reads through handles a driver reload made stale.
 - The watchdog (spawner.watchdog) keeps one ``Nvml`` started like the monitor,
-  and reads the whole host each cycle: ``host_gpus()`` (every device with its
-  processes' host PIDs, a lost GPU under the UUIDs of its last good read) and
+  and reads the whole host each cycle: ``host_gpus()`` (every device's record with its
+  processes' host PIDs, a lost GPU under the UUIDs of its last good read), which it
+  turns into its readings (``GpuSample``, spawner/usage/gpu_readings.py), and
   an ``XidWatcher`` (the XID errors since its last poll, through NVML events).
 
 Cheap to import: the standard library only. ``pynvml`` is imported on the
@@ -180,33 +181,12 @@ class Device(NamedTuple):
     parent: str | None = None  # the GPU's UUID, for a MIG instance
 
 
-class HostGpu(TypedDict):
-    """The watchdog's view: one device of the host, a whole GPU or a MIG instance.
-
-    ``lost`` is NVML's reason when the device could not be read at all ("GPU is
-    lost", "Not Found"); its values are then None. A field that one device does
-    not give (utilisation of a MIG instance) is None with its reason in errors.
-    """
-
-    uuid: str  # a lost GPU never read before: "unknown:<index>"
-    index: int  # the GPU's index on the host (its parent's for a MIG instance); -1 unknown
-    mig: int | None  # the MIG slot on that GPU; None for a whole GPU
-    parent: str | None  # the GPU's UUID, for a MIG instance
-    gpu_instance: int | None  # a MIG instance's GPU instance id, as XID events name it
-    name: str | None
-    memory_used: int | None  # bytes
-    memory_total: int | None  # bytes
-    utilization: float | None  # 0 to 1
-    # Compute and graphics processes, each PID once; None: NVML would not list them.
-    processes: list[HostProcess] | None
-    errors: dict[str, str]  # field -> reason
-    lost: str | None
-
-
 class HostScan(NamedTuple):
-    """One read of the host; ``error`` says why there is none (NVML down), gpus then []."""
+    """The watchdog's view: one read of the host, every device's record with each
+    process on it once (spawner/watchdog turns each into its reading, a ``GpuSample``);
+    ``error`` says why there is none (NVML down), gpus then []."""
 
-    gpus: list[HostGpu]
+    gpus: list[NvmlDevice]
     error: str | None = None
 
 
@@ -215,7 +195,7 @@ class XidEvent(NamedTuple):
 
     uuid: str  # the whole GPU's, also when MIG is on
     xid: int  # e.g. 79: the GPU has fallen off the bus
-    gpu_instance: int | None = None  # the MIG GPU instance id (HostGpu's), when NVML names one
+    gpu_instance: int | None = None  # the MIG GPU instance id (NvmlDevice's), when named
 
 
 class Nvml:
@@ -475,7 +455,7 @@ class Nvml:
         with the host PIDs of the processes on it. Starts NVML and keeps it started
         (after a failure, tried again only once retry_seconds passed). Never raises:
         NVML down is ``HostScan([], reason)``; a GPU that cannot be read is in the list
-        with ``lost``, under the UUIDs it had at its last good read, so its servers
+        with its state and ``error``, under the UUIDs it had at its last good read, so its servers
         can be told. ``expected``: UUIDs the caller knows of (from its containers'
         labels) that must not vanish silently: one NVML no longer lists is reported
         lost too. Blocking: call it in a thread."""
@@ -496,7 +476,10 @@ class Nvml:
         for uuid in dict.fromkeys(expected):
             if uuid not in listed:
                 devices.append(self._unlisted(uuid))
-        return HostScan([_host_gpu(d) for d in devices])
+        for d in devices:
+            if d.processes is not None:
+                d.processes = _each_pid_once(d.processes)
+        return HostScan(devices)
 
     def _unlisted(self, uuid: str) -> NvmlDevice:
         """An expected device that the host's list lacks: lost, unless NVML finds it."""
@@ -531,30 +514,19 @@ def _summary(processes: list[HostProcess]) -> ProcessSummary:
     return ProcessSummary(count=len(used), used_memory=sum(used) if known else None)
 
 
+def _each_pid_once(processes: list[HostProcess]) -> list[HostProcess]:
+    """A PID can hold a compute and a graphics context: its first, once."""
+    seen: dict[int, HostProcess] = {}
+    for p in processes:
+        seen.setdefault(p.pid, p)
+    return list(seen.values())
+
+
 def _gone(last: NvmlDevice, failure: NvmlDevice) -> NvmlDevice:
     """A device as it was last read, now failing: its names kept, its values unknown."""
     return NvmlDevice(last.uuid, last.index, last.mig, last.parent, failure.state,
                       failure.error, name=last.name, gpu_instance=last.gpu_instance,
                       memory_total=last.memory_total)
-
-
-def _blank(uuid: str, index: int, mig: int | None = None, parent: str | None = None) -> HostGpu:
-    return HostGpu(uuid=uuid, index=index, mig=mig, parent=parent, gpu_instance=None, name=None,
-                   memory_used=None, memory_total=None, utilization=None, processes=None,
-                   errors={}, lost=None)
-
-
-def _host_gpu(d: NvmlDevice) -> HostGpu:
-    processes = None
-    if d.processes is not None:  # each PID once: it can hold compute and graphics contexts
-        seen: dict[int, HostProcess] = {}
-        for p in d.processes:
-            seen.setdefault(p.pid, p)
-        processes = list(seen.values())
-    return HostGpu(uuid=d.uuid, index=d.index, mig=d.mig, parent=d.parent,
-                   gpu_instance=d.gpu_instance, name=d.name, memory_used=d.memory_used,
-                   memory_total=d.memory_total, utilization=d.utilization, processes=processes,
-                   errors=d.errors, lost=d.error if d.state != OK else None)
 
 
 # --- XID errors, through NVML events ---------------------------------------------------

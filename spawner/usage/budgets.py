@@ -17,7 +17,6 @@ Everything here reads the ledger and blocks: call it from a thread.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Iterable, Sequence
@@ -29,14 +28,13 @@ from sqlalchemy import Engine, and_, func, select
 
 from spawner.quota.model import Budget, QuotaTable, Role, time_zone
 from spawner.quota.units import hours_text
-from spawner.usage.documents import BUDGET_MEMORY, Documents
+from spawner.usage.documents import BUDGET_MEMORY, BudgetMemory, Documents, Told
 from spawner.usage.queries import in_window, seconds_in_window
 from spawner.usage.schema import session_groups, sessions
 
 WARNING, SPENT = "budget-warning", "budget-spent"  # the hub's events
 # Sums of float seconds are not exact: 90% of a budget must read as 90%.
 _EPSILON = 1e-9
-MEMORY_VERSION = 1
 
 
 # --- periods and what was used --------------------------------------------------------
@@ -265,25 +263,28 @@ class BudgetWatch:
             return {}
         try:
             found = self.documents.read(BUDGET_MEMORY)
-            if found is None:
-                return {}
-            data = json.loads(found.text)
-            assert data.get("version") == MEMORY_VERSION
-            return {(e["event"], e["budget"], float(e["gpu_hours"]), float(e["period"]),
-                     e["user"]): float(e["resets_at"]) for e in data["told"]}
-        except Exception as e:  # damaged, or unreadable now: telling again beats never telling
-            self.log.warning("Budget warnings: cannot read what was told (%s); users may be "
-                             "told again of budgets they were told of this period", e)
+        except Exception as e:  # unreadable now: telling again beats never telling
+            return self._forgotten(e)
+        if found is None:
             return {}
+        memory = BudgetMemory.from_text(found.text)
+        if memory is None:  # damaged, or of another version
+            return self._forgotten("it is damaged or of another version")
+        return {(t.event, t.budget, t.gpu_hours, t.period, t.user): t.resets_at
+                for t in memory.told}
+
+    def _forgotten(self, why: object) -> dict[tuple[str, str, float, float, str], float]:
+        self.log.warning("Budget warnings: cannot read what was told (%s); users may be "
+                         "told again of budgets they were told of this period", why)
+        return {}
 
     def _save(self) -> None:
         if self.documents is None:
             return
-        told = [{"event": k[0], "budget": k[1], "gpu_hours": k[2], "period": k[3],
-                 "user": k[4], "resets_at": end} for k, end in sorted(self._told.items())]
-        text = json.dumps({"version": MEMORY_VERSION, "told": told}, indent=1)
+        memory = BudgetMemory(tuple(Told(*key, resets_at=end)
+                                    for key, end in sorted(self._told.items())))
         try:
-            self.documents.write(BUDGET_MEMORY, text)
+            memory.write(self.documents)
         except Exception as e:
             self.log.error("Budget warnings: cannot save what was told: %s", e)
 

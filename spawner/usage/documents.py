@@ -1,25 +1,30 @@
 """The small documents the product's processes publish for each other: their kinds,
-where they live, and how the pages read them. The one home of the shared documents.
+where they live, their shapes, and how the pages read them. The one home of the shared
+documents.
 
 Besides the hub's REST API, the hub, the web app and the watchdogs share one thing:
 the ledger's database. Each publishes a few JSON documents there, replaced whole on
 each change, keyed by the hub's id, the document's kind and the node that wrote it
 (table ``state_documents``, ``DatabaseDocuments``):
 
-- ``GPUS``: the hub's GPU pool, host room and queue (gpu/snapshot.py), for the host map;
-- ``GPU_USAGE``: a watchdog's readings on its node (watchdog/app.py), one per node;
-- ``PREEMPTIONS``: the preemptions in their grace (docker/evictor.py), read back by a
-  restarted hub;
-- ``BUDGET_MEMORY``: the budget notices already told this period (usage/budgets.py), so
-  a restarted hub tells nothing twice.
+- ``GPUS``: the hub's GPU pool, host room and queue, ``PoolSnapshot``
+  (gpu/snapshot.py, beside the pool it is taken of), for the host map and the editor;
+- ``GPU_USAGE``: a watchdog's readings on its node, ``GpuUsage`` (usage/gpu_readings.py,
+  beside their merge), one per node;
+- ``PREEMPTIONS``: the preemptions in their grace (docker/evictor.py), ``Preemptions``
+  below, read back by a restarted hub;
+- ``BUDGET_MEMORY``: the budget notices already told this period (usage/budgets.py),
+  ``BudgetMemory`` below, so a restarted hub tells nothing twice.
+
+Each kind is one class (``SharedDocument``): its ``KIND``, the ``VERSION`` of its shape,
+defined once, and its JSON both ways, ``to_json`` for its writer and ``from_json`` for
+every reader. A document may be missing, half-written, old, or from another version:
+``from_json`` reads what older writers stored as they meant it, and anything else as
+None (unknown), never as an error, so a page never fails on one odd document.
 
 A hub without a ledger (``usage_db = "none"``) keeps them as files in its state folder
 (``FolderDocuments``), as before the database held them; readers that find no row fall
 back to that folder's file, so a web app beside such a hub still draws its map.
-
-The pages read them through ``read_pool`` and ``read_usage``: any document may be
-missing, half-written, old, or from another version, and that reads as missing or stale,
-never as an error, so a page never fails on one odd document.
 
 Every method and reader blocks (a file or the database): call it from a thread.
 """
@@ -27,16 +32,16 @@ Every method and reader blocks (a file or the database): call it from a thread.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 from sqlalchemy import Engine, select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from spawner.usage.gpu_readings import json_object, merge_usage
 from spawner.usage.schema import state_documents
 
 NODE_LENGTH = 253  # a DNS name, as a Kubernetes node's
@@ -163,16 +168,159 @@ class DatabaseDocuments:
         return [Document(row.node, row.time, row.body) for row in rows]
 
 
-# --- how the pages read them ----------------------------------------------------------
+# --- a document's JSON ------------------------------------------------------------------
 
 
-def read_pool(documents: Documents | None) -> dict[str, Any] | None:
-    """The hub's pool snapshot (``GPUS``: gpu/snapshot.py), None while there is none."""
-    found = documents.read(GPUS) if documents is not None else None
-    return json_object(found.text) if found is not None else None
+def number(value: Any) -> bool:
+    """A JSON number, not a boolean."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def read_usage(documents: Documents | None, now: float) -> dict[str, Any] | None:
-    """Every watchdog's readings (``GPU_USAGE``) merged into one (``merge_usage``)."""
-    found: list[Document] = documents.read_all(GPU_USAGE) if documents is not None else []
-    return merge_usage([u for u in (json_object(d.text) for d in found) if u], now)
+def number_or_none(value: Any) -> Any:
+    """``value`` when it is a JSON number, else None (unknown)."""
+    # the types json.loads gives, by identity: a reader parses thousands of these a read
+    return value if type(value) in (int, float) else None
+
+
+def text_or_none(value: Any) -> str | None:
+    """``value`` when it is a JSON string, else None (unknown)."""
+    return value if type(value) is str else None
+
+
+def json_object(text: str | None) -> dict[str, Any] | None:
+    """The JSON object in ``text``; None when it is missing, half-written or not one."""
+    try:
+        data = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class SharedDocument:
+    """A kind of shared document as a class: where it is kept (``KIND``), the version of
+    its shape (``VERSION``, written into the document, or, where the document is a bare
+    list, implied by it), and its JSON: ``to_json`` for its writer, ``from_json`` for
+    every reader. ``from_json`` never raises: it takes the JSON as stored (or the
+    document itself, as it is) and gives None for anything that is not this document
+    of this version; a field of the wrong type reads as unknown (None, or empty)."""
+
+    KIND: ClassVar[Kind]
+    VERSION: ClassVar[int]
+
+    def to_json(self) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def from_json(cls, data: Any) -> Self | None:
+        raise NotImplementedError
+
+    def to_text(self) -> str:
+        return json.dumps(self.to_json(), sort_keys=True)
+
+    @classmethod
+    def from_text(cls, text: str | None) -> Self | None:
+        """The document in ``text``; None when it is missing, half-written or odd."""
+        try:
+            data = json.loads(text) if text is not None else None
+        except ValueError:
+            return None
+        return cls.from_json(data)
+
+    def write(self, documents: Documents, node: str = "") -> None:
+        """Replace the stored document (blocking); raises as ``Documents.write``."""
+        documents.write(self.KIND, self.to_text(), node)
+
+    @classmethod
+    def read(cls, documents: Documents | None, node: str = "") -> Self | None:
+        """The stored document; None when there is none, or it is odd (blocking)."""
+        found = documents.read(cls.KIND, node) if documents is not None else None
+        return cls.from_text(found.text) if found is not None else None
+
+    @classmethod
+    def read_all(cls, documents: Documents | None) -> list[Self]:
+        """Every node's document of this kind, less the odd ones, by node (blocking)."""
+        found = documents.read_all(cls.KIND) if documents is not None else []
+        return [d for d in (cls.from_text(f.text) for f in found) if d is not None]
+
+
+# --- the hub's own small documents ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Preemptions(SharedDocument):
+    """``PREEMPTIONS``: the preemptions in their grace (docker/evictor.py), each as the
+    hub's event log recorded its ``preemption`` event, so that a restarted hub calls
+    them off. Version 1 is a bare JSON list of those records, as 0.1 wrote it; a later
+    version would be an object with its ``version``."""
+
+    KIND = PREEMPTIONS
+    VERSION = 1
+
+    records: tuple[dict[str, Any], ...] = ()
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return list(self.records)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Preemptions | None:
+        if isinstance(data, Preemptions):
+            return data
+        if not isinstance(data, list):
+            return None
+        # a record that names no container cannot be called off: left out
+        return cls(tuple(r for r in data if isinstance(r, dict) and r.get("container")))
+
+
+@dataclass(frozen=True)
+class Told:
+    """A budget notice told to a user (usage/budgets.py): which, of which budget (its
+    key and its gpu_hours, a new figure being a new budget), in which period (its start
+    and its end, when it is forgotten), to whom."""
+
+    event: str  # budget-warning or budget-spent
+    budget: str  # the budget's key, e.g. "group:cs101"
+    gpu_hours: float
+    period: float  # the period's start, epoch seconds
+    user: str
+    resets_at: float  # the period's end
+
+    def to_json(self) -> dict[str, Any]:
+        return {"event": self.event, "budget": self.budget, "gpu_hours": self.gpu_hours,
+                "period": self.period, "user": self.user, "resets_at": self.resets_at}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Told | None:
+        if not isinstance(data, dict):
+            return None
+        texts = [data.get(k) for k in ("event", "budget", "user")]
+        numbers = [data.get(k) for k in ("gpu_hours", "period", "resets_at")]
+        if not all(isinstance(t, str) for t in texts) or not all(map(number, numbers)):
+            return None
+        (event, budget, user), (gpu_hours, start, end) = texts, numbers
+        return cls(event, budget, float(gpu_hours), float(start), user, float(end))
+
+
+@dataclass(frozen=True)
+class BudgetMemory(SharedDocument):
+    """``BUDGET_MEMORY``: the budget notices already told this period (usage/budgets.py),
+    so that a restarted hub tells nothing twice. ``{"version": 1, "told": [...]}``. One
+    entry that cannot be read makes the whole memory unknown: telling again beats
+    telling part of it never."""
+
+    KIND = BUDGET_MEMORY
+    VERSION = 1
+
+    told: tuple[Told, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.VERSION, "told": [t.to_json() for t in self.told]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> BudgetMemory | None:
+        if isinstance(data, BudgetMemory):
+            return data
+        if not isinstance(data, dict) or data.get("version") != cls.VERSION \
+                or not isinstance(data.get("told"), list):
+            return None
+        told = [Told.from_json(t) for t in data["told"]]
+        return cls(tuple(t for t in told if t is not None)) if None not in told else None

@@ -6,7 +6,8 @@ Each cycle (``interval``, 5 s by default):
    Kubernetes node, ``source = "kubernetes"``, the node's notebook pods,
    ``pods.py``), NVML on the host (``spawner.gpu.nvml``), each GPU process
    mapped to its container by PID and each container's cgroup (``host.py``),
-   as one ``Snapshot``;
+   as one ``Snapshot``, each GPU a ``GpuSample`` (spawner/usage/gpu_readings.py), which
+   is also what this node's ``gpu-usage`` document carries to the host map;
 2. on the loop: the hub's users (``hub_api.py``), for routing and for
    zombies; the rules (``rules.py``) turn the snapshot into events, and the
    hub's event log (``hub_events.py``) adds its preemptions;
@@ -44,11 +45,19 @@ from traitlets import CaselessStrEnum, Float, Integer, TraitError, Unicode, defa
 from traitlets.config import Application
 
 from spawner.common.outages import OutageLog
-from spawner.gpu.nvml import Nvml, XidWatcher
+from spawner.gpu.nvml import OK, Nvml, NvmlDevice, XidEvent, XidWatcher
 from spawner.policy.config import hub_id_from_secret_file
 from spawner.usage.documents import GPU_USAGE, DatabaseDocuments, write_atomically
 from spawner.usage.event_log import EVENTS_FILE
-from spawner.usage.gpu_readings import held_elsewhere, json_object, stale_after
+from spawner.usage.gpu_readings import (
+    GpuSample,
+    GpuUsage,
+    HostTotals,
+    IdleGpu,
+    ServerReading,
+    held_elsewhere,
+    stale_after,
+)
 from spawner.usage.ledger import Ledger, Sample, default_url
 from spawner.watchdog.containers import Containers, EngineClient, EngineUnreachable, OomEvents
 from spawner.watchdog.host import CgroupReader, CpuMeter, gpu_memory_by_container
@@ -61,22 +70,12 @@ from spawner.watchdog.hub_events import (
     read_new_rows,
 )
 from spawner.watchdog.metrics import WatchdogMetrics, serve_metrics, write_dcgm_mapping
-from spawner.watchdog.model import (
-    GpuProcess,
-    GpuSample,
-    HostFigures,
-    Server,
-    ServerSample,
-    Snapshot,
-)
+from spawner.watchdog.model import HostFigures, Server, ServerSample, Snapshot
 from spawner.watchdog.notify import Notifier
 from spawner.watchdog.pods import Pods, kube_api
 from spawner.watchdog.rules import GPU_IDLE, RULES, Event, EventCursor, IncidentBook, WatchdogRules
 from spawner.watchdog.text import name, number, one_line
 
-# The hub's event log, in its state folder unless the hub's config says otherwise.
-# Each cycle's GPU and host numbers, for the admins' host map (spawner/webapp/gpus.py).
-GPU_USAGE_VERSION = 1
 # A container is a zombie only if the hub's answer that lacks its server was asked for
 # at least this long after the container started: the engine's clock and the
 # watchdog's may differ a little, and a normal start is never a false alarm.
@@ -327,15 +326,7 @@ class QuotaWatchdog(Application):
         expected = wanted - (set(elsewhere) - own)
         scan = self.nvml.host_gpus(expected)
         xids = self.xids.poll() if not scan.error else []
-        found: dict[str, GpuSample] = {}
-        for gpu in scan.gpus:
-            found[gpu["uuid"]] = GpuSample(
-                uuid=gpu["uuid"], index=gpu["index"], name=gpu["name"] or "GPU",
-                memory_used=gpu["memory_used"], memory_total=gpu["memory_total"],
-                utilization=gpu["utilization"], lost=gpu["lost"],
-                processes=[GpuProcess(p.pid, p.used_memory) for p in gpu["processes"] or []],
-                xids=[e.xid for e in xids if e.uuid in (gpu["uuid"], gpu["parent"])],
-            )
+        found = {d.uuid: reading_of(d, xids) for d in scan.gpus}
         if scan.error:  # NVML itself is down: every GPU a server holds is out of reach
             for uuid in sorted(expected):
                 last = self._last_gpus.get(uuid)
@@ -360,7 +351,7 @@ class QuotaWatchdog(Application):
         if not self.usage_db or self.usage_db == "none":
             return {}
         try:
-            rows = DatabaseDocuments(self._ledger_now().engine, self.hub_id).read_all(GPU_USAGE)
+            rows = GpuUsage.read_all(DatabaseDocuments(self._ledger_now().engine, self.hub_id))
         except Exception as error:  # a database that is down or not made yet
             self._elsewhere_lapse.failed(
                 self.log, error, "Cannot read the other watchdogs' GPU readings (%s); a "
@@ -371,8 +362,7 @@ class QuotaWatchdog(Application):
                                     "read again")
         starting = self._started is not None and now - self._started < stale_after(
             self.interval)
-        return held_elsewhere([u for u in (json_object(r.text) for r in rows) if u],
-                              self.node, now, any_age=starting)
+        return held_elsewhere(rows, self.node, now, any_age=starting)
 
     async def zombies(self, snapshot: Snapshot) -> list[Server]:
         """Containers holding GPUs whose user has no server in the hub (once it answered).
@@ -517,9 +507,8 @@ class QuotaWatchdog(Application):
         """This cycle's GPU numbers as this node's row of the hub's ``GPU_USAGE`` document
         in the ledger's database, and to ``gpu_usage_file`` when named (blocking); a
         failure is logged once, until a write succeeds again."""
-        data = gpu_usage_snapshot(snapshot, self.book, self.interval)
-        data["node"] = self.node
-        text = json.dumps(data, sort_keys=True)
+        text = json.dumps(gpu_usage_snapshot(snapshot, self.book, self.interval, self.node),
+                          sort_keys=True)
         try:
             if self.usage_db and self.usage_db != "none":
                 DatabaseDocuments(self._ledger_now().engine, self.hub_id).write(
@@ -675,55 +664,44 @@ def usage_samples(snapshot: Snapshot) -> list[Sample]:
     return samples
 
 
-def gpu_usage_snapshot(snapshot: Snapshot, book: IncidentBook, interval: float) -> dict:
-    """One cycle's GPU and host numbers as JSON (``"version": 1``, fields are only ever
-    added; epoch seconds, bytes, CPUs, 0 to 1).
+def reading_of(device: NvmlDevice, xids: list[XidEvent]) -> GpuSample:
+    """The watchdog's reading of one device from its NVML record, with the XID errors
+    NVML reported for it (or, for a MIG instance, its GPU) this cycle."""
+    return GpuSample(
+        uuid=device.uuid, index=device.index, name=device.name or "GPU",
+        memory_used=device.memory_used, memory_total=device.memory_total,
+        utilization=device.utilization,
+        lost=device.error if device.state != OK else None,
+        processes=list(device.processes or []),
+        xids=[e.xid for e in xids if e.uuid in (device.uuid, device.parent)])
 
-    ``time``, ``host``, ``interval`` (seconds between cycles, to judge freshness);
-    ``gpus``: by UUID, ``index``, ``name``, ``utilization``, ``memory_used``,
-    ``memory_total``, ``lost`` (NVML's reason, or None); ``servers``: by
-    container name, ``user``, ``role``, ``gpus`` (held), ``gpu_memory`` (its
-    own processes' memory, by UUID), ``cpus`` and ``memory`` (what it reserves: its
-    role's CPUs and its memory limit), ``cpu_used`` and ``memory_used`` (this cycle's
-    CPUs and memory working set; None when not measured); ``idle``: the open
-    ``gpu_idle`` incidents (a GPU reserved and idle): ``uuid``, ``server``, ``user``,
-    ``since``, ``opened``; ``host_totals``: the servers together (``HostFigures``):
-    ``servers`` (how many), ``cpus`` and ``memory`` (reserved), ``cpu_used`` and
-    ``memory_used``, and the engine's ``engine_cpus`` and ``engine_memory`` (None when
-    unknown).
-    """
+
+def gpu_usage_snapshot(snapshot: Snapshot, book: IncidentBook, interval: float,
+                       node: str = "") -> dict[str, Any]:
+    """One cycle's GPU and host numbers as this node's ``gpu-usage`` document, in its
+    JSON (``GpuUsage``, spawner/usage/gpu_readings.py, has the format): the cycle's GPU
+    readings as they are, each server's, the open ``gpu_idle`` incidents and the host's
+    figures (``HostFigures``). ``node``: this watchdog's node (default: the host)."""
     idle = sorted(
-        ({"uuid": i.gpu_uuid, "server": i.server.name if i.server else None,
-          "user": i.server.user if i.server else None, "since": i.since, "opened": i.opened}
+        (IdleGpu(i.gpu_uuid, i.server.name if i.server else None,
+                 i.server.user if i.server else None, i.since, i.opened)
          for i in book.open.values() if i.rule == GPU_IDLE and i.gpu_uuid),
-        key=lambda d: (d["uuid"], d["server"] or ""))
+        key=lambda d: (d.uuid, d.server or ""))
     figures = HostFigures.of(snapshot)
-    return {
-        "version": GPU_USAGE_VERSION,
-        "time": snapshot.time,
-        "host": snapshot.host,
-        "interval": interval,
-        # a GPU NVML never saw has no index (-1): None, as for a GPU the pool alone knows
-        "gpus": {u: {"index": g.index if g.index >= 0 else None, "name": g.name,
-                     "utilization": g.utilization,
-                     "memory_used": g.memory_used, "memory_total": g.memory_total,
-                     "lost": g.lost}
-                 for u, g in sorted(snapshot.gpus.items())},
-        "servers": {s.server.name: {"user": s.server.user, "role": s.server.role,
-                                    "gpus": list(s.server.gpus),
-                                    "gpu_memory": dict(sorted(s.gpu_memory.items())),
-                                    "cpus": s.server.cpus_reserved,
-                                    "memory": s.server.memory_limit,
-                                    "cpu_used": s.cpu_used,
-                                    "memory_used": s.memory_working_set}
-                    for s in sorted(snapshot.servers.values(), key=lambda s: s.server.name)},
-        "idle": idle,
-        "host_totals": {"servers": figures.servers, "cpus": figures.cpus_reserved,
-                        "memory": figures.memory_reserved, "cpu_used": figures.cpu_used,
-                        "memory_used": figures.memory_used,
-                        "engine_cpus": snapshot.engine_cpus,
-                        "engine_memory": snapshot.engine_memory},
-    }
+    return GpuUsage(
+        time=snapshot.time, host=snapshot.host, node=node or snapshot.host,
+        interval=interval, gpus=dict(snapshot.gpus),
+        servers={s.server.name: ServerReading(
+            user=s.server.user, role=s.server.role, gpus=tuple(s.server.gpus),
+            gpu_memory=dict(s.gpu_memory), cpus=s.server.cpus_reserved,
+            memory=s.server.memory_limit, cpu_used=s.cpu_used,
+            memory_used=s.memory_working_set) for s in snapshot.servers.values()},
+        idle=idle,
+        host_totals=HostTotals(
+            servers=figures.servers, cpus=figures.cpus_reserved,
+            memory=figures.memory_reserved, cpu_used=figures.cpu_used,
+            memory_used=figures.memory_used, engine_cpus=snapshot.engine_cpus,
+            engine_memory=snapshot.engine_memory)).to_json()
 
 
 def describe_hub_event(event: dict[str, Any]) -> str:

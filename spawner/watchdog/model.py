@@ -1,4 +1,6 @@
-"""What one watchdog cycle sees: the notebook servers of this host and their usage."""
+"""What one watchdog cycle sees: the notebook servers of this host and their usage, and
+the host's GPUs, each a ``GpuSample`` (spawner/usage/gpu_readings.py, the one shape of a
+GPU reading, which the cycle's ``gpu-usage`` document carries to the host map)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from spawner.contract import (
     USER_LABEL,
     labelled_gpus,
 )
+from spawner.usage.gpu_readings import GpuSample
 
 
 @dataclass(frozen=True)
@@ -51,27 +54,6 @@ class Server:
     @property
     def shared_gpu(self) -> bool:
         return self.gpu_mode.startswith("shared")
-
-
-@dataclass
-class GpuProcess:
-    pid: int  # on the host
-    used_memory: int | None  # bytes; None when NVML does not know it (MIG)
-
-
-@dataclass
-class GpuSample:
-    """One GPU on the host, as NVML reads it."""
-
-    uuid: str
-    index: int
-    name: str = "GPU"
-    memory_used: int | None = None
-    memory_total: int | None = None
-    utilization: float | None = None  # 0 to 1
-    lost: str | None = None  # why NVML cannot read it (e.g. "GPU is lost"); None when fine
-    processes: list[GpuProcess] = field(default_factory=list)
-    xids: list[int] = field(default_factory=list)  # XID errors since the last cycle
 
 
 @dataclass

@@ -52,8 +52,7 @@ from tornado import web
 from spawner.common.hub_client import HubRefused
 from spawner.quota.model import QuotaTable
 from spawner.usage import schedules
-from spawner.usage.documents import read_usage
-from spawner.usage.gpu_readings import usage_state
+from spawner.usage.gpu_readings import GpuUsage, read_usage, usage_state
 from spawner.usage.queries import open_sessions
 from spawner.webapp import inputs
 from spawner.webapp.access import (
@@ -127,18 +126,17 @@ def lacking(table: QuotaTable, users: Sequence[dict[str, Any]], role: str,
 # --- a member's row ----------------------------------------------------------------------------
 
 
-def gpu_memory_by_user(usage: dict[str, Any] | None, now: float) -> dict[str, int]:
+def gpu_memory_by_user(usage: GpuUsage | dict[str, Any] | None, now: float) -> dict[str, int]:
     """Each user's GPU memory (bytes, over all their servers' GPUs) from the watchdogs'
-    readings (``read_usage``, usage/documents.py), when they are fresh; else nothing."""
-    if usage_state(usage, now) != "fresh" or not usage:
+    readings (``read_usage``, usage/gpu_readings.py, or their JSON), when they are fresh;
+    else nothing."""
+    found_usage = GpuUsage.from_json(usage)
+    if found_usage is None or found_usage.state(now) != "fresh":
         return {}
     found: dict[str, int] = {}
-    for server in (usage.get("servers") or {}).values():
-        if not isinstance(server, dict) or not server.get("user"):
-            continue
-        memory = sum(v for v in (server.get("gpu_memory") or {}).values()
-                     if isinstance(v, (int, float)) and not isinstance(v, bool))
-        found[server["user"]] = found.get(server["user"], 0) + int(memory)
+    for server in found_usage.servers.values():
+        if server.user:
+            found[server.user] = found.get(server.user, 0) + int(sum(server.gpu_memory.values()))
     return found
 
 

@@ -13,11 +13,13 @@ the hub's pool snapshot with the watchdog's numbers behind both.
 - ``GET {prefix}api/gpus``: the same as JSON (``map_document``); asked with
   ``Accept: text/html`` only, the page's drawing of it (base.py's ``reply_html``).
 
-Two files in the hub's state folder feed it (usage/documents.py): the hub's pool snapshot and
-the watchdog's usage file, read on the service's worker threads, never on the event loop.
-``gpu_map`` returns one row per GPU: the pool's, in its order, then any other GPU the
-watchdog sees on the host. Each row has the pool's fields (``uuid``, ``index``, ``name``,
-``memory``, ``state``, ``free_slots``, ``reserved_for``, ``in_pool``) and:
+Two documents feed it (usage/documents.py), read on the service's worker threads, never on
+the event loop: the hub's pool snapshot (``PoolSnapshot``, gpu/snapshot.py) and the
+watchdogs' readings (``GpuUsage``, usage/gpu_readings.py, every node's merged into one),
+each read as its class's ``from_json`` reads it. ``gpu_map`` returns one row per GPU:
+the pool's, in its order, then any other GPU the watchdog sees on the host. Each row has
+the pool's fields (``uuid``, ``index``, ``name``, ``memory``, ``state``, ``free_slots``,
+``reserved_for``, ``in_pool``) and:
 
 - ``usage``: "fresh", "stale" (the watchdog's file is older than ``STALE_CYCLES`` of its
   intervals, and at least ``MIN_STALE_AGE`` seconds) or "missing" (no file, or not this
@@ -53,10 +55,16 @@ from urllib.parse import quote
 from tornado import web
 
 from spawner.gpu.queue import ORDER, STRATEGIES, STRICT_FIFO
-from spawner.usage.documents import GPU_USAGE, GPUS, Documents, read_pool, read_usage
-from spawner.usage.gpu_readings import VERSION, interval_of, number, stale_after, usage_state
-from spawner.usage.gpu_readings import as_dict as _dict
-from spawner.usage.gpu_readings import as_list as _list
+from spawner.gpu.snapshot import OFF, ON, PoolGpu, PoolSnapshot, Waiting
+from spawner.usage.documents import GPU_USAGE, GPUS, Documents, number
+from spawner.usage.gpu_readings import (
+    GpuSample,
+    GpuUsage,
+    ServerReading,
+    read_usage,
+    stale_after,
+    usage_state,
+)
 from spawner.webapp.base import LIVE_SCRIPT, ApiHandler, BaseHandler, PageHandler
 from spawner.webapp.formatting import duration, half_up, isolate, size
 
@@ -77,177 +85,150 @@ FAILED = ("The host map could not be read because of an error; the service's log
 # --- the merge -------------------------------------------------------------------------------
 
 
-def gpu_map(pool: dict[str, Any] | None, usage: dict[str, Any] | None,
-            now: float) -> list[dict[str, Any]]:
-    """One row per GPU, the pool's holders with the watchdog's numbers (module doc)."""
-    state = usage_state(usage, now)
-    fresh = state == "fresh"
-    data = usage if fresh and usage else {}
-    numbers = {u: g for u, g in _dict(data.get("gpus")).items()
-               if isinstance(u, str) and isinstance(g, dict)}
-    servers = _dict(data.get("servers"))
+def gpu_map(pool: PoolSnapshot | dict[str, Any] | None,
+            usage: GpuUsage | dict[str, Any] | None, now: float) -> list[dict[str, Any]]:
+    """One row per GPU, the pool's holders with the watchdog's numbers (module doc); each
+    document as read (``PoolSnapshot``, ``GpuUsage``) or as its JSON."""
+    found = PoolSnapshot.from_json(pool)
+    watched = GpuUsage.from_json(usage)
+    state = usage_state(watched, now)
+    data = watched if state == "fresh" else None
+    numbers = data.gpus if data is not None else {}
+    servers = data.servers if data is not None else {}
     idle: dict[str, dict[str, float | None]] = {}  # uuid -> server -> since
-    for incident in _list(data.get("idle")):
-        if isinstance(incident, dict) and incident.get("uuid"):
-            idle.setdefault(incident["uuid"], {})[incident.get("server") or ""] = \
-                incident.get("since")
-    pool = pool if isinstance(pool, dict) and pool.get("version") == VERSION else {}
-    pool_gpus = [g for g in _list(pool.get("gpus")) if isinstance(g, dict)]
+    for incident in data.idle if data is not None else []:
+        idle.setdefault(incident.uuid, {})[incident.server or ""] = incident.since
     rows = []
     seen = set()
-    for gpu in pool_gpus:
-        uuid = gpu.get("uuid")
-        seen.add(uuid)
-        rows.append(_row(gpu, True, numbers.get(uuid), servers, idle.get(uuid, {}), state))
+    for gpu in (found.gpus or ()) if found is not None else ():
+        seen.add(gpu.uuid)
+        rows.append(_row(gpu, True, numbers.get(gpu.uuid or ""), servers,
+                         idle.get(gpu.uuid or "", {}), state))
     for uuid, sample in sorted(numbers.items(), key=lambda kv: _index_key(kv[1])):
         if uuid in seen or uuid.startswith("unknown:"):
             continue
-        index = sample.get("index")
-        gpu = {"uuid": uuid, "index": None if index is None else str(index),
-               "name": sample.get("name"),
-               "memory": sample.get("memory_total"), "state": "unknown", "free_slots": None,
-               "reserved_for": None, "holders": []}
+        gpu = PoolGpu(uuid, None if sample.index < 0 else str(sample.index), sample.name,
+                      sample.memory_total, state="unknown")
         rows.append(_row(gpu, False, sample, servers, idle.get(uuid, {}), state))
     return rows
 
 
-def _row(gpu: dict[str, Any], in_pool: bool, sample: dict[str, Any] | None,
-         servers: dict[str, Any], idle: dict[str, float | None], state: str) -> dict[str, Any]:
-    uuid = gpu.get("uuid")
-    sample = sample if isinstance(sample, dict) else None
+def _row(gpu: PoolGpu, in_pool: bool, sample: GpuSample | None,
+         servers: dict[str, ServerReading], idle: dict[str, float | None],
+         state: str) -> dict[str, Any]:
+    uuid = gpu.uuid or ""
     holders = []
     held_idle: dict[str, float | None] = {}  # the incidents of this GPU's holders
-    for holder in _list(gpu.get("holders")):
-        if not isinstance(holder, dict):
-            continue
-        owner = holder.get("owner")
-        server = servers.get(owner) if isinstance(owner, str) else None
-        memory = _dict(server.get("gpu_memory")).get(uuid, 0) \
-            if isinstance(server, dict) else None
+    for holder in gpu.holders:
+        owner = holder.owner
+        server = servers.get(owner) if owner is not None else None
+        memory = server.gpu_memory.get(uuid, 0) if server is not None else None
         if owner in idle:
             held_idle[owner] = idle[owner]
-        holders.append({**holder, "gpu_memory": memory, "idle": owner in idle})
+        holders.append({**holder.to_json(), "gpu_memory": memory, "idle": owner in idle})
     since = [s for s in held_idle.values() if number(s)]
     return {
-        "uuid": uuid, "index": gpu.get("index"), "name": gpu.get("name"),
-        "memory": gpu.get("memory"), "state": gpu.get("state"),
-        "free_slots": gpu.get("free_slots"), "reserved_for": gpu.get("reserved_for"),
+        "uuid": gpu.uuid, "index": gpu.index, "name": gpu.name,
+        "memory": gpu.memory, "state": gpu.state,
+        "free_slots": gpu.free_slots, "reserved_for": gpu.reserved_for,
         "in_pool": in_pool,
         "usage": state if sample is not None or state != "fresh" else "missing",
-        "utilization": sample.get("utilization") if sample else None,
-        "memory_used": sample.get("memory_used") if sample else None,
-        "memory_total": sample.get("memory_total") if sample else None,
-        "lost": sample.get("lost") if sample else None,
+        "utilization": sample.utilization if sample else None,
+        "memory_used": sample.memory_used if sample else None,
+        "memory_total": sample.memory_total if sample else None,
+        "lost": sample.lost if sample else None,
         "idle": bool(held_idle),
         "idle_since": min(since) if since else None,
         "holders": holders,
     }
 
 
-def _text(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _number(value: Any) -> float | None:
-    return value if number(value) else None
-
-
-def _pair(value: Any) -> dict[str, Any] | None:
-    """A ``{"cpus", "memory"}`` object; None when it is not one."""
-    if not isinstance(value, dict):
-        return None
-    return {"cpus": _number(value.get("cpus")), "memory": _number(value.get("memory"))}
-
-
-def host_view(pool: dict[str, Any] | None, usage: dict[str, Any] | None,
-              now: float) -> dict[str, Any]:
-    """The host's CPUs and memory: the hub's reservations, the watchdog's use (module doc)."""
-    pool = pool if isinstance(pool, dict) and pool.get("version") == VERSION else {}
-    section = pool.get("host", "")  # an older hub writes none
-    state = "off" if section is None else "on" if isinstance(section, dict) else "missing"
-    host = section if isinstance(section, dict) else {}
-    usage_seen = usage_state(usage, now)
-    fresh = usage if usage_seen == "fresh" and usage else {}
-    totals = _dict(fresh.get("host_totals")) if "host_totals" in fresh else None
-    watched = _dict(fresh.get("servers"))
+def host_view(pool: PoolSnapshot | dict[str, Any] | None,
+              usage: GpuUsage | dict[str, Any] | None, now: float) -> dict[str, Any]:
+    """The host's CPUs and memory: the hub's reservations, the watchdog's use (module doc);
+    each document as read, or as its JSON."""
+    found = PoolSnapshot.from_json(pool)
+    host = found.host if found is not None else None
+    state = found.host_state if found is not None else "missing"
+    watched = GpuUsage.from_json(usage)
+    usage_seen = usage_state(watched, now)
+    fresh = watched if usage_seen == "fresh" else None
+    totals = fresh.host_totals if fresh is not None else None
+    seen_by_name = fresh.servers if fresh is not None else {}
     servers = []
-    for row in _list(host.get("servers")):
-        if not isinstance(row, dict):
-            continue
-        owner = _text(row.get("owner"))
-        seen = _dict(watched.get(owner)) if owner is not None else {}
+    for row in host.servers if host is not None else ():
+        seen = seen_by_name.get(row.owner) if row.owner is not None else None
         servers.append({
-            "owner": owner,
+            "owner": row.owner,
             # a server adopted after a hub restart is named by its labels, as the
             # watchdog reads them
-            "user": _text(row.get("user")) or _text(seen.get("user")),
-            "role": _text(row.get("role")) or _text(seen.get("role")),
-            "cpus": _number(row.get("cpus")), "memory": _number(row.get("memory")),
-            "cpu_used": _number(seen.get("cpu_used")),
-            "memory_used": _number(seen.get("memory_used")),
+            "user": row.user or (seen.user if seen else None),
+            "role": row.role or (seen.role if seen else None),
+            "cpus": row.cpus, "memory": row.memory,
+            "cpu_used": seen.cpu_used if seen else None,
+            "memory_used": seen.memory_used if seen else None,
         })
     engine = None
-    if totals is not None and number(totals.get("engine_cpus")):
-        engine = {"cpus": totals["engine_cpus"], "memory": _number(totals.get("engine_memory"))}
+    if totals is not None and totals.engine_cpus is not None:
+        engine = {"cpus": totals.engine_cpus, "memory": totals.engine_memory}
     return {
-        "state": state,
-        "cpus": _number(host.get("cpus")), "memory": _number(host.get("memory")),
-        "kept_cpus": _number(host.get("kept_cpus")),
-        "kept_memory": _number(host.get("kept_memory")),
-        "cpu_ratio": _number(host.get("cpu_ratio")),
-        "memory_ratio": _number(host.get("memory_ratio")),
-        "share": _pair(host.get("share")), "reserved": _pair(host.get("reserved")),
+        "state": state if state in (ON, OFF) else "missing",
+        "cpus": host.cpus if host else None, "memory": host.memory if host else None,
+        "kept_cpus": host.kept_cpus if host else None,
+        "kept_memory": host.kept_memory if host else None,
+        "cpu_ratio": host.cpu_ratio if host else None,
+        "memory_ratio": host.memory_ratio if host else None,
+        "share": host.share.to_json() if host and host.share else None,
+        "reserved": host.reserved.to_json() if host and host.reserved else None,
         "usage": usage_seen if usage_seen != "fresh" or totals is not None else "missing",
         "used": None if totals is None else {
-            "cpus": _number(totals.get("cpu_used")),
-            "memory": _number(totals.get("memory_used")),
-            "servers": _number(totals.get("servers"))},
+            "cpus": totals.cpu_used, "memory": totals.memory_used,
+            "servers": totals.servers},
         "engine": engine,
         "servers": servers,
     }
 
 
-def _index_key(sample: Any) -> tuple[int, str]:
-    index = sample.get("index") if isinstance(sample, dict) else None
-    return (index if isinstance(index, int) else 1 << 30, str(index))
+def _index_key(sample: GpuSample) -> tuple[int, str]:
+    return (sample.index if sample.index >= 0 else 1 << 30,
+            str(sample.index if sample.index >= 0 else None))
 
 
 # --- the document ----------------------------------------------------------------------------
 
 
-def map_document(pool: dict[str, Any] | None, usage: dict[str, Any] | None, now: float,
+def map_document(pool: PoolSnapshot | dict[str, Any] | None,
+                 usage: GpuUsage | dict[str, Any] | None, now: float,
                  has_state_dir: bool = True) -> dict[str, Any]:
-    """What the page shows, as JSON: the merged rows, the queue, both files' freshness
-    and a summary. Times are epoch seconds, memory bytes, utilisation 0 to 1."""
-    pool_ok = isinstance(pool, dict) and pool.get("version") == VERSION
-    pool = pool if pool_ok and pool else {}
-    rows = gpu_map(pool, usage, now)
-    state = usage_state(usage, now)
+    """What the page shows, as JSON: the merged rows, the queue, both documents'
+    freshness and a summary; each document as read, or as its JSON. Times are epoch
+    seconds, memory bytes, utilisation 0 to 1."""
+    found = PoolSnapshot.from_json(pool)
+    watched = GpuUsage.from_json(usage)
+    rows = gpu_map(found, watched, now)
+    state = usage_state(watched, now)
     watchdog: dict[str, Any] = {"state": state, "time": None, "age": None, "interval": None,
                                 "stale_after": None, "host": None}
-    if state != "missing" and usage:
-        interval = interval_of(usage)
-        watchdog.update(time=usage["time"], age=max(0.0, now - usage["time"]),
-                        interval=interval, host=_text(usage.get("host")),
-                        stale_after=stale_after(interval))
+    if watched is not None:
+        watchdog.update(time=watched.time, age=max(0.0, now - watched.time),
+                        interval=watched.interval, host=watched.host,
+                        stale_after=stale_after(watched.interval))
     # each watchdog's node (one per node on a cluster), in the freshness line
-    watchdog["nodes"] = [{"node": _text(n.get("node")), "state": _text(n.get("state")),
-                          "age": max(0.0, now - n["time"]) if number(n.get("time")) else None}
-                         for n in _list((usage or {}).get("nodes")) if isinstance(n, dict)]
-    queue = [_ticket(t) for t in _list(pool.get("queue")) if isinstance(t, dict)]
-    inventory = pool.get("inventory") if isinstance(pool.get("inventory"), dict) else {}
+    watchdog["nodes"] = [{"node": n.node, "state": n.state, "age": max(0.0, now - n.time)}
+                         for n in (watched.nodes if watched is not None else [])]
+    queue = [_ticket(t) for t in found.queue] if found is not None else []
     in_pool = [r for r in rows if r["in_pool"]]
     for_room = sum(t["waiting_for"] is not None for t in queue)
-    strategy = pool.get("queue_strategy")
+    strategy = found.queue_strategy if found is not None else None
     return {
         "generated_at": now,
         "poll_seconds": POLL_SECONDS,
         "state_dir": has_state_dir,
-        "pool": {"state": "ok" if pool_ok else "missing",
-                 "time": pool.get("time") if number(pool.get("time")) else None,
-                 "hub": _text(pool.get("hub")),
-                 "inventory": {"source": _text(inventory.get("source")),
-                               "reason": _text(inventory.get("reason"))}},
+        "pool": {"state": "ok" if found is not None else "missing",
+                 "time": found.time if found is not None else None,
+                 "hub": found.hub if found is not None else None,
+                 "inventory": {"source": found.source if found is not None else None,
+                               "reason": found.reason if found is not None else None}},
         "watchdog": watchdog,
         "summary": {
             "total": len(in_pool),
@@ -262,10 +243,10 @@ def map_document(pool: dict[str, Any] | None, usage: dict[str, Any] | None, now:
             "waiting_for_room": for_room,
             "other": len(rows) - len(in_pool),
         },
-        "host": host_view(pool, usage, now),
+        "host": host_view(found, watched, now),
         "gpus": rows,
         "queue_strategy": strategy if strategy in STRATEGIES else None,  # None: an older hub
-        "queue_fair": pool.get("queue_fair") is True,
+        "queue_fair": found.queue_fair if found is not None else False,
         "queue": queue,
     }
 
@@ -275,18 +256,14 @@ def read_map(documents: Documents | None, now: float) -> dict[str, Any]:
     thread)."""
     if documents is None:
         return map_document(None, None, now, has_state_dir=False)
-    return map_document(read_pool(documents), read_usage(documents, now), now)
+    return map_document(PoolSnapshot.read(documents), read_usage(documents, now), now)
 
 
-def _ticket(ticket: dict[str, Any]) -> dict[str, Any]:
-    keys = ("position", "owner", "user", "role", "priority", "since", "gpus", "mode",
-            "preempting")
-    found = {k: ticket.get(k) for k in keys}
-    found["victims"] = [v for v in _list(ticket.get("victims")) if isinstance(v, str)]
-    found["reserved"] = [u for u in _list(ticket.get("reserved")) if isinstance(u, str)]
-    found["cpus"] = _number(ticket.get("cpus"))
-    found["memory"] = _number(ticket.get("memory"))
-    found["waiting_for"] = _text(ticket.get("waiting_for"))
+def _ticket(ticket: Waiting) -> dict[str, Any]:
+    """A queue row as the page and the API show it."""
+    found = ticket.to_json()
+    for key in ("user_servers", "behind"):
+        del found[key]
     return found
 
 

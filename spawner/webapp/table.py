@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 from tornado import web
 
-from spawner.gpu.snapshot import HubRoom, hub_room
+from spawner.gpu.snapshot import HubRoom, PoolSnapshot, hub_room
 from spawner.host.fit import never_fit
 from spawner.quota.editing import (
     CONFLICT,
@@ -65,7 +65,6 @@ from spawner.quota.editing import (
 from spawner.quota.model import GpuCapacity, Problem, QuotaTable, QuotaTableError
 from spawner.quota.schema import quota_table_schema
 from spawner.quota.units import format_human, format_size
-from spawner.usage.documents import read_pool
 from spawner.usage.table_versions import Audit, newest_good
 from spawner.webapp import inputs
 from spawner.webapp.access import Refused
@@ -263,7 +262,7 @@ class TableEditor(BaseHandler):
         """The hub's GPU inventory and host share, from its pool snapshot; None while it
         has published none, or it cannot be read (logged)."""
         try:
-            return await self.blocking(lambda: hub_room(read_pool(self.setup.documents())))
+            return await self.blocking(lambda: hub_room(PoolSnapshot.read(self.setup.documents())))
         except Exception as e:  # the check goes on without it, and says so
             log.warning("Table editor: could not read the hub's GPU inventory: %s", e)
             return None

@@ -15,9 +15,15 @@ from spawner.gpu.inventory import declared_inventory
 from spawner.gpu.pool import GpuPool, Server
 from spawner.gpu.snapshot import pool_snapshot
 from spawner.quota.model import Role
-from spawner.usage.documents import GPU_USAGE, GPUS, DatabaseDocuments, FolderDocuments
+from spawner.usage.documents import (
+    GPU_USAGE,
+    GPUS,
+    DatabaseDocuments,
+    FolderDocuments,
+    json_object,
+)
 from spawner.usage.event_log import EventLog
-from spawner.usage.gpu_readings import json_object, usage_state
+from spawner.usage.gpu_readings import usage_state
 from spawner.usage.ledger import Ledger
 from spawner.watchdog.app import QuotaWatchdog, gpu_usage_snapshot
 from spawner.watchdog.model import GpuSample, ServerSample, Snapshot

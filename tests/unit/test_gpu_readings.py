@@ -85,9 +85,9 @@ def test_the_rule_between_two_readings():
     fresher = {**LIVE, "utilization": 0.9}
     for rows in ([node_a(T), reading("node-c", T + 2, {"GPU-a": fresher})],
                  [reading("node-c", T + 2, {"GPU-a": fresher}), node_a(T)]):
-        assert merge_usage(rows, T + 3)["gpus"]["GPU-a"]["utilization"] == 0.9
+        assert merge_usage(rows, T + 3).gpus["GPU-a"].utilization == 0.9
     # a stale node's reading is left out, whatever it says
-    assert merge_usage([node_a(T - 60), node_b(T)], T + 1)["gpus"]["GPU-a"] == UNSEEN
+    assert merge_usage([node_a(T - 60), node_b(T)], T + 1).gpus["GPU-a"].to_json() == UNSEEN
 
 
 def test_the_nodes_and_gpus_keep_their_order_from_one_refresh_to_the_next():

@@ -22,15 +22,15 @@ from fake_pynvml import (
     NVMLError_NotSupported,
 )
 from harness import install_fake_nvml, write_fake_nvml_state
-from spawner.gpu.nvml import HostGpu, HostProcess, HostScan, Nvml, XidEvent, XidWatcher
+from spawner.gpu.nvml import HostProcess, HostScan, Nvml, NvmlDevice, XidEvent, XidWatcher
 
 G = 2**30
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def by_uuid(scan: HostScan) -> dict[str, HostGpu]:
+def by_uuid(scan: HostScan) -> dict[str, NvmlDevice]:
     assert scan.error is None
-    return {gpu["uuid"]: gpu for gpu in scan.gpus}
+    return {gpu.uuid: gpu for gpu in scan.gpus}
 
 
 # --- the devices, with host PIDs ----------------------------------------------------
@@ -44,13 +44,13 @@ def test_every_gpu_with_its_host_pids_and_memory():
     ])
     scan = Nvml(nvml).host_gpus()
     a, b = scan.gpus
-    assert a == HostGpu(uuid="GPU-a", index=0, mig=None, parent=None, gpu_instance=None,
-                        name="NVIDIA H100 80GB HBM3", memory_used=30 * G, memory_total=80 * G,
-                        utilization=0.57, processes=[HostProcess(4242, 20 * G),
-                                                     HostProcess(4343, 10 * G)],
-                        errors={}, lost=None)
-    assert b["index"] == 1 and b["name"] == "NVIDIA A100" and b["processes"] == []
-    assert b["lost"] is None and b["utilization"] == 0.0
+    assert a == NvmlDevice(uuid="GPU-a", index=0, mig=None, parent=None, gpu_instance=None,
+                           name="NVIDIA H100 80GB HBM3", memory_used=30 * G,
+                           memory_total=80 * G, memory_free=50 * G, utilization=0.57,
+                           processes=[HostProcess(4242, 20 * G), HostProcess(4343, 10 * G)],
+                           errors={}, error=None)
+    assert b.index == 1 and b.name == "NVIDIA A100" and b.processes == []
+    assert b.error is None and b.utilization == 0.0
 
 
 def test_nvml_stays_started_across_reads():
@@ -66,15 +66,15 @@ def test_graphics_processes_count_once_per_pid():
     nvml = FakeNvml([FakeGpu("GPU-a", processes=[(10, 2 * G)],
                              graphics=[(10, 2 * G), (11, G)])])
     (gpu,) = Nvml(nvml).host_gpus().gpus
-    assert gpu["processes"] == [HostProcess(10, 2 * G), HostProcess(11, G)]
+    assert gpu.processes == [HostProcess(10, 2 * G), HostProcess(11, G)]
 
 
 def test_graphics_not_supported_still_lists_compute_processes():
     nvml = FakeNvml([FakeGpu("GPU-a", processes=[(10, G)])],
                     fail={"nvmlDeviceGetGraphicsRunningProcesses": NVMLError_NotSupported})
     (gpu,) = Nvml(nvml).host_gpus().gpus
-    assert gpu["processes"] == [HostProcess(10, G)]
-    assert gpu["errors"] == {"graphics_processes": "Not Supported"} and gpu["lost"] is None
+    assert gpu.processes == [HostProcess(10, G)]
+    assert gpu.errors == {"graphics_processes": "Not Supported"} and gpu.error is None
 
 
 def test_unsupported_fields_are_none_with_their_reason():
@@ -84,10 +84,10 @@ def test_unsupported_fields_are_none_with_their_reason():
         "nvmlDeviceGetName": NVMLError,
     })
     (gpu,) = Nvml(nvml).host_gpus().gpus
-    assert gpu["utilization"] is None and gpu["processes"] is None and gpu["name"] is None
-    assert gpu["memory_used"] == G and gpu["lost"] is None
-    assert gpu["errors"] == {"utilization": "Not Supported", "processes": "Not Supported",
-                             "name": "Unknown Error"}
+    assert gpu.utilization is None and gpu.processes is None and gpu.name is None
+    assert gpu.memory_used == G and gpu.error is None
+    assert gpu.errors == {"utilization": "Not Supported", "processes": "Not Supported",
+                          "name": "Unknown Error"}
     # No process list at all: the graphics list alone would undercount.
     assert "nvmlDeviceGetGraphicsRunningProcesses" not in nvml.calls
 
@@ -96,13 +96,13 @@ def test_unknown_used_memory_is_none():
     # pynvml gives usedGpuMemory None where NVML does not know it (MIG, WDDM).
     nvml = FakeNvml([FakeGpu("GPU-a", processes=[(10, None), (11, G)])])
     (gpu,) = Nvml(nvml).host_gpus().gpus
-    assert gpu["processes"] == [HostProcess(10, None), HostProcess(11, G)]
+    assert gpu.processes == [HostProcess(10, None), HostProcess(11, G)]
 
 
 def test_text_as_bytes_is_decoded():
     nvml = FakeNvml([FakeGpu("GPU-a", name="Tesla T4")], bytes_strings=True)
     (gpu,) = Nvml(nvml).host_gpus().gpus
-    assert gpu["uuid"] == "GPU-a" and gpu["name"] == "Tesla T4"
+    assert gpu.uuid == "GPU-a" and gpu.name == "Tesla T4"
 
 
 # --- lost GPUs ------------------------------------------------------------------------
@@ -112,29 +112,29 @@ def test_a_lost_gpu_among_good_ones_is_reported_lost_under_its_last_uuid():
     a, b, c = FakeGpu("GPU-a"), FakeGpu("GPU-b", processes=[(7, G)]), FakeGpu("GPU-c")
     nvml = FakeNvml([a, b, c])
     lib = Nvml(nvml)
-    assert lib.host_gpus().gpus[1]["lost"] is None
+    assert lib.host_gpus().gpus[1].error is None
     b.lost = True  # fell off the bus: its lookup by index fails now
     gpus = by_uuid(lib.host_gpus())
     assert list(gpus) == ["GPU-a", "GPU-b", "GPU-c"]
-    assert gpus["GPU-b"]["lost"] == "GPU is lost" and gpus["GPU-b"]["index"] == 1
-    assert gpus["GPU-b"]["name"] == "NVIDIA H100 80GB HBM3"  # as last read
-    assert gpus["GPU-b"]["processes"] is None and gpus["GPU-b"]["memory_used"] is None
-    assert gpus["GPU-a"]["lost"] is None and gpus["GPU-c"]["lost"] is None
+    assert gpus["GPU-b"].error == "GPU is lost" and gpus["GPU-b"].index == 1
+    assert gpus["GPU-b"].name == "NVIDIA H100 80GB HBM3"  # as last read
+    assert gpus["GPU-b"].processes is None and gpus["GPU-b"].memory_used is None
+    assert gpus["GPU-a"].error is None and gpus["GPU-c"].error is None
     b.lost = False
-    assert by_uuid(lib.host_gpus())["GPU-b"]["lost"] is None
+    assert by_uuid(lib.host_gpus())["GPU-b"].error is None
 
 
 def test_a_gpu_lost_before_it_was_ever_read_gets_a_placeholder_uuid():
     nvml = FakeNvml([FakeGpu("GPU-a"), FakeGpu("GPU-b", lost=True)])
     gpus = by_uuid(Nvml(nvml).host_gpus())
-    assert gpus["unknown:1"]["lost"] == "GPU is lost" and gpus["unknown:1"]["index"] == 1
-    assert gpus["GPU-a"]["lost"] is None
+    assert gpus["unknown:1"].error == "GPU is lost" and gpus["unknown:1"].index == 1
+    assert gpus["GPU-a"].error is None
 
 
 def test_a_gpu_lost_between_two_calls_is_lost():
     gpu = FakeGpu("GPU-a", fail={"nvmlDeviceGetMemoryInfo": NVMLError_GpuIsLost})
     (read,) = Nvml(FakeNvml([gpu])).host_gpus().gpus
-    assert read["lost"] == "GPU is lost" and read["errors"]["memory"] == "GPU is lost"
+    assert read.error == "GPU is lost" and read.errors["memory"] == "GPU is lost"
 
 
 def test_an_expected_gpu_nvml_no_longer_lists_is_lost():
@@ -143,17 +143,17 @@ def test_an_expected_gpu_nvml_no_longer_lists_is_lost():
     lib.host_gpus()
     nvml.gpus.pop()  # the driver dropped it: the count went down
     gpus = by_uuid(lib.host_gpus(expected=["GPU-a", "GPU-b", "GPU-z"]))
-    assert gpus["GPU-b"]["lost"] == "Not Found" and gpus["GPU-b"]["index"] == 1
-    assert gpus["GPU-z"]["lost"] == "Not Found" and gpus["GPU-z"]["index"] == -1
-    assert gpus["GPU-a"]["lost"] is None and len(gpus) == 3
+    assert gpus["GPU-b"].error == "Not Found" and gpus["GPU-b"].index == 1
+    assert gpus["GPU-z"].error == "Not Found" and gpus["GPU-z"].index == -1
+    assert gpus["GPU-a"].error is None and len(gpus) == 3
 
 
 def test_an_expected_device_found_by_uuid_is_read():
     child = FakeGpu("MIG-a1", processes=[(5, None)])
     nvml = FakeNvml([FakeGpu("GPU-a", mig_mode=0, mig=[child])])  # MIG off: not listed
     gpus = by_uuid(Nvml(nvml).host_gpus(expected=["MIG-a1"]))
-    assert gpus["MIG-a1"]["lost"] is None and gpus["MIG-a1"]["index"] == -1
-    assert gpus["MIG-a1"]["processes"] == [HostProcess(5, None)]
+    assert gpus["MIG-a1"].error is None and gpus["MIG-a1"].index == -1
+    assert gpus["MIG-a1"].processes == [HostProcess(5, None)]
 
 
 # --- MIG ------------------------------------------------------------------------------
@@ -172,14 +172,14 @@ def test_mig_instances_in_place_of_their_gpu():
     gpus = by_uuid(Nvml(nvml).host_gpus())
     assert list(gpus) == ["GPU-a", "MIG-b0", "MIG-b2"]
     b0 = gpus["MIG-b0"]
-    assert (b0["index"], b0["mig"], b0["parent"], b0["gpu_instance"]) == (1, 0, "GPU-b", 0)
-    assert b0["memory_total"] == 10 * G and b0["processes"] == [HostProcess(99, None)]
-    assert b0["utilization"] is None and b0["errors"] == {"utilization": "Not Supported"}
-    assert (gpus["MIG-b2"]["index"], gpus["MIG-b2"]["mig"]) == (1, 2)
-    assert gpus["MIG-b2"]["gpu_instance"] == 2 and gpus["MIG-b2"]["errors"] == {}
-    assert gpus["GPU-a"]["mig"] is None and gpus["GPU-a"]["parent"] is None
-    assert gpus["GPU-a"]["gpu_instance"] is None
-    assert "gpu_instance" not in gpus["GPU-a"]["errors"]  # not asked of a whole GPU
+    assert (b0.index, b0.mig, b0.parent, b0.gpu_instance) == (1, 0, "GPU-b", 0)
+    assert b0.memory_total == 10 * G and b0.processes == [HostProcess(99, None)]
+    assert b0.utilization is None and b0.errors == {"utilization": "Not Supported"}
+    assert (gpus["MIG-b2"].index, gpus["MIG-b2"].mig) == (1, 2)
+    assert gpus["MIG-b2"].gpu_instance == 2 and gpus["MIG-b2"].errors == {}
+    assert gpus["GPU-a"].mig is None and gpus["GPU-a"].parent is None
+    assert gpus["GPU-a"].gpu_instance is None
+    assert "gpu_instance" not in gpus["GPU-a"].errors  # not asked of a whole GPU
 
 
 def test_a_lost_mig_gpu_reports_each_of_its_instances_lost():
@@ -189,7 +189,7 @@ def test_a_lost_mig_gpu_reports_each_of_its_instances_lost():
     lib.host_gpus()
     b.lost = True
     gpus = by_uuid(lib.host_gpus())
-    assert [(u, g["lost"], g["parent"]) for u, g in gpus.items()] == [
+    assert [(u, g.error, g.parent) for u, g in gpus.items()] == [
         ("GPU-a", None, None), ("MIG-b0", "GPU is lost", "GPU-b"),
         ("MIG-b1", "GPU is lost", "GPU-b")]
 
@@ -206,7 +206,7 @@ def test_init_failure_is_a_reason_and_retried_after_the_delay():
     nvml.init_error = None
     time.sleep(0.35)
     scan = lib.host_gpus()
-    assert scan.error is None and [g["uuid"] for g in scan.gpus] == ["GPU-a"]
+    assert scan.error is None and [g.uuid for g in scan.gpus] == ["GPU-a"]
     assert nvml.calls.count("nvmlInit") == 2
 
 
@@ -260,7 +260,7 @@ def test_an_xid_on_a_mig_instance_names_its_gpu_and_instance():
     assert watcher.poll() == [XidEvent("GPU-a", 43, 1), XidEvent("GPU-a", 31, None)]
     # The instance the event names, as the host read names it:
     (mig,) = lib.host_gpus().gpus
-    assert (mig["uuid"], mig["parent"], mig["gpu_instance"]) == ("MIG-a1", "GPU-a", 1)
+    assert (mig.uuid, mig.parent, mig.gpu_instance) == ("MIG-a1", "GPU-a", 1)
 
 
 def test_other_event_types_are_not_xids():
@@ -362,11 +362,13 @@ def test_close_frees_the_set():
 
 
 SCRIPT = """
-import json, pynvml
+import dataclasses, json, pynvml
 from spawner.gpu.nvml import Nvml, XidWatcher
 lib = Nvml(pynvml)
 watcher = XidWatcher(lib)
-print(json.dumps({"scan": lib.host_gpus(), "xids": watcher.poll()}))
+scan = lib.host_gpus()
+print(json.dumps({"scan": [[dataclasses.asdict(d) for d in scan.gpus], scan.error],
+                  "xids": watcher.poll()}))
 """
 
 
@@ -391,7 +393,7 @@ def test_container_fake_gives_processes_lost_gpus_and_mig(tmp_path):
     assert c["gpu_instance"] == 1
     assert a["uuid"] == "GPU-a" and a["processes"] == [[4242, G], [4243, None]]
     assert a["errors"] == {"utilization": "Not Supported"}
-    assert b["uuid"] == "unknown:1" and b["lost"] == "GPU is lost"
+    assert b["uuid"] == "unknown:1" and b["error"] == "GPU is lost"
     assert (c["uuid"], c["index"], c["mig"], c["parent"]) == ("MIG-c1", 2, 1, "GPU-c")
 
 

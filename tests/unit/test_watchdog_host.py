@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from spawner.gpu.nvml import HostProcess
 from spawner.watchdog import host
 from spawner.watchdog.host import (
     CgroupReader,
@@ -24,7 +25,7 @@ from spawner.watchdog.host import (
     container_id_of,
     gpu_memory_by_container,
 )
-from spawner.watchdog.model import GpuProcess, GpuSample, Server
+from spawner.watchdog.model import GpuSample, Server
 
 A = "a" * 63 + "1"
 B = "b" * 63 + "2"
@@ -336,10 +337,10 @@ def test_gpu_memory_is_summed_per_container_and_gpu(tmp_path, monkeypatch):
     # PID 40 ended between NVML's list and the read.
     gpus = [
         GpuSample(uuid="GPU-0", index=0, processes=[
-            GpuProcess(10, 1000 * MiB), GpuProcess(11, 500 * MiB), GpuProcess(20, 300 * MiB),
-            GpuProcess(30, 999 * MiB), GpuProcess(40, 999 * MiB)]),
+            HostProcess(10, 1000 * MiB), HostProcess(11, 500 * MiB), HostProcess(20, 300 * MiB),
+            HostProcess(30, 999 * MiB), HostProcess(40, 999 * MiB)]),
         GpuSample(uuid="GPU-1", index=1, processes=[
-            GpuProcess(10, 2000 * MiB), GpuProcess(20, None)]),  # None: MIG, unknown
+            HostProcess(10, 2000 * MiB), HostProcess(20, None)]),  # None: MIG, unknown
         GpuSample(uuid="GPU-2", index=2, lost="GPU is lost"),
     ]
     lookups = []

@@ -18,9 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError
 
 from harness import free_port
+from spawner.gpu.nvml import HostProcess
 from spawner.watchdog import metrics as m
 from spawner.watchdog.metrics import WatchdogMetrics, serve_metrics, write_dcgm_mapping
-from spawner.watchdog.model import GpuProcess, GpuSample, Server, ServerSample, Snapshot
+from spawner.watchdog.model import GpuSample, Server, ServerSample, Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_FILE = ROOT / "deploy" / "prometheus" / "quota-spawner-watchdog.rules.yml"
@@ -52,7 +53,7 @@ def snapshot(*samples: ServerSample, time: float = 1000.0, xids: list[int] | Non
              gpus: tuple[str, ...] = (EXCLUSIVE, SHARED, LOST, FREE)) -> Snapshot:
     all_gpus = {
         EXCLUSIVE: GpuSample(EXCLUSIVE, 0, memory_used=60 * GiB, memory_total=80 * GiB,
-                             utilization=0.5, processes=[GpuProcess(11, 60 * GiB)],
+                             utilization=0.5, processes=[HostProcess(11, 60 * GiB)],
                              xids=xids or []),
         SHARED: GpuSample(SHARED, 1, memory_used=10 * GiB, memory_total=24 * GiB,
                           utilization=0.0),

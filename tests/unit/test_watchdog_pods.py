@@ -21,7 +21,7 @@ pytest.importorskip("kubernetes")
 from kubernetes.client import ApiClient  # noqa: E402
 from test_watchdog_host import v2_files, write_files, write_proc  # noqa: E402
 
-from spawner.gpu.nvml import HostProcess, HostScan, _blank  # noqa: E402
+from spawner.gpu.nvml import HostProcess, HostScan, NvmlDevice  # noqa: E402
 from spawner.kube.notebook import NotebookPod  # noqa: E402
 from spawner.kube.options import KubeOptions  # noqa: E402
 from spawner.kube.pod import pod_manifest  # noqa: E402
@@ -284,10 +284,9 @@ class StubNvml:
         self.processes = processes
 
     def host_gpus(self, expected: Any = ()) -> HostScan:
-        gpu = _blank(GPU, 0)
-        gpu.update(name="NVIDIA L4", memory_used=3 * G, memory_total=24 * G,
-                   utilization=0.0, processes=self.processes)
-        return HostScan([gpu])
+        return HostScan([NvmlDevice(GPU, 0, name="NVIDIA L4", memory_used=3 * G,
+                                    memory_total=24 * G, utilization=0.0,
+                                    processes=self.processes)])
 
 
 class NoXids:
