@@ -30,6 +30,7 @@ from test_kube_sessions import FakeCluster, sessions, spawner_on  # noqa: E402
 from test_kube_spawner import MockUser, no_cluster  # noqa: E402, F401
 
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
+from spawner.policy import hub as hub_object  # noqa: E402
 from spawner.usage import duties as usage_duties  # noqa: E402
 from spawner.usage import event_store  # noqa: E402
 from spawner.usage.budgets import SPENT, WARNING  # noqa: E402
@@ -58,12 +59,11 @@ def closed(monkeypatch: pytest.MonkeyPatch):
 
 def end_hub_process() -> None:
     """The hub process's end: its duties stop, its ledger's connections close."""
-    for writer, hub in QuotaKubeSpawner._ledgers.values():
-        if hub is not None:
-            hub.close()
-            hub.events.flush()
-        if writer is not None:
-            writer.ledger.dispose()
+    for hub in hub_object.HUBS.values():
+        hub.close()
+        hub.events.flush()
+        if hub.ledger is not None:
+            hub.ledger.dispose()
 
 
 @pytest.fixture
@@ -190,7 +190,7 @@ async def test_a_gpu_server_past_90_percent_is_warned_once_across_a_restart(
     again = restarted(monkeypatch, ledger_url, path, cluster, spawner.get_state())
     assert await again.poll() is None  # JupyterHub polls its servers as it starts
     new_hub = await again.kube_hub()
-    assert new_hub is not hub and new_hub.servers[again.pod_name] is again
+    assert new_hub is not hub and new_hub.spawners[again.pod_name] is again
     await new_hub.budgets.check(time.time())
     assert len(events(ledger, new_hub)) == 1  # told once, across the restart
     assert cluster.deleted == [] and session_of(ledger, spawner)["stopped"] is None  # runs on
