@@ -320,9 +320,11 @@ def build_at_hub_start(log: Log) -> None:
 
 class _HubUser:
     """The user of a spawner made only to read the hub's settings: the hub id's default
-    comes from the cookie secret in the user's settings."""
+    comes from the cookie secret in the user's settings (KubeSpawner names its pod from
+    the name and id as it is made)."""
 
     name = ""
+    id = 0
 
     def __init__(self, cookie_secret: bytes):
         self.settings = {"cookie_secret": cookie_secret}

@@ -350,6 +350,36 @@ async def test_one_hub_per_process_for_all_its_spawners(monkeypatch, ledger_url,
     assert no_timer == [hub.budgets]
 
 
+async def test_the_hub_start_builds_the_hub_object_its_spawners_use(
+        monkeypatch, ledger_url, tmp_path, no_timer, caplog):
+    """build_at_hub_start (spawner/policy/hub.py), as the Docker hub's config calls it,
+    builds the Kubernetes hub object from the configured QuotaKubeSpawner; its duties
+    start once JupyterHub says it has started, and the spawners find it built."""
+    from jupyterhub.app import JupyterHub
+
+    spawner, _ = spawner_on(monkeypatch, ledger_url, quota(tmp_path, ""), user="alice",
+                            groups=())
+    app = SimpleNamespace(subapp=None, show_config=False, show_config_json=False,
+                          cookie_secret=b"secret", spawner_class=QuotaKubeSpawner,
+                          config=spawner.config, hub=spawner.hub, log=LOG,
+                          _start_future=asyncio.get_running_loop().create_future())
+    monkeypatch.setattr(JupyterHub, "initialized", classmethod(lambda cls: True))
+    monkeypatch.setattr(JupyterHub, "instance", classmethod(lambda cls: app))
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        hub_object.build_at_hub_start(LOG)
+        for _ in range(200):  # the build: the ledger, in threads
+            if [h for h in hub_object.HUBS.values() if h.is_built]:
+                break
+            await asyncio.sleep(0.05)
+    (hub,) = hub_object.HUBS.values()
+    assert hub.is_built and hub.hub_id == HUB and no_timer == []  # the hub is not up yet
+    assert f"Hub {HUB}: event log the ledger's events table" in caplog.text
+    app._start_future.set_result(None)  # "JupyterHub is now running"
+    await asyncio.sleep(0.05)
+    assert no_timer == [hub.budgets]
+    assert await spawner.kube_hub() is hub and no_timer == [hub.budgets]  # once
+
+
 # --- where the events go, and no ledger ------------------------------------------------------
 
 
