@@ -18,10 +18,10 @@ from sqlalchemy.engine import make_url
 
 from spawner.docker.engine import check_engine, warn_oversized_roles
 from spawner.docker.network import ensure_network, warn_host_network
-from spawner.docker.runtime import build_at_hub_start
 from spawner.hubconfig.culling import culler_service
 from spawner.hubconfig.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD, password_problems
 from spawner.hubconfig.rbac import CLASS_OAUTH_SCOPES, class_service_scopes, instructor_roles
+from spawner.policy.hub import build_at_hub_start
 from spawner.quota.model import QuotaTableError
 from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_duration
@@ -242,9 +242,9 @@ if USAGE_DB != "none":
         log.error("The usage ledger %s cannot be created or upgraded: %s",
                   make_url(USAGE_DB).render_as_string(hide_password=True), e)
 
-# The hub's runtime (GPU inventory and pool, event log, ledger writer, usage duties,
-# preemption's recovery, the NVIDIA runtime probe) is built as the hub starts, in the
-# background, from the c.QuotaSpawner settings as the spawners read them (the whole
-# config, this file's includers too), so that the log says at once which GPUs the hub
-# has and whether the engine can give them (docs/gpus.md#the-inventory).
+# The hub's runtime (its hub object: GPU inventory and pool, event log, ledger writer,
+# usage duties, preemption's recovery, the NVIDIA runtime probe) is built as the hub
+# starts, in the background, from the c.QuotaSpawner settings as the spawners read them
+# (the whole config, this file's includers too), so that the log says at once which
+# GPUs the hub has and whether the engine can give them (docs/gpus.md#the-inventory).
 build_at_hub_start(log)

@@ -54,6 +54,8 @@ NAMES = {
     ("spawner.kube.pod", "home_claim_name"): ("spawner.kube.names", "home_claim_name"),
     ("spawner.webapp.app", "usage_service"): ("spawner.webapp.app", "webapp_service"),
     ("spawner.webapp.app", "UsageService"): ("spawner.webapp.app", "QuotaWebApp"),
+    ("spawner.docker.runtime", "build_at_hub_start"): ("spawner.policy.hub",
+                                                       "build_at_hub_start"),
 }
 # old traitlets class -> the class whose settings its config section still sets
 CONFIG_CLASSES = {"UsageService": "QuotaWebApp"}

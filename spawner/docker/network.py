@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from jupyterhub.utils import random_port
 
@@ -70,28 +70,44 @@ def ensure_network(client: Any, name: str, log: logging.Logger | logging.LoggerA
     raise RuntimeError(f"network {name!r} has no gateway address")
 
 
+class HostNetworkSpawner(Protocol):
+    """A DockerSpawner as host mode uses it: its network and the server's address."""
+
+    network_name: str
+    use_internal_ip: bool
+    ip: str
+    port: int
+
+    @property
+    def host_network(self) -> bool: ...
+
+    def reserve_port(self) -> int: ...
+
+    def release_port(self) -> None: ...
+
+
 class HostNetworkMixin:
-    """Adds host network mode to a DockerSpawner subclass."""
+    """Adds host network mode to a DockerSpawner subclass (``HostNetworkSpawner``)."""
 
     # Ports handed out but maybe not bound yet, so two concurrent spawns in
     # this hub never pick the same one.
     _reserved_ports: ClassVar[set[int]] = set()
 
     @property
-    def host_network(self: Any) -> bool:
+    def host_network(self: HostNetworkSpawner) -> bool:
         return self.network_name == "host"
 
-    def reserve_port(self: Any) -> int:
+    def reserve_port(self: HostNetworkSpawner) -> int:
         while True:
             port = random_port()
             if port not in HostNetworkMixin._reserved_ports:
                 HostNetworkMixin._reserved_ports.add(port)
                 return port
 
-    def release_port(self: Any) -> None:
+    def release_port(self: HostNetworkSpawner) -> None:
         HostNetworkMixin._reserved_ports.discard(self.port)
 
-    async def start(self: Any) -> tuple[str, int]:
+    async def start(self: HostNetworkSpawner) -> tuple[str, int]:
         if self.host_network:
             # no port bindings in host mode; the server binds loopback only
             self.use_internal_ip = True
@@ -103,12 +119,12 @@ class HostNetworkMixin:
             self.release_port()
             raise
 
-    async def get_ip_and_port(self: Any) -> tuple[str, int]:
+    async def get_ip_and_port(self: HostNetworkSpawner) -> tuple[str, int]:
         if self.host_network:
             return LOOPBACK, self.port
         return await super().get_ip_and_port()  # type: ignore[misc]
 
-    async def stop(self: Any, now: bool = False) -> None:
+    async def stop(self: HostNetworkSpawner, now: bool = False) -> None:
         try:
             await super().stop(now=now)  # type: ignore[misc]
         finally:

@@ -1,10 +1,9 @@
-"""The hub's runtime on Docker: what every QuotaSpawner of one hub process shares.
+"""The hub's runtime on Docker: the hub object (spawner/policy/hub.py ``QuotaHub``) with
+what only Docker has, shared by every QuotaSpawner of one hub process.
 
-JupyterHub makes a spawner per user server; what belongs to the hub process
-is one ``HubRuntime`` per GPU inventory and hub id (``RUNTIMES``; in practice
-one). It is made cheaply, without waiting, by whoever asks first (the hub as it
-starts, or a spawner's ``load_state``, which claims its container in it), and
-built once, in this order:
+One ``HubRuntime`` per GPU inventory and hub id. It is made cheaply, without waiting,
+by whoever asks first (the hub as it starts, or a spawner's ``load_state``, which
+claims its container in it), and built once, as every hub object is, in this order:
 
 1. the engine's client and ``docker info``, in threads (docker-py asks the
    engine for its API version; the info warns of quotas the engine cannot
@@ -12,12 +11,13 @@ built once, in this order:
 2. the GPU inventory, declared or found with NVML in a thread, logged as
    ``GPU inventory: …``;
 3. the usage ledger, created or upgraded in a thread before any part below
-   writes to it (without one, no session is recorded and no budget enforced);
+   writes to it (without one, no session is recorded and no budget enforced),
+   and its writer;
 4. the event log (the ledger's ``events`` table; a file without a ledger, or when
-   ``events_file`` names one), the GPU pool
-   (allocation and the wait queue), the host's capacity (admission), the
+   ``events_file`` names one) and the shared documents, then the GPU pool
+   (allocation and the wait queue), the host's capacity (admission) and the
    notebooks' parent cgroup, in a thread (docker/parent_cgroup.py; the log says whether
-   it is in effect), and the ledger's writer;
+   it is in effect);
 5. the reconciler (the pool in step with the containers' labels, zombies) and
    the evictor (preemptions, and stopping a server the hub's way), which first
    calls off the preemptions a previous hub process left in their grace;
@@ -26,9 +26,9 @@ built once, in this order:
 
 ``ready`` then rebuilds the holdings from the running containers and starts
 the periodic sync and the usage duties. Every spawner's poll, form and start
-awaits it; the hub itself does once it runs (``build_at_hub_start``, which
-hub_config/jupyterhub_config.py calls), so the inventory and the probe's
-finding are in the hub's log before anyone spawns.
+awaits it; the hub itself does once it runs (``build_at_hub_start`` in
+spawner/policy/hub.py, which hub_config/jupyterhub_config.py calls), so the
+inventory and the probe's finding are in the hub's log before anyone spawns.
 """
 
 from __future__ import annotations
@@ -36,15 +36,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import logging
-import os
-import weakref
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy.engine import make_url
-
-from spawner.common.registry import Registry
 from spawner.docker.engine import FrameworkLabels, NvidiaRuntime, check_engine_info
 from spawner.docker.evictor import Evictor
 from spawner.docker.parent_cgroup import ParentCgroup, ParentCgroupError, is_local, set_up
@@ -52,34 +46,26 @@ from spawner.docker.reconcile import Claims, Reconciler
 from spawner.gpu.inventory import Inventory
 from spawner.gpu.pool import GpuPool, hub_inventory
 from spawner.host.admission import HostBook, HostCapacity
-from spawner.quota.model import GpuCapacity, QuotaTable, QuotaTableError
+from spawner.policy.hub import HubSettings, Log, QuotaHub
+from spawner.policy.stopping import HubServer
+from spawner.quota.model import GpuCapacity, QuotaTableError
 from spawner.quota.store import QuotaStore
 from spawner.quota.units import parse_size
-from spawner.usage import event_store
-from spawner.usage.documents import GPUS, DatabaseDocuments, Documents, FolderDocuments
+from spawner.usage.documents import GPUS
 from spawner.usage.duties import UsageDuties
-from spawner.usage.event_log import EventLog, events_path
-from spawner.usage.ledger import Ledger, LedgerWriter, default_url
-from spawner.usage.table_versions import table_store
-
-Log = logging.Logger | logging.LoggerAdapter
+from spawner.usage.ledger import Ledger
 
 
 @dataclass(frozen=True)
-class Settings:
-    """The ``c.QuotaSpawner`` settings a runtime is built from, as a spawner reads them."""
+class Settings(HubSettings):
+    """The ``c.QuotaSpawner`` settings a runtime is built from, as a spawner reads them:
+    the hub object's (HubSettings) and Docker's own."""
 
-    hub_id: str
     gpu_inventory: list[dict[str, Any]]
     gpu_discovery: bool
-    quota_file: str
-    state_dir: str
-    usage_db: str
-    events_file: str
     gpu_sync_interval: float
     zombie_grace_period: float
     usage_retention_days: float
-    usage_check_interval: float
     host_admission: bool
     queue_strategy: str
     host_cpus: float
@@ -89,8 +75,6 @@ class Settings:
     cpu_overcommit: float
     memory_overcommit: float
     notebooks_cgroup: bool
-    quota_source: str  # "file", or "database": the ledger's newest version of the table
-    quota_table_name: str
 
     def host_capacity(self, info: dict[str, Any]) -> HostCapacity:
         """The notebooks' share of the engine's host, from ``docker info`` and these
@@ -103,18 +87,10 @@ class Settings:
             else None,
             cpu_ratio=self.cpu_overcommit, memory_ratio=self.memory_overcommit)
 
-    @classmethod
-    def of(cls, spawner: Any) -> Settings:
-        return cls(**{f.name: getattr(spawner, f.name) for f in fields(cls)})
-
     @property
     def key(self) -> str:
         """One runtime per inventory and hub id."""
         return json.dumps([self.gpu_inventory, self.gpu_discovery, self.hub_id], default=str)
-
-    def path(self, name: str) -> str:
-        """A file of the hub's in its state folder."""
-        return os.path.join(self.state_dir or ".", name)
 
 
 def probe_images(store: QuotaStore, log: Log, capacity: GpuCapacity) -> list[str]:
@@ -128,63 +104,34 @@ def probe_images(store: QuotaStore, log: Log, capacity: GpuCapacity) -> list[str
     return list(dict.fromkeys(table.images[k].image for k in keys if k in table.images))
 
 
-class HubRuntime:
+class HubRuntime(QuotaHub):
     """Everything the Docker spawners of one hub process share (the module's docstring
     lists the parts and their order). The parts exist once ``built`` has returned."""
 
+    settings_class = Settings
+    ready_failed = "GPU sync with Docker failed: %s"
+
+    settings: Settings
     docker_client: Any  # a docker APIClient: its methods block, call them in threads
     engine_info: dict[str, Any] | None  # docker info, None when it could not be read
     inventory: Inventory
-    events: EventLog
     pool: GpuPool
-    usage: LedgerWriter | None  # None without a ledger
     reconciler: Reconciler
     evictor: Evictor
-    duties: UsageDuties | None
     nvidia: NvidiaRuntime | None  # whether the engine can give GPUs; None without GPUs
     parent_cgroup: ParentCgroup | None  # the notebooks'; None where it could not be set up
 
     def __init__(self, settings: Settings, log: Log):
-        self.settings = settings
-        self.hub_id = settings.hub_id
-        self.log = log
+        super().__init__(settings, log)
         # the servers of this hub: from each spawner's load_state on, before the build
         self.claims = Claims()
-        # container name -> its spawner, so a server is stopped the hub's way
-        self.spawners: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
         self.frameworks = FrameworkLabels()  # the images' contents, for the form and caps
         self.engine_info = None
         self.parent_cgroup = None  # set by the build (docker/parent_cgroup.py)
-        self._building: asyncio.Task[None] | None = None
 
-    @classmethod
-    def of(cls, spawner: Any) -> HubRuntime:
-        """The runtime for ``spawner``'s settings (QuotaSpawnerConfig's traits), made the
-        first time and not built yet: cheap and synchronous."""
-        settings = Settings.of(spawner)
-        return RUNTIMES.get(settings.key, lambda: cls(settings, spawner.log))
+    # --- building: the hub object's steps (spawner/policy/hub.py) -----------------------------
 
-    # --- building -------------------------------------------------------------------------
-
-    async def built(self, source: Any, why: str = "") -> HubRuntime:
-        """Built once, with ``source``'s engine client (a spawner); a build that failed
-        is tried again by the next caller. ``why``: for the log line that says so."""
-        task = self._building
-        if task is None or (task.done() and (task.cancelled() or task.exception())):
-            task = self._building = asyncio.ensure_future(self._build(source, why))
-        await asyncio.shield(task)  # one caller giving up does not stop the build
-        return self
-
-    async def ready(self, source: Any, why: str = "") -> HubRuntime:
-        """Built, and in step with the running containers: awaited before any spawn,
-        form or poll is served. Starts the periodic sync and the usage duties."""
-        await self.built(source, why)
-        await self.reconciler.ready()
-        if self.duties is not None:
-            self.duties.start()
-        return self
-
-    async def _build(self, source: Any, why: str) -> None:
+    async def _build_first(self, source: Any) -> None:
         settings, log = self.settings, self.log
         self.docker_client = await asyncio.to_thread(lambda: source.client)
         self.engine_info = await self._engine_info()
@@ -192,34 +139,31 @@ class HubRuntime:
                                                  settings.gpu_discovery)
         (log.info if self.inventory.devices else log.warning)(
             "GPU inventory: %s", self.inventory.describe())
-        ledger = await self._open_ledger()
-        # with a ledger, its table only; without one (none, or one that could not be
-        # opened) the state folder's file, so no event is lost
-        self.events = EventLog(
-            events_path(settings.state_dir or ".", settings.events_file, ledger is not None),
-            log, store=(functools.partial(event_store.append_one, ledger.engine)
-                        if ledger else None))
-        # the state the other processes read: the ledger's rows, else the folder's files
-        documents = shared_documents(ledger, self.hub_id, settings.state_dir or ".")
+
+    async def _build_parts(self, source: Any) -> None:
+        settings, log = self.settings, self.log
         self.pool = GpuPool(self.inventory, self.hub_id, log, events=self.events,
-                            publish=functools.partial(self.events.save, documents, GPUS),
+                            publish=functools.partial(self.events.save, self.documents, GPUS),
                             strategy=settings.queue_strategy)
         capacity = self._host_capacity()
         self.pool.set_host(HostBook(capacity) if capacity and settings.host_admission
                            else None)
         self.parent_cgroup = await self._parent_cgroup(capacity)
-        self.usage = LedgerWriter(ledger, log) if ledger is not None else None
         self.reconciler = Reconciler(
             self.pool, self.docker_client, log, sync_interval=settings.gpu_sync_interval,
             zombie_grace=settings.zombie_grace_period, claims=self.claims, usage=self.usage)
-        self.evictor = Evictor(self.pool, self.docker_client, documents, log,
+        self.evictor = Evictor(self.pool, self.docker_client, self.documents, log,
                                spawners=self.spawners, usage=self.usage)
         self.pool.evictions = self.evictor
         await self.evictor.recover()
-        # in a thread: the duties read their budget memory from the database as they start
-        self.duties = None if ledger is None else await asyncio.to_thread(
-            UsageDuties, ledger, self, settings.usage_retention_days, log, table=self.table,
-            budget_memory=documents, interval=settings.usage_check_interval)
+
+    def _make_duties(self, ledger: Ledger) -> UsageDuties:
+        s = self.settings
+        return UsageDuties(ledger, self, s.usage_retention_days, self.log, table=self.table,
+                           budget_memory=self.documents, interval=s.usage_check_interval)
+
+    async def _build_last(self, why: str) -> None:
+        log = self.log
         self.nvidia = None
         if self.inventory.devices:  # can the engine give them? Said in the log at once
             self.nvidia = NvidiaRuntime(self.docker_client, log, self.inventory.uuids[0],
@@ -228,10 +172,18 @@ class HubRuntime:
         log.info("Hub runtime of hub %s built%s: %d GPUs (%s), usage ledger %s, event "
                  "log %s%s", self.hub_id, f" {why}" if why else "",
                  len(self.inventory.devices), self.inventory.source,
-                 ledger.url_text if ledger is not None else "none", self.events.where,
+                 self.ledger.url_text if self.ledger is not None else "none",
+                 self.events.where,
                  "; the NVIDIA runtime probe is under way" if self.nvidia else "")
         log.info("Queue: %s (docs/preemption.md#the-queues-strategies)",
                  self.pool.queue.policy)
+
+    async def _ready(self) -> None:
+        """In step with the running containers: the first sync, then the periodic one and
+        the usage duties."""
+        await self.reconciler.ready()
+        if self.duties is not None:
+            self.duties.start()
 
     def _host_capacity(self) -> HostCapacity | None:
         """The host's CPUs and memory as this hub counts them; None when the engine's size
@@ -285,46 +237,17 @@ class HubRuntime:
         check_engine_info(info, self.log)
         return info
 
-    async def _open_ledger(self) -> Ledger | None:
-        """The usage ledger at ``usage_db``, created or upgraded now; None without one,
-        or (logged) when it cannot be opened."""
-        url = self.settings.usage_db or default_url(self.settings.state_dir or ".")
-        if url == "none":
-            return None
-        try:
-            return await asyncio.to_thread(Ledger, url, self.log)
-        except Exception as e:
-            self.log.error("The usage ledger %s cannot be opened (%s): sessions are not "
-                           "recorded and budgets not enforced until the hub restarts with "
-                           "it fixed",
-                           make_url(url).render_as_string(hide_password=True), e)
-            return None
-
-    def table_store(self) -> QuotaStore:
-        """The store of the table this hub reads: the file, or the ledger's newest version
-        (quota_source); the same as its spawners' (RoleChoicesMixin.table_store)."""
-        s = self.settings
-        return table_store(s.quota_source, s.quota_file,
-                           s.usage_db or default_url(s.state_dir or "."),
-                           s.quota_table_name, self.log)
-
-    async def table(self) -> QuotaTable:
-        """The quota table as it is now, checked against this hub's GPUs (raises
-        QuotaTableError when there never was a good one)."""
-        return await asyncio.to_thread(self.table_store().get, self.log, self.pool.capacity)
-
     async def _probe_images(self) -> list[str]:
         return await asyncio.to_thread(probe_images, self.table_store(), self.log,
                                        self.pool.capacity)
 
     # --- the servers of this hub ------------------------------------------------------------
 
-    def claim(self, name: str, spawner: Any = None) -> None:
+    def claim(self, name: str, spawner: HubServer) -> None:
         """A server of this hub runs in container ``name``: never a zombie, and stopped
         through ``spawner`` when preempted or over its budget."""
         self.claims.claim(name)
-        if spawner is not None:
-            self.spawners[name] = spawner
+        super().claim(name, spawner)
 
     def forget(self, name: str, why: str) -> None:
         """The server in ``name`` has ended: its GPUs are released."""
@@ -343,90 +266,17 @@ class HubRuntime:
     def close(self) -> None:
         """Stop the timers and background tasks (a test's end; a hub's end stops them
         with its event loop)."""
-        if self._building is None or not self._building.done() or \
-                self._building.cancelled() or self._building.exception():
+        if not self.is_built:
             return
         self.reconciler.close()
         self.pool.close()
-        for part in (self.duties, self.nvidia):
-            if part is not None:
-                part.close()
+        super().close()
+        if self.nvidia is not None:
+            self.nvidia.close()
 
 
-RUNTIMES: Registry[str, HubRuntime] = Registry()  # the hub process's, by Settings.key
+def __getattr__(name: str) -> Any:
+    """``build_at_hub_start`` was here until 0.2.0 (spawner/common/moved.py)."""
+    from spawner.common.moved import moved_name
 
-
-# --- at hub start -------------------------------------------------------------------------
-
-_at_start: set[asyncio.Task[None]] = set()  # held: the event loop keeps weak references
-
-
-def build_at_hub_start(log: Log) -> None:
-    """Build the hub's runtime as the hub starts (hub_config/jupyterhub_config.py calls
-    this while JupyterHub loads it, on the hub's running event loop), so the hub's log
-    says at once which GPUs it has and whether the engine can give them.
-
-    The build is scheduled, never awaited: the hub's start never waits for Docker or
-    NVML, and a failure is logged (the first spawn then tries again). It reads the
-    settings from a spawner of the configured class, made with the hub's config and
-    cookie secret, so it builds the very runtime the spawners use. Outside a starting
-    hub (no running loop: a test reading the config) it does nothing."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    task = loop.create_task(_build_at_hub_start(log))
-    _at_start.add(task)
-    task.add_done_callback(_at_start.discard)
-
-
-class _HubUser:
-    """The user of a spawner made only to read the hub's settings: the hub id's default
-    comes from the cookie secret in the user's settings."""
-
-    name = ""
-
-    def __init__(self, cookie_secret: bytes):
-        self.settings = {"cookie_secret": cookie_secret}
-
-
-async def _build_at_hub_start(log: Log) -> None:
-    from jupyterhub.app import JupyterHub  # only where a hub runs
-
-    if not JupyterHub.initialized():
-        return
-    app = JupyterHub.instance()
-    # runs at the hub's first await after loading its config, which it follows with
-    # its cookie secret; a subcommand (upgrade-db, --show-config) starts no hub
-    if app.subapp is not None or app.show_config or app.show_config_json or \
-            not app.cookie_secret:
-        return
-    try:
-        spawner_class = app.spawner_class
-        if not hasattr(spawner_class, "hub_runtime"):
-            return  # not a QuotaSpawner: no runtime to build
-        source = spawner_class(config=app.config, hub=app.hub, orm_spawner=None,
-                               user=_HubUser(app.cookie_secret), log=app.log)
-        runtime = await HubRuntime.of(source).built(source, "at hub start")
-    except Exception as e:  # never the hub's end: its spawns try again
-        log.error("Could not build the hub runtime at hub start (%s: %s); the first spawn "
-                  "tries again", type(e).__name__, e)
-        return
-    # The first sync, zombies included, waits until the hub is up: by then each running
-    # server's spawner has claimed its container (JupyterHub's own future).
-    started = getattr(app, "_start_future", None)
-    if isinstance(started, asyncio.Future):
-        await asyncio.shield(started)
-    try:
-        await runtime.ready(source)
-    except Exception as e:  # the next poll, spawn form or start tries again
-        log.error("GPU sync with Docker failed: %s", e)
-
-
-def shared_documents(ledger: Ledger | None, hub_id: str, state_dir: str) -> Documents:
-    """Where the hub keeps the documents other processes read (spawner/usage/documents.py): its
-    ledger's database, reading the state folder's files of before the upgrade once; the
-    folder alone without a ledger."""
-    folder = FolderDocuments(state_dir)
-    return folder if ledger is None else DatabaseDocuments(ledger.engine, hub_id,
-                                                           fallback=folder)
+    return moved_name(__name__, name)

@@ -164,7 +164,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         await maybe_future(super().run_pre_spawn_hook())  # the config's hook may be sync
         self.start_timeout = self._start_timeout
         try:
-            runtime = await self.hub_runtime()
+            runtime = await self.quota_hub()
             role = (await self.resolve(await self.choices(runtime))).role
         except Exception:
             return  # start() refuses the same, with its message
@@ -173,7 +173,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
     async def start(self) -> tuple[str, int]:
         self._events, self._spec = [], None
         self.remove = True  # whatever a hook or override said (the validator warns)
-        runtime = await self.hub_runtime()
+        runtime = await self.quota_hub()
         choices = await self.choices(runtime)
         try:
             choice = await self.resolve(choices)
@@ -272,7 +272,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
     async def poll(self) -> int | str | None:
         # The hub polls every running server at startup: the runtime's first sync (and
         # its zombie check) then runs, if the hub's start has not run it yet.
-        runtime = await self.hub_runtime()
+        runtime = await self.quota_hub()
         status = await super().poll()
         if status is not None and self.object_name not in runtime.starting:
             runtime.forget(self.object_name, f"the container stopped ({status})")
@@ -281,7 +281,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         return status
 
     async def stop(self, now: bool = False) -> None:
-        runtime = await self.hub_runtime()
+        runtime = await self.quota_hub()
         try:
             # by name, always: DockerSpawner's poll() sets object_id from any container
             # with this name, another hub's too

@@ -26,8 +26,8 @@ policy's (spawner/policy/); each module here writes it in a pod, one job each:
 - ``priority``: a PriorityClass per role, and a PodDisruptionBudget for the
   roles with ``preemptible: false`` (``quota-spawner k8s priority-classes``).
 - ``ends``: how a pod ended, in the usage ledger's words.
-- ``duties``: what the hub process keeps besides its spawners (``KubeHub``): its
-  event log and the GPU-hour budget duties, which stop a server through the hub.
+- ``duties``: ``KubeHub``, the hub process's hub object (spawner/policy/hub.py) with
+  the GPU-hour budget duties, which stop a server through the hub.
 
 docs/kubernetes.md maps each role field to its pod field, and lists what
 is not built yet.

@@ -1,11 +1,13 @@
-"""What the Kubernetes hub process keeps besides its spawners: its event log and the
-GPU-hour budget duties, as the Docker hub's runtime does (spawner/docker/runtime.py).
+"""The hub object on Kubernetes (spawner/policy/hub.py ``QuotaHub``), with what only this
+backend has: the GPU-hour budget duties on their own timer, and their stop through the
+hub.
 
-JupyterHub makes a spawner per user server; these belong to the hub process: one
-``KubeHub`` per usage ledger, made with the ledger by the first spawner that opens it
-(``QuotaKubeSpawner.usage_ledger``: JupyterHub's poll of each running server as it
-starts, a spawn form, a start) and kept with it. Without a ledger there is none: no
-session is recorded, so no budget counts, and nothing else writes the log yet.
+JupyterHub makes a spawner per user server; this belongs to the hub process: one
+``KubeHub`` per hub id and usage ledger, made and built, as every hub object is, by the
+first spawner that asks (``QuotaKubeSpawner.quota_hub``: JupyterHub's poll of each
+running server as it starts, a spawn form, a start). Its ledger, ledger writer, event
+log and shared documents are the hub object's. Without a ledger there are no duties:
+no session is recorded, so no budget counts, and nothing else writes the log yet.
 
 - The event log: the ledger's ``events`` table, which the watchdog pods read (and a
   file too when ``events_file`` names one, as on Docker: ``events.events_path``).
@@ -25,114 +27,107 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from spawner.policy.stopping import stop_through_hub
-from spawner.quota.model import QuotaTable
-from spawner.usage import event_store
-from spawner.usage.documents import DatabaseDocuments
+from spawner.policy.hub import HubSettings, Log, QuotaHub, hub_started
+from spawner.policy.stopping import HubServer, stop_through_hub
 from spawner.usage.duties import BudgetDuties
-from spawner.usage.event_log import EventLog, events_path
-from spawner.usage.ledger import Ledger
-from spawner.usage.table_versions import table_store
+from spawner.usage.ledger import Ledger, default_url
 
-Log = logging.Logger | logging.LoggerAdapter
 STOP_TIMEOUT = 60.0  # waited for a stop through the hub; it goes on after that
 
 
 @dataclass(frozen=True)
-class HubSettings:
-    """The ``c.QuotaKubeSpawner`` settings the hub's duties use, as a spawner reads them."""
+class KubeSettings(HubSettings):
+    """The ``c.QuotaKubeSpawner`` settings the hub object is built from."""
 
-    hub_id: str
-    usage_db: str  # the ledger's URL, resolved
-    state_dir: str
-    events_file: str
-    usage_check_interval: float
-    quota_source: str
-    quota_file: str
-    quota_table_name: str
-
-    @classmethod
-    def of(cls, spawner: Any, usage_db: str) -> HubSettings:
-        return cls(hub_id=spawner.hub_id, usage_db=usage_db, state_dir=spawner.state_dir,
-                   events_file=spawner.events_file,
-                   usage_check_interval=spawner.usage_check_interval,
-                   quota_source=spawner.quota_source, quota_file=spawner.quota_file,
-                   quota_table_name=spawner.quota_table_name)
+    @property
+    def ledger_url(self) -> str:
+        # without a state folder, the environment's (QUOTA_SPAWNER_STATE_DIR), as
+        # QuotaKubeSpawner has always opened its ledger
+        return self.usage_db or default_url(self.state_dir)
 
 
-class KubeHub:
-    """The event log and budget duties of one hub process (the module's docstring).
-    Made in a thread: it reads what the budgets told from the ledger."""
+class KubeHub(QuotaHub):
+    """The hub object of a Kubernetes hub process, with its budget duties (the module's
+    docstring)."""
 
-    def __init__(self, settings: HubSettings, ledger: Ledger, log: Log):
-        self.settings = settings
-        self.hub_id = settings.hub_id
-        self.log = log
-        # the ledger's table; a file only when an admin names one
-        self.events = EventLog(
-            events_path(settings.state_dir or ".", settings.events_file, True), log,
-            store=functools.partial(event_store.append_one, ledger.engine))
-        self.memory = DatabaseDocuments(ledger.engine, self.hub_id)
-        self.budgets = BudgetDuties(ledger, self.hub_id, self.events, self.table,
-                                    self.memory, self.stop_server, log,
-                                    settings.usage_check_interval)
-        # pod name -> the spawner that runs it; weak: a stopped server's spawner goes
-        self.servers: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+    settings_class = KubeSettings
+    ledger_lost = ("The usage ledger cannot be opened (%(error)s): sessions are not "
+                   "recorded, budgets not enforced and approved role requests grant "
+                   "nothing until the hub restarts with it fixed")
+
+    def __init__(self, settings: HubSettings, log: Log):
+        super().__init__(settings, log)
         self._unknown: set[str] = set()  # pods told of once as no server of this hub's
         self._starting: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        """Start the budget checks once the hub has started (on the running loop)."""
-        if self._starting is None:
-            self._starting = asyncio.ensure_future(self._start())
+    @property
+    def budgets(self) -> BudgetDuties | None:
+        """The budget duties, on their own timer; None without a ledger."""
+        assert self.duties is None or isinstance(self.duties, BudgetDuties)
+        return self.duties
+
+    # --- building: the hub object's steps (spawner/policy/hub.py) ---------------------------
+
+    async def _build_first(self, source: Any) -> None:
+        """Nothing before the ledger: the cluster is KubeSpawner's."""
+
+    async def _build_parts(self, source: Any) -> None:
+        """No parts of its own: the scheduler places the pods, with no GPU pool here."""
+
+    def _make_duties(self, ledger: Ledger) -> BudgetDuties | None:
+        try:
+            return BudgetDuties(ledger, self.hub_id, self.events, self.table, self.documents,
+                                self.stop_server, self.log,
+                                self.settings.usage_check_interval)
+        except Exception as e:  # the sessions are still recorded
+            self.log.error("The hub's event log and GPU-hour budget duties cannot be "
+                           "set up (%s: %s): running servers are not warned or stopped "
+                           "for their budgets", type(e).__name__, e)
+            return None
+
+    async def _build_last(self, why: str) -> None:
+        if self.budgets is not None:
             self.log.info("Hub %s: event log %s; GPU-hour budgets checked every %gs",
                           self.hub_id, self.events.where, self.budgets.interval)
 
-    async def _start(self) -> None:
-        # JupyterHub polls the servers it had before it is started: all are claimed by
-        # the first check
-        await hub_started()
-        self.budgets.start()
+    async def _ready(self) -> None:
+        """Start the budget checks once the hub has started (JupyterHub polls the servers
+        it had before it is started: all are claimed by the first check)."""
+        if self.budgets is not None and self._starting is None:
+            self._starting = asyncio.ensure_future(self._start(self.budgets))
+
+    async def _start(self, budgets: BudgetDuties) -> None:
+        if await hub_started():
+            budgets.start()
 
     def close(self) -> None:
         if self._starting is not None:
             self._starting.cancel()
-        self.budgets.close()
+        super().close()
 
-    def claim(self, pod: str, spawner: Any) -> None:
-        """``spawner`` runs ``pod``: a spent budget stops it through the hub."""
-        self.servers[pod] = spawner
-        self._unknown.discard(pod)
+    # --- the servers of this hub ------------------------------------------------------------
 
-    async def table(self) -> QuotaTable:
-        """The table as the spawners read it (no GPU capacity: the scheduler's)."""
-        s = self.settings
+    def claim(self, name: str, spawner: HubServer) -> None:
+        """``spawner`` runs pod ``name``: a spent budget stops it through the hub."""
+        super().claim(name, spawner)
+        self._unknown.discard(name)
 
-        def read() -> QuotaTable:
-            store = table_store(s.quota_source, s.quota_file, s.usage_db,
-                                s.quota_table_name, self.log)
-            return store.get(self.log, None)
-
-        return await asyncio.to_thread(read)
-
-    async def stop_server(self, pod: str, why: str) -> bool:
-        """Stop the server in ``pod`` the way the hub stops any server
-        (spawner/policy/stopping.py). False when no server of this hub runs it now, or the stop
-        failed; the next check tries again."""
-        spawner = self.servers.get(pod)
-        if spawner is None or spawner.pod_name != pod:
-            if pod not in self._unknown:  # said once: every check finds it again
-                self._unknown.add(pod)
+    async def stop_server(self, name: str, why: str) -> bool:
+        """Stop the server in pod ``name`` the way the hub stops any server
+        (spawner/policy/stopping.py). False when no server of this hub runs it now, or the
+        stop failed; the next check tries again."""
+        spawner = self.spawners.get(name)
+        if spawner is None or getattr(spawner, "pod_name", name) != name:
+            if name not in self._unknown:  # said once: every check finds it again
+                self._unknown.add(name)
                 self.log.warning("Could not stop pod %s (%s): no server of this hub runs "
-                                 "it", pod, why)
+                                 "it", name, why)
             return False
         if spawner.pending or spawner.server is None:
-            self.log.info("Not stopping %s (%s) now: its server is %s", pod, why,
+            self.log.info("Not stopping %s (%s) now: its server is %s", name, why,
                           spawner.pending or "not running")
             return False
         try:
@@ -140,33 +135,15 @@ class KubeHub:
             # shielded: a slow stop goes on (pending "stop"), never cut off halfway
             await asyncio.wait_for(asyncio.shield(stopping), STOP_TIMEOUT)
         except TimeoutError:
-            self.log.warning("Stopping %s (%s) takes more than %gs; it goes on", pod, why,
+            self.log.warning("Stopping %s (%s) takes more than %gs; it goes on", name, why,
                              STOP_TIMEOUT)
-            stopping.add_done_callback(functools.partial(self._stopped_late, pod))
+            stopping.add_done_callback(functools.partial(self._stopped_late, name))
             return False
         except Exception as e:
-            self.log.error("Could not stop %s (%s) through the hub: %s", pod, why, e)
+            self.log.error("Could not stop %s (%s) through the hub: %s", name, why, e)
             return False
         return True
 
     def _stopped_late(self, pod: str, stopping: asyncio.Future[Any]) -> None:
         if not stopping.cancelled() and stopping.exception() is not None:
             self.log.error("Could not stop %s through the hub: %s", pod, stopping.exception())
-
-
-async def hub_started() -> None:
-    """Wait until JupyterHub has started, where one is starting in this process (else
-    at once: a test, a tool)."""
-    try:
-        from jupyterhub.app import JupyterHub
-    except ImportError:
-        return
-    if not JupyterHub.initialized():
-        return
-    started = getattr(JupyterHub.instance(), "_start_future", None)
-    if isinstance(started, asyncio.Future) and \
-            started.get_loop() is asyncio.get_running_loop():
-        try:
-            await asyncio.shield(started)
-        except Exception:  # a hub that failed to start ends; nothing to do here
-            return

@@ -34,10 +34,11 @@ it ended (``pod_end.pod_end``: stopped, culled, OOM, preempted by the scheduler,
 lost). The hub does not know which GPUs the device plugin gave, so
 a session records the role's GPU count and mode, not UUIDs.
 
-With the ledger comes the hub's ``KubeHub`` (spawner/kube/duties.py), one per
-hub process: its event log (the ledger's events table) and the GPU-hour budget
-duties, which warn the users of running GPU servers and stop those of a spent
-budget with ``stop: true``, as on Docker. Each spawner claims its pod in it.
+The hub process's ``KubeHub`` (spawner/kube/duties.py), its hub object as the Docker
+hub's runtime is (spawner/policy/hub.py), holds the ledger's writer, the event log
+(the ledger's events table) and the GPU-hour budget duties, which warn the users of
+running GPU servers and stop those of a spent budget with ``stop: true``, as on
+Docker. Each spawner claims its pod in it.
 
 There is no GPU pool here: the scheduler and the device plugin place GPU
 pods, and a pod that does not fit waits Pending (docs/kubernetes.md).
@@ -47,17 +48,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import Any, ClassVar
+from typing import Any
 
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner import KubeSpawner
 from tornado import web
 from traitlets import Dict, Integer, default
 
-from spawner.common.registry import Registry
 from spawner.kube.checks import config_problems, violations
 from spawner.kube.claims import home_claim
-from spawner.kube.duties import HubSettings, KubeHub
+from spawner.kube.duties import KubeHub
 from spawner.kube.names import home_claim_name
 from spawner.kube.notebook import NotebookPod
 from spawner.kube.options import KubeOptions
@@ -70,7 +70,7 @@ from spawner.policy.config import QuotaConfig
 from spawner.policy.rules import PolicyError, refuse_any
 from spawner.quota.form import options_from_form
 from spawner.quota.model import Choice
-from spawner.usage.ledger import STOPPED, Ledger, LedgerWriter, default_url
+from spawner.usage.ledger import STOPPED, LedgerWriter
 from spawner.usage.sessions import End, ServerSession
 
 PRIORITY_HINT = (" (apply the roles' PriorityClasses: quota-spawner k8s priority-classes "
@@ -100,9 +100,7 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         help="The notebook's gid, and the pod's fsGroup (the home claim is writable for it); "
              "never 0.")
 
-    # one per ledger URL, shared by the hub's spawners: sessions and approved role
-    # requests, and the hub's event log and budget duties
-    _ledgers: ClassVar[Registry[str, tuple[LedgerWriter | None, KubeHub | None]]] = Registry()
+    hub_class = KubeHub  # the hub object: the ledger, the event log, the budget duties
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -146,48 +144,24 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
             raise web.HTTPError(500, refusals.SETTING_REFUSED) from None
 
     async def usage_ledger(self) -> LedgerWriter | None:
-        """The usage ledger (sessions, budgets, approved role requests); None with
-        ``usage_db`` "none" or when it cannot be opened (logged: the table's roles still
-        hold, nothing is recorded)."""
-        return (await self._hub_parts())[0]
+        """The usage ledger's writer (sessions, budgets, approved role requests), the hub
+        object's; None with ``usage_db`` "none" or when it cannot be opened (logged: the
+        table's roles still hold, nothing is recorded)."""
+        return (await self.quota_hub()).usage
 
     async def kube_hub(self) -> KubeHub | None:
-        """The hub's event log and budget duties, started with the ledger; None without
-        a ledger."""
-        return (await self._hub_parts())[1]
-
-    async def _hub_parts(self) -> tuple[LedgerWriter | None, KubeHub | None]:
-        url = self.usage_db or default_url(self.state_dir)
-        if url == "none":
-            return None, None
-
-        async def open_ledger() -> tuple[LedgerWriter | None, KubeHub | None]:
-            try:
-                ledger = await asyncio.to_thread(Ledger, url, self.log)
-            except Exception as e:
-                self.log.error("The usage ledger cannot be opened (%s): sessions are not "
-                               "recorded, budgets not enforced and approved role requests "
-                               "grant nothing until the hub restarts with it fixed", e)
-                return None, None
-            try:  # reads what the budgets told: in a thread
-                hub = await asyncio.to_thread(KubeHub, HubSettings.of(self, url), ledger,
-                                              self.log)
-            except Exception as e:  # the sessions are still recorded
-                self.log.error("The hub's event log and GPU-hour budget duties cannot be "
-                               "set up (%s: %s): running servers are not warned or stopped "
-                               "for their budgets", type(e).__name__, e)
-                hub = None
-            if hub is not None:
-                hub.start()
-            return LedgerWriter(ledger, self.log), hub
-
-        return await QuotaKubeSpawner._ledgers.aget(url, open_ledger)
+        """The hub object, when its GPU-hour budget duties run: None without a ledger."""
+        hub = await self.quota_hub()
+        return hub if hub.budgets is not None else None
 
     async def _claim_pod(self) -> None:
-        """Tell the hub's duties that this spawner runs its pod."""
-        hub = await self.kube_hub()
-        if hub is not None:
-            hub.claim(self.pod_name, self)
+        """Tell the hub object that this spawner runs its pod."""
+        (await self.quota_hub()).claim(self.pod_name, self)
+
+    async def quota_hub(self) -> KubeHub:
+        """This hub process's hub object (spawner/kube/duties.py), built (at the first
+        spawner's call) and ready."""
+        return await KubeHub.of(self).ready(self)
 
     async def choices(self) -> list[Choice]:
         """What this user may start, from the table as it is now."""

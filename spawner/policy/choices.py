@@ -4,20 +4,24 @@ options the user chose, checked.
 ``RoleChoicesMixin`` is the part every quota spawner shares, on Docker and on
 Kubernetes (spawner/kube/spawner.py): the table, the user's roles (the
 table's assignments, their groups, approved role requests), the spawn form,
-``user_options`` checked on every start. Docker's ``ChoicesMixin`` (the GPUs
-free now, from the hub's runtime) is in spawner/docker/choices.py.
+``user_options`` checked on every start. Its methods are typed against
+``QuotaSpawnerProtocol`` (spawner/policy/spawner.py), which both spawners satisfy.
+Docker's ``ChoicesMixin`` (the GPUs free now, from the hub's runtime) is in
+spawner/docker/choices.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import jinja2
 from tornado import web
 
 from spawner.policy import refusals
+from spawner.policy.hub import QuotaHub
+from spawner.policy.spawner import QuotaSpawnerProtocol
 from spawner.quota.form import render_form
 from spawner.quota.model import Choice, GpuCapacity, QuotaTable, QuotaTableError, Role
 from spawner.quota.options import OptionsError, resolve_choice
@@ -29,17 +33,22 @@ from spawner.usage.table_versions import table_store
 
 
 class RoleChoicesMixin:
-    """The quota's choices for any spawner with QuotaConfig's traits, ``user``,
-    ``orm_spawner``, ``db``, ``user_options`` and ``log``."""
+    """The quota's choices for any quota spawner (``QuotaSpawnerProtocol``: JupyterHub's
+    Spawner with QuotaConfig's traits and its backend's hub object)."""
 
-    def table_store(self: Any) -> QuotaStore:
+    # the backend's hub object (policy/hub.py), which build_at_hub_start makes; each
+    # backend's ``quota_hub`` gives it, built and ready
+    hub_class: ClassVar[type[QuotaHub]]
+
+    def table_store(self: QuotaSpawnerProtocol) -> QuotaStore:
         """The store of the table this hub reads (``quota_source``): the quota file, or the
         newest version in the ledger's database (spawner/usage/table_versions.py)."""
         return table_store(self.quota_source, self.quota_file,
                            self.usage_db or default_url(self.state_dir or "."),
                            self.quota_table_name, self.log)
 
-    async def quota_table(self: Any, capacity: GpuCapacity | None = None) -> QuotaTable:
+    async def quota_table(self: QuotaSpawnerProtocol,
+                          capacity: GpuCapacity | None = None) -> QuotaTable:
         """The table as it is now (the last good one while the file or the newest version
         is broken; raises QuotaTableError when there never was one). ``capacity``: the
         GPUs the roles are checked against; None: not checked (a cluster's GPUs are the
@@ -47,21 +56,22 @@ class RoleChoicesMixin:
         store = self.table_store()
         return await asyncio.to_thread(store.get, self.log, capacity)
 
-    async def table_now(self: Any, capacity: GpuCapacity | None = None) -> QuotaTable:
+    async def table_now(self: QuotaSpawnerProtocol,
+                        capacity: GpuCapacity | None = None) -> QuotaTable:
         """The table, or the plain 500 a broken one gets."""
         try:
             return await self.quota_table(capacity)
         except QuotaTableError:  # the store has logged every problem with its file and line
             raise web.HTTPError(500, refusals.TABLE_BROKEN) from None
 
-    async def choices_in(self: Any, table: QuotaTable,
+    async def choices_in(self: QuotaSpawnerProtocol, table: QuotaTable,
                          usage: LedgerWriter | None) -> list[Choice]:
         """What this user may start in ``table``: the table's assignments for them and
         their groups, and the roles an approved request grants (read from ``usage``)."""
         granted = await self.grants_in(usage) if table.requests.roles else set()
         return table.choices_for(self.user.name, [g.name for g in self.user.groups], granted)
 
-    async def grants_in(self: Any, usage: LedgerWriter | None) -> set[str]:
+    async def grants_in(self: QuotaSpawnerProtocol, usage: LedgerWriter | None) -> set[str]:
         """The roles an approved request grants this user now; none without a ledger, or
         when it cannot be read (logged: the user keeps the roles the table gives)."""
         if usage is None:
@@ -69,8 +79,8 @@ class RoleChoicesMixin:
         return await usage.call(granted_roles, usage.ledger.engine,
                                 self.user.name, time.time()) or set()
 
-    async def budget_refusal_in(self: Any, table: QuotaTable, usage: LedgerWriter | None,
-                                role: Role) -> str | None:
+    async def budget_refusal_in(self: QuotaSpawnerProtocol, table: QuotaTable,
+                                usage: LedgerWriter | None, role: Role) -> str | None:
         """Why this user may not start ``role`` now: a spent GPU-hour budget of
         ``table``; None if they may (or there is no ledger to tell: a broken one is
         logged, not enforced)."""
@@ -79,7 +89,7 @@ class RoleChoicesMixin:
         return await usage.call(check_start, usage.ledger.engine, table, self.user.name,
                                 [g.name for g in self.user.groups], role, time.time())
 
-    async def form_for(self: Any, choices: list[Choice],
+    async def form_for(self: QuotaSpawnerProtocol, choices: list[Choice],
                        gpus: tuple[dict[str, int], int] | None = None,
                        contents: dict[str, str] | None = None,
                        host: dict[str, str] | None = None) -> str:
@@ -100,12 +110,12 @@ class RoleChoicesMixin:
                            "shipped form instead", type(self).__name__, line, e)
             return render_form(choices, **args)
 
-    def startable(self: Any, choice: Choice) -> bool:
+    def startable(self: QuotaSpawnerProtocol, choice: Choice) -> bool:
         """Whether ``choice`` could ever start on this hub; a start that names no role
         takes the first that can. Every role can, unless a backend knows better."""
         return True
 
-    async def resolve(self: Any, choices: list[Choice],
+    async def resolve(self: QuotaSpawnerProtocol, choices: list[Choice],
                       options: dict[str, Any] | None = None) -> Choice:
         """The user's choice for this start (``options``, or else ``user_options``),
         checked against the table."""
@@ -115,7 +125,7 @@ class RoleChoicesMixin:
         except OptionsError as e:
             raise web.HTTPError(e.status, e.message) from None
 
-    def _forget_refused_options(self: Any, choices: list[Choice]) -> None:
+    def _forget_refused_options(self: QuotaSpawnerProtocol, choices: list[Choice]) -> None:
         # JupyterHub saved these options as the user's default before the start; a plain
         # start after a refused or failed one gets the last choice that started, if the
         # user still holds it, else their first choice.

@@ -19,6 +19,7 @@ from typing import Any
 from traitlets import CaselessStrEnum, Float, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
+from spawner.policy.stopping import HubServer
 from spawner.quota.editing import DEFAULT_TABLE_NAME, FILE_SOURCE, SOURCES, database_key
 from spawner.quota.form import options_from_form
 
@@ -148,7 +149,7 @@ class QuotaConfig(Configurable):
         return "quota"
 
     @property
-    def log_name(self: Any) -> str:
+    def log_name(self: HubServer) -> str:
         """The server as the hub's own log lines name it: ``user``, or ``user:server``
         for a named server."""
         user = self.user.name if self.user else "(no user)"

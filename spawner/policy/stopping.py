@@ -7,10 +7,20 @@ and records the server as stopped), so the hub's record and the user's page agre
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 
-async def stop_through_hub(spawner: Any) -> None:
+class HubServer(Protocol):
+    """A server as the hub runs it: what a stop through the hub needs of its spawner
+    (JupyterHub's ``Spawner``)."""
+
+    user: Any  # JupyterHub's User: its settings (the proxy) and its stop
+    name: str  # the server's name; "" for the default server
+    pending: str | None  # "spawn", "stop", ... while the hub acts on it
+    server: Any  # None while it does not run
+
+
+async def stop_through_hub(spawner: HubServer) -> None:
     """Stop ``spawner``'s server through its JupyterHub user; raises what the stop raises."""
     user = spawner.user
     proxy = user.settings.get("proxy")

@@ -37,7 +37,6 @@ from fake_pynvml import FakeGpu, FakeNvml, NVMLError_LibraryNotFound
 from spawner import QuotaSpawner
 from spawner.common.registry import Registry
 from spawner.contract import USER_LABEL
-from spawner.docker import runtime as hub_runtime
 from spawner.docker.engine import (
     NO_NVIDIA_DRIVER,
     PROBE_LABEL,
@@ -49,6 +48,7 @@ from spawner.docker.engine import (
 from spawner.docker.gpus import GpuStart
 from spawner.gpu.allocator import GpuRequest, NoGpuFree, Usage
 from spawner.gpu.inventory import Inventory, discover_nvml
+from spawner.policy import hub as hub_object
 from spawner.policy import refusals
 from spawner.quota.model import Choice, ImageSpec, Role
 
@@ -395,9 +395,9 @@ def fresh_hub_state(monkeypatch):
     """The state a hub process keeps (the engine client, the hub's runtimes), fresh for
     one test and put back after it."""
     monkeypatch.setattr(QuotaSpawner, "_client", None)
-    monkeypatch.setattr(hub_runtime, "RUNTIMES", Registry())
+    monkeypatch.setattr(hub_object, "HUBS", Registry())
     yield
-    for runtime in hub_runtime.RUNTIMES.values():
+    for runtime in hub_object.HUBS.values():
         runtime.close()
 
 
@@ -415,7 +415,7 @@ async def test_a_gpu_start_on_an_engine_without_the_hook_is_refused_plainly(
         await spawner.start()
     assert refused.value.status_code == 503
     assert refused.value.log_message == NO_RUNTIME_WITH_CPU
-    runtime = await spawner.hub_runtime()
+    runtime = await spawner.quota_hub()
     pool = runtime.pool
     assert pool.allocator.holdings() == {}  # no GPU handed out and left held
     assert runtime.nvidia is not None and NO_NVIDIA_DRIVER in (runtime.nvidia.missing or "")

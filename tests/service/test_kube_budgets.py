@@ -30,6 +30,7 @@ from test_kube_sessions import FakeCluster, sessions, spawner_on  # noqa: E402
 from test_kube_spawner import MockUser, no_cluster  # noqa: E402, F401
 
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
+from spawner.policy import hub as hub_object  # noqa: E402
 from spawner.usage import duties as usage_duties  # noqa: E402
 from spawner.usage import event_store  # noqa: E402
 from spawner.usage.budgets import SPENT, WARNING  # noqa: E402
@@ -58,12 +59,11 @@ def closed(monkeypatch: pytest.MonkeyPatch):
 
 def end_hub_process() -> None:
     """The hub process's end: its duties stop, its ledger's connections close."""
-    for writer, hub in QuotaKubeSpawner._ledgers.values():
-        if hub is not None:
-            hub.close()
-            hub.events.flush()
-        if writer is not None:
-            writer.ledger.dispose()
+    for hub in hub_object.HUBS.values():
+        hub.close()
+        hub.events.flush()
+        if hub.ledger is not None:
+            hub.ledger.dispose()
 
 
 @pytest.fixture
@@ -190,7 +190,7 @@ async def test_a_gpu_server_past_90_percent_is_warned_once_across_a_restart(
     again = restarted(monkeypatch, ledger_url, path, cluster, spawner.get_state())
     assert await again.poll() is None  # JupyterHub polls its servers as it starts
     new_hub = await again.kube_hub()
-    assert new_hub is not hub and new_hub.servers[again.pod_name] is again
+    assert new_hub is not hub and new_hub.spawners[again.pod_name] is again
     await new_hub.budgets.check(time.time())
     assert len(events(ledger, new_hub)) == 1  # told once, across the restart
     assert cluster.deleted == [] and session_of(ledger, spawner)["stopped"] is None  # runs on
@@ -348,6 +348,36 @@ async def test_one_hub_per_process_for_all_its_spawners(monkeypatch, ledger_url,
     assert await bo.kube_hub() is hub and await bo.usage_ledger() is await alice.usage_ledger()
     await asyncio.sleep(0)  # the duties start in a task of their own
     assert no_timer == [hub.budgets]
+
+
+async def test_the_hub_start_builds_the_hub_object_its_spawners_use(
+        monkeypatch, ledger_url, tmp_path, no_timer, caplog):
+    """build_at_hub_start (spawner/policy/hub.py), as the Docker hub's config calls it,
+    builds the Kubernetes hub object from the configured QuotaKubeSpawner; its duties
+    start once JupyterHub says it has started, and the spawners find it built."""
+    from jupyterhub.app import JupyterHub
+
+    spawner, _ = spawner_on(monkeypatch, ledger_url, quota(tmp_path, ""), user="alice",
+                            groups=())
+    app = SimpleNamespace(subapp=None, show_config=False, show_config_json=False,
+                          cookie_secret=b"secret", spawner_class=QuotaKubeSpawner,
+                          config=spawner.config, hub=spawner.hub, log=LOG,
+                          _start_future=asyncio.get_running_loop().create_future())
+    monkeypatch.setattr(JupyterHub, "initialized", classmethod(lambda cls: True))
+    monkeypatch.setattr(JupyterHub, "instance", classmethod(lambda cls: app))
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        hub_object.build_at_hub_start(LOG)
+        for _ in range(200):  # the build: the ledger, in threads
+            if [h for h in hub_object.HUBS.values() if h.is_built]:
+                break
+            await asyncio.sleep(0.05)
+    (hub,) = hub_object.HUBS.values()
+    assert hub.is_built and hub.hub_id == HUB and no_timer == []  # the hub is not up yet
+    assert f"Hub {HUB}: event log the ledger's events table" in caplog.text
+    app._start_future.set_result(None)  # "JupyterHub is now running"
+    await asyncio.sleep(0.05)
+    assert no_timer == [hub.budgets]
+    assert await spawner.kube_hub() is hub and no_timer == [hub.budgets]  # once
 
 
 # --- where the events go, and no ledger ------------------------------------------------------

@@ -26,8 +26,10 @@ from test_budgets import table as budget_table  # noqa: E402
 from test_kube_spawner import SHIPPED, make, no_cluster, offline  # noqa: E402, F401
 from tornado import web  # noqa: E402
 
+from spawner.common.registry import Registry  # noqa: E402
 from spawner.kube.pod_end import disruption, pod_end  # noqa: E402
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
+from spawner.policy import hub as hub_object  # noqa: E402
 from spawner.policy.refusals import SETTING_REFUSED  # noqa: E402
 from spawner.quota.loader import load_quota_table  # noqa: E402
 from spawner.usage.budgets import check_start  # noqa: E402
@@ -115,7 +117,7 @@ def spawner_on(monkeypatch: pytest.MonkeyPatch, url: str, quota: Path | str = SH
     cluster = offline(spawner, FakeCluster)
     monkeypatch.setitem(QuotaKubeSpawner.reflectors, spawner._get_reflector_key("pods"),
                         SimpleNamespace(pods=cluster.pods))
-    monkeypatch.setattr(QuotaKubeSpawner, "_ledgers", type(QuotaKubeSpawner._ledgers)())
+    monkeypatch.setattr(hub_object, "HUBS", Registry())
     return spawner, cluster
 
 

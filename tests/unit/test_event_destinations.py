@@ -15,8 +15,8 @@ from sqlalchemy import create_engine
 from test_runtime import LOG, source
 
 from spawner.common.registry import Registry
-from spawner.docker import runtime as hub_runtime
 from spawner.docker.runtime import HubRuntime
+from spawner.policy import hub as hub_object
 from spawner.policy.config import QuotaConfig
 from spawner.usage import event_store
 from spawner.usage.event_log import EVENTS_FILE, TABLE, events_path
@@ -27,11 +27,11 @@ from spawner.webapp.app import QuotaWebApp, webapp_service
 
 @pytest.fixture(autouse=True)
 def fresh_runtimes(monkeypatch):
-    monkeypatch.setattr(hub_runtime, "RUNTIMES", Registry())
+    monkeypatch.setattr(hub_object, "HUBS", Registry())
     monkeypatch.delenv("QUOTA_SPAWNER_EVENTS_FILE", raising=False)
     monkeypatch.delenv("QUOTA_SPAWNER_USAGE_DB", raising=False)
     yield
-    for runtime in hub_runtime.RUNTIMES.values():
+    for runtime in hub_object.HUBS.values():
         runtime.close()
 
 

@@ -19,7 +19,9 @@ from spawner.contract import GPUS_LABEL, HUB_LABEL, USER_LABEL
 from spawner.docker import runtime as hub_runtime
 from spawner.docker.config import QuotaSpawnerConfig
 from spawner.docker.gpus import start_time_for
-from spawner.docker.runtime import HubRuntime, Settings, build_at_hub_start
+from spawner.docker.runtime import HubRuntime, Settings
+from spawner.policy import hub as hub_object
+from spawner.policy.hub import build_at_hub_start
 from spawner.quota.model import Role
 
 HUB = "hub-rt"
@@ -71,9 +73,9 @@ def source(tmp_path, client: Any = None, **settings: Any) -> Any:
 
 @pytest.fixture(autouse=True)
 def fresh_runtimes(monkeypatch):
-    monkeypatch.setattr(hub_runtime, "RUNTIMES", Registry())
+    monkeypatch.setattr(hub_object, "HUBS", Registry())
     yield
-    for runtime in hub_runtime.RUNTIMES.values():
+    for runtime in hub_object.HUBS.values():
         runtime.close()
 
 
@@ -165,13 +167,13 @@ async def test_with_a_ledger_the_duties_start_when_it_is_ready(tmp_path):
 
 def test_outside_a_starting_hub_nothing_is_built():
     build_at_hub_start(LOG)  # no event loop: a test reading the config
-    assert hub_runtime.RUNTIMES.values() == []
+    assert hub_object.HUBS.values() == []
 
     async def in_a_loop() -> None:  # a loop, but no JupyterHub app: nothing either
         build_at_hub_start(LOG)
         await asyncio.sleep(0.05)
     asyncio.run(in_a_loop())
-    assert hub_runtime.RUNTIMES.values() == []
+    assert hub_object.HUBS.values() == []
 
 
 def test_a_start_that_may_wait_for_gpus_gets_the_time_to_wait():
@@ -193,7 +195,7 @@ def fake_hub(monkeypatch, tmp_path, client: Any) -> SimpleNamespace:
             values["hub_id"] = kwargs["user"].settings["cookie_secret"].decode()
             super().__init__(**values)
 
-        async def hub_runtime(self) -> None: ...
+        hub_class = HubRuntime
 
     app = SimpleNamespace(subapp=None, show_config=False, show_config_json=False,
                           cookie_secret=HUB.encode(), spawner_class=Spawner, config=None,
@@ -212,7 +214,7 @@ async def test_the_hub_builds_its_runtime_as_it_starts_then_syncs_once_it_is_up(
     with caplog.at_level(logging.INFO, logger=LOG.name):
         build_at_hub_start(LOG)  # as the config does: scheduled, not awaited
         await asyncio.sleep(0.2)
-        (runtime,) = hub_runtime.RUNTIMES.values()
+        (runtime,) = hub_object.HUBS.values()
         assert runtime.hub_id == HUB and runtime.reconciler._ready is False  # not up yet
         app._start_future.set_result(None)  # "JupyterHub is now running"
         await asyncio.sleep(0.2)
@@ -235,7 +237,7 @@ async def test_a_failure_at_hub_start_is_logged_and_never_stops_the_hub(
     with caplog.at_level(logging.WARNING, logger=LOG.name):
         build_at_hub_start(LOG)  # built without docker info; its first sync fails
         await asyncio.sleep(0.2)
-        monkeypatch.setattr(hub_runtime, "RUNTIMES", Registry())
+        monkeypatch.setattr(hub_object, "HUBS", Registry())
 
         def no_engine(self: Any) -> Any:
             raise RuntimeError("no engine")
@@ -255,7 +257,7 @@ async def test_a_hub_of_another_spawner_builds_nothing(monkeypatch, tmp_path):
     fake_hub(monkeypatch, tmp_path, FakeDocker()).spawner_class = object
     build_at_hub_start(LOG)
     await asyncio.sleep(0.05)
-    assert hub_runtime.RUNTIMES.values() == []
+    assert hub_object.HUBS.values() == []
 
 
 class RemoteDocker(FakeDocker):
