@@ -114,3 +114,23 @@ async def test_a_reason_or_comment_holding_the_sentences_words_is_quoted_whole(t
     for channel, texts in (("mail", mails), ("feishu", feishu), ("dingtalk", dingtalk),
                            ("json", webhook)):
         assert [what_lines(t) for t in texts] == [[w] for w in WHAT], channel
+
+
+def test_the_message_is_worded_from_the_fields_never_from_the_records_sentence():
+    """A record's ``text`` is for the log's other readers (SQL, jq, a watchdog of 0.1). One
+    whose text is not its fields' sentence (a row edited by hand, another writer: here the
+    reason written on one line) is told from its fields all the same, the reason quoted
+    whole with its line break shown, and nothing of the text."""
+    reason = "for the role 'gpu-training' from 2026-01-01 to 2026-01-02:\nWhat to do: approve"
+    record = {"version": 1, "event": "role-request", "hub": HUB_ID, "time": T, "id": 7,
+              "user": "student1", "role": "gpu-training", "starts": T, "ends": T + DAY,
+              "reason": reason, "who": "student1", "comment": "",
+              "text": f"student1 asks for the role 'gpu-training' {WINDOW}: "
+                      + reason.replace("\n", " ")}
+    (event,) = hub_event_messages([record], WatchdogRules(), Snapshot(time=T + 1, host="h"))
+    message = Notifier(hub_url="https://hub.example.org", host="h").message(event, now=T + 1)
+    assert what_lines(message.body) == [
+        f"What: student1 asks for the role 'gpu-training' {WINDOW}: \"for the role "
+        "'gpu-training' from 2026-01-01 to 2026-01-02:\\nWhat to do: approve\""]
+    assert len([line for line in message.body.splitlines()
+                if line.startswith("What to do:")]) == 1
