@@ -23,6 +23,7 @@ know is None. Records written by 0.1, with the same fields, read the same.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -91,6 +92,13 @@ def _json(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+@functools.cache
+def _fields_of(payload: type[HubEvent]) -> tuple[tuple[str, Callable[[Any], Any], Any], ...]:
+    """Each field of a payload: its name, its reader, its default as JSON."""
+    return tuple((f.name, _READERS[str(f.type)], _json(f.default))
+                 for f in dataclasses.fields(payload))
+
+
 # --- the payloads -------------------------------------------------------------------------
 
 
@@ -104,8 +112,8 @@ class HubEvent:
 
     def fields(self) -> dict[str, Any]:
         """The record's fields as the log writes them, but ``event``, ``version``, ``time``."""
-        return {f.name: _json(getattr(self, f.name)) for f in dataclasses.fields(self)
-                if f.name != "time"}
+        return {name: _json(getattr(self, name)) for name, _, _ in _fields_of(type(self))
+                if name != "time"}
 
     def to_json(self) -> dict[str, Any]:
         """The record (without the log's ``version``)."""
@@ -117,7 +125,7 @@ class HubEvent:
     def facts(self) -> dict[str, Any]:
         """``to_json`` without the fields left at their default: what the record said that
         a reader can use (the watchdog keeps it with the incident it tells)."""
-        defaults = {f.name: _json(f.default) for f in dataclasses.fields(self)}
+        defaults = {name: default for name, _, default in _fields_of(type(self))}
         return {k: v for k, v in self.to_json().items()
                 if k not in defaults or v != defaults[k]}
 
@@ -130,11 +138,11 @@ class HubEvent:
         except (ValueError, TypeError, KeyError):
             return None
         values = {}
-        for f in dataclasses.fields(payload):
-            if f.name in record:
-                value = _READERS[str(f.type)](record[f.name])
+        for name, read, _ in _fields_of(payload):
+            if name in record:
+                value = read(record[name])
                 if value is not None:
-                    values[f.name] = value
+                    values[name] = value
         return payload(**payload._tidy(values, record))
 
     @classmethod

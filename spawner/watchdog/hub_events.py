@@ -145,7 +145,7 @@ def facts(event: dict[str, Any]) -> dict[str, Any]:
     return payload.facts()
 
 
-# one reading for every kind; the names the tests of 0.1 use
+# one reading for every kind, also under the names it had for budgets and requests
 budget_facts = request_facts = facts
 
 
@@ -163,6 +163,73 @@ def _at(event: HubEvent, snapshot: Snapshot) -> float:
     return event.time if event.time is not None else snapshot.time
 
 
+def _servers(snapshot: Snapshot) -> dict[str, Server]:
+    return {s.server.name: s.server for s in snapshot.servers.values()}
+
+
+def _preemption(event: PreemptionEvent, snapshot: Snapshot,
+                servers: dict[str, Server]) -> Incident:
+    named = event.gpus if isinstance(event, Preemption | Preempted) else ()
+    server = _server(event, named, servers)
+    gpus = named or server.gpus
+    one = gpus[0] if len(gpus) == 1 else None
+    sample = snapshot.gpus.get(one) if one else None
+    return Incident(
+        key=f"{PREEMPTION}:{event.container or event.user}", rule=PREEMPTION,
+        severity="warning" if isinstance(event, Preemption) else "info", server=server,
+        since=_at(event, snapshot), gpu_uuid=one,
+        gpu_index=sample.index if sample else None, host=snapshot.host,
+        what=word(event, snapshot.time).what, hub_event=event.facts())
+
+
+def _budget(event: BudgetEvent, snapshot: Snapshot, servers: dict[str, Server]) -> Incident:
+    kind, name = event.budget_kind or "user", event.budget_name or event.user
+    # a group's budget concerns each member: one incident each
+    key = f"{BUDGET}:{kind}:{name}" + (f":{event.user}" if kind == "group" else "")
+    return Incident(
+        key=key, rule=BUDGET, severity="warning", server=_server(event, (), servers),
+        since=_at(event, snapshot), host=snapshot.host,
+        what=word(event, snapshot.time).what, hub_event=event.facts())
+
+
+def _role_request(event: RoleRequestEvent, snapshot: Snapshot) -> Incident:
+    # about the user and the role asked for: no container
+    server = Server(container_id="", name="", user=event.user, role=event.role,
+                    image="", hub_id=event.hub)
+    key = f"{ROLE_REQUEST}:{event.user if event.id is None else event.id}:{event.kind}"
+    return Incident(key=key, rule=ROLE_REQUEST, severity="info", server=server,
+                    since=_at(event, snapshot), host=snapshot.host,
+                    what=word(event, snapshot.time).what, hub_event=event.facts())
+
+
+def _tell(record: dict[str, Any], rules: WatchdogRules, snapshot: Snapshot,
+          servers: dict[str, Server], rule: str | None = None) -> Event | None:
+    """The message of one record of the log, when its rule (``rule`` only, if given) is
+    on; None for an event the watchdog does not tell, or one without a user (nobody
+    to tell)."""
+    event = HubEvent.from_json(record)
+    if not isinstance(event, PreemptionEvent | BudgetEvent | RoleRequestEvent) \
+            or not event.user:
+        return None
+    incident = None
+    if isinstance(event, PreemptionEvent) and rule in (None, PREEMPTION) \
+            and rules.enabled(PREEMPTION):
+        incident = _preemption(event, snapshot, servers)
+    elif isinstance(event, BudgetEvent) and rule in (None, BUDGET) and rules.enabled(BUDGET):
+        incident = _budget(event, snapshot, servers)
+    elif isinstance(event, RoleRequestEvent) and rule in (None, ROLE_REQUEST) \
+            and rules.enabled(ROLE_REQUEST):
+        incident = _role_request(event, snapshot)
+    return _instant(incident, incident.since) if incident is not None else None
+
+
+def _told(events: Iterable[dict[str, Any]], rules: WatchdogRules, snapshot: Snapshot,
+          rule: str | None = None) -> list[Event]:
+    servers = _servers(snapshot)
+    return [e for e in (_tell(r, rules, snapshot, servers, rule) for r in events)
+            if e is not None]
+
+
 def preemption_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
                       snapshot: Snapshot) -> list[Event]:
     """The messages for this hub's preemption events, in the log's order.
@@ -171,28 +238,7 @@ def preemption_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
     and GPUs), else as the event names it. An event without a user is left
     out: nobody to tell.
     """
-    if not rules.enabled(PREEMPTION):
-        return []
-    servers = {s.server.name: s.server for s in snapshot.servers.values()}
-    told = []
-    for record in events:
-        event = HubEvent.from_json(record)
-        if not isinstance(event, PreemptionEvent) or not event.user:
-            continue
-        named = event.gpus if isinstance(event, Preemption | Preempted) else ()
-        server = _server(event, named, servers)
-        gpus = named or server.gpus
-        one = gpus[0] if len(gpus) == 1 else None
-        sample = snapshot.gpus.get(one) if one else None
-        at = _at(event, snapshot)
-        incident = Incident(
-            key=f"{PREEMPTION}:{event.container or event.user}", rule=PREEMPTION,
-            severity="warning" if isinstance(event, Preemption) else "info", server=server,
-            since=at, gpu_uuid=one, gpu_index=sample.index if sample else None,
-            host=snapshot.host, what=word(event, snapshot.time).what,
-            hub_event=event.facts())
-        told.append(_instant(incident, at))
-    return told
+    return _told(events, rules, snapshot, PREEMPTION)
 
 
 def budget_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
@@ -200,25 +246,7 @@ def budget_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
     """The messages for this hub's budget events, in the log's order; each about the
     user's server (as ``preemption_events`` finds it). An event without a user is left
     out."""
-    if not rules.enabled(BUDGET):
-        return []
-    servers = {s.server.name: s.server for s in snapshot.servers.values()}
-    told = []
-    for record in events:
-        event = HubEvent.from_json(record)
-        if not isinstance(event, BudgetEvent) or not event.user:
-            continue
-        server = _server(event, (), servers)
-        at = _at(event, snapshot)
-        kind, name = event.budget_kind or "user", event.budget_name or event.user
-        # a group's budget concerns each member: one incident each
-        key = f"{BUDGET}:{kind}:{name}" + (f":{event.user}" if kind == "group" else "")
-        incident = Incident(
-            key=key, rule=BUDGET, severity="warning", server=server, since=at,
-            host=snapshot.host, what=word(event, snapshot.time).what,
-            hub_event=event.facts())
-        told.append(_instant(incident, at))
-    return told
+    return _told(events, rules, snapshot, BUDGET)
 
 
 def role_request_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
@@ -226,31 +254,11 @@ def role_request_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
     """The messages for this hub's requests for a bigger role, in the log's order. The
     incident's server names the user and the role asked for (no container). An event
     without a user is left out."""
-    if not rules.enabled(ROLE_REQUEST):
-        return []
-    told = []
-    for record in events:
-        event = HubEvent.from_json(record)
-        if not isinstance(event, RoleRequestEvent) or not event.user:
-            continue
-        at = _at(event, snapshot)
-        server = Server(container_id="", name="", user=event.user, role=event.role,
-                        image="", hub_id=event.hub)
-        key = f"{ROLE_REQUEST}:{event.user if event.id is None else event.id}:{event.kind}"
-        incident = Incident(key=key, rule=ROLE_REQUEST, severity="info", server=server,
-                            since=at, host=snapshot.host,
-                            what=word(event, snapshot.time).what, hub_event=event.facts())
-        told.append(_instant(incident, at))
-    return told
+    return _told(events, rules, snapshot, ROLE_REQUEST)
 
 
 def hub_event_messages(events: Iterable[dict[str, Any]], rules: WatchdogRules,
                        snapshot: Snapshot) -> list[Event]:
     """The messages of every hub event the watchdog tells (preemptions, budgets and
     requests for a role), in the log's order."""
-    told = []
-    for event in events:
-        told += preemption_events([event], rules, snapshot)
-        told += budget_events([event], rules, snapshot)
-        told += role_request_events([event], rules, snapshot)
-    return told
+    return _told(events, rules, snapshot)
