@@ -32,7 +32,7 @@ from spawner.watchdog.text import day_and_time, duration, is_plain, name, quoted
 
 
 @dataclass(frozen=True)
-class Told:
+class Words:
     """What a message says of one hub event."""
 
     subject: str  # the title's, after "[severity] "
@@ -75,7 +75,7 @@ BUDGET_STOPPING = (
     "kept. GPU roles can be started again when the budget resets.")
 
 
-def word(event: HubEvent, now: float) -> Told:
+def word(event: HubEvent, now: float) -> Words:
     """What the messages say of ``event`` at ``now``; ValueError for a kind the watchdog
     does not tell (the queue's)."""
     if isinstance(event, PreemptionEvent):
@@ -103,19 +103,19 @@ def _clock(epoch: float) -> str:
 # --- preemptions ---------------------------------------------------------------------
 
 
-def preemption(event: PreemptionEvent, now: float) -> Told:
+def preemption(event: PreemptionEvent, now: float) -> Words:
     """A server preempted (``preemption``), stopped (``preempted``) or kept
     (``preemption-withdrawn``)."""
     whose, by = _whose(event.user), name(event.by) if event.by else "another user"
     if isinstance(event, Preempted):
         after = (f" after running for {duration(event.ran_for)}"
                  if event.ran_for is not None else "")
-        return Told(f"{whose} was stopped: preempted by {by}",
+        return Words(f"{whose} was stopped: preempted by {by}",
                     f"The server was stopped{after}, to free its GPUs for {by}.",
                     ADVICE[event.kind], gpus=event.gpus)
     if not isinstance(event, Preemption):  # called off
         why = _sentence(event.why)
-        return Told(f"{whose} will not be stopped: the preemption by {by} was called off",
+        return Words(f"{whose} will not be stopped: the preemption by {by} was called off",
                     f"The preemption for {by} was called off{': ' + why if why else '.'} "
                     "The server keeps running.")
     at = f" at {_clock(event.deadline)}" if event.deadline is not None else ""
@@ -128,7 +128,7 @@ def preemption(event: PreemptionEvent, now: float) -> Told:
                  f"{event.priority:.0f})"
                  if event.by_priority is not None and event.priority is not None else "")
         what = f"Preempted by {by}{role}{ranks}."
-    return Told(f"{whose} will be stopped{at}: preempted by {by}", what, ADVICE[event.kind],
+    return Words(f"{whose} will be stopped{at}: preempted by {by}", what, ADVICE[event.kind],
                 when=_deadline(event, now), gpus=event.gpus)
 
 
@@ -150,7 +150,7 @@ def _deadline(event: Preemption, now: float) -> str | None:
 # --- GPU-hour budgets ------------------------------------------------------------------
 
 
-def budget(event: BudgetEvent) -> Told:
+def budget(event: BudgetEvent) -> Words:
     """A budget of the user nearly spent (``budget-warning``) or spent (``budget-spent``)."""
     whose = _whose(event.user)
     owner = event.budget_name or event.user
@@ -169,7 +169,7 @@ def budget(event: BudgetEvent) -> Told:
             percent = event.used / event.gpu_hours * 100 + 1e-9
             share = f"{int(percent)}%" if math.isfinite(percent) else share
         subject, advice = f"{of} {share} used: {whose}", ADVICE[event.kind]
-    return Told(subject, _budget_what(event), advice)
+    return Words(subject, _budget_what(event), advice)
 
 
 def _budget_what(event: BudgetEvent) -> str:
@@ -191,7 +191,7 @@ def _budget_what(event: BudgetEvent) -> str:
 # --- requests for a bigger role ----------------------------------------------------------
 
 
-def role_request(event: RoleRequestEvent) -> Told:
+def role_request(event: RoleRequestEvent) -> Words:
     """A request for a role (``role-request``), its decision (``-approved``,
     ``-refused``) or its withdrawal (``-withdrawn``): about a user and a role."""
     user = name(event.user) if event.user else "a user"
@@ -208,7 +208,7 @@ def role_request(event: RoleRequestEvent) -> Told:
     if event.starts is not None and event.ends is not None:
         lines.append(f"Window: from {day_and_time(event.starts)} to "
                      f"{day_and_time(event.ends)}")
-    return Told(subject, _request_what(event), ADVICE.get(event.kind), lines=tuple(lines))
+    return Words(subject, _request_what(event), ADVICE.get(event.kind), lines=tuple(lines))
 
 
 def _request_what(event: RoleRequestEvent) -> str:

@@ -65,7 +65,7 @@ from traitlets.config import LoggingConfigurable
 
 from spawner.quota.units import format_human
 from spawner.usage.events import BudgetEvent, HubEvent, RoleRequestAsked
-from spawner.watchdog.hub_words import Told, word
+from spawner.watchdog.hub_words import Words, word
 from spawner.watchdog.limits import MessageLimits, Window
 from spawner.watchdog.rules import (
     BUDGET,
@@ -148,14 +148,14 @@ def hub_event(incident: Incident) -> HubEvent | None:
     return HubEvent.from_json(incident.hub_event) if incident.hub_event else None
 
 
-def _told(incident: Incident, now: float) -> Told | None:
+def _told(incident: Incident, now: float) -> Words | None:
     """The hub's event of the incident in words (hub_words.py); None for the watchdog's own
     incidents."""
     event = hub_event(incident)
     return word(event, now) if event is not None else None
 
 
-def _headline(incident: Incident, told: Told | None, numbers: bool = True) -> str:
+def _headline(incident: Incident, told: Words | None, numbers: bool = True) -> str:
     """The title's subject, without the kind; ``numbers``: with the percent; ``told``:
     the hub's event in words, for the incidents that tell one."""
     server = incident.server
@@ -255,7 +255,7 @@ ADVICE = {
 }
 
 
-def _advice(incident: Incident, told: Told | None) -> str | None:
+def _advice(incident: Incident, told: Words | None) -> str | None:
     if told is not None:
         return told.advice
     if incident.rule == "gpu_lost" and _index(incident) is None:

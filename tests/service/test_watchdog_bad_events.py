@@ -23,7 +23,7 @@ from receivers import HttpReceiver
 from spawner.usage.events import RoleRequestEvent
 from spawner.watchdog import hub_words
 from spawner.watchdog.app import QuotaWatchdog, describe_hub_event
-from spawner.watchdog.hub_words import Told
+from spawner.watchdog.hub_words import Words
 from spawner.watchdog.metrics import WatchdogMetrics
 from spawner.watchdog.model import Snapshot
 from spawner.watchdog.notify import Notifier
@@ -143,7 +143,7 @@ async def test_an_event_that_cannot_be_worded_is_one_line_and_the_rest_go_on(
     """Whatever else may break in wording an event: the others are told, in order."""
     real = hub_words.role_request
 
-    def fragile(event: RoleRequestEvent) -> Told:
+    def fragile(event: RoleRequestEvent) -> Words:
         if event.id == 2:
             raise ValueError("year 318857 is out of range")
         return real(event)
