@@ -43,6 +43,7 @@ from spawner.policy.stopping import stop_through_hub
 from spawner.quota.model import DEFAULT_GRACE_PERIOD, Role
 from spawner.quota.units import format_human, human_duration
 from spawner.usage.documents import PREEMPTIONS, Documents, Preemptions
+from spawner.usage.events import Preempted, Preemption, PreemptionWithdrawn
 from spawner.usage.ledger import PREEMPTED, LedgerWriter
 
 # How long a stop may take before the server is taken down by removing its container.
@@ -179,13 +180,13 @@ class Evictor:
         grace = role.grace_period if role else DEFAULT_GRACE_PERIOD
         holding = self.pool.allocator.holding(victim)
         now = time.time()
-        record = dict(
+        event = Preemption(
             hub=self.pool.hub_id, by=ticket.user, by_role=ticket.role,
             by_priority=ticket.priority, user=server.user if server else "",
             role=server.role if server else "", priority=role.priority if role else 0,
             container=victim, for_container=ticket.owner,
-            gpus=list(holding.uuids) if holding else [],
-            for_gpus=list(ticket.plan.uuids) if ticket.plan else [],
+            gpus=tuple(holding.uuids) if holding else (),
+            for_gpus=tuple(ticket.plan.uuids) if ticket.plan else (),
             grace_period=grace, deadline=round(now + grace, 3),
             ran_for=round(now - server.started, 1) if server else None,
             reason=reason(ticket.user, ticket.role, ticket.priority,
@@ -193,14 +194,14 @@ class Evictor:
                           needs(ticket)),
             server_url=self._server_url(victim),
         )
-        written = self.events.append("preemption", **record)
+        written = self.events.append(event)
         self._pending[victim] = written
         self._save()
         self.log.warning(
             "Preempting %s (user %s, role %s, priority %s, running for %s, GPUs %s) for %s "
             "(role %s, priority %s): it is stopped in %s unless called off",
-            victim, record["user"], record["role"], record["priority"],
-            human_duration(record["ran_for"] or 0), ",".join(record["gpus"]) or "none",
+            victim, event.user, event.role, event.priority,
+            human_duration(event.ran_for or 0), ",".join(event.gpus) or "none",
             ticket.user, ticket.role, ticket.priority, human_duration(grace))
         return written
 
@@ -269,8 +270,9 @@ class Evictor:
 
     async def _withdraw(self, victim: str, record: dict[str, Any], why: str) -> None:
         self.log.info("Preemption of %s for %s called off: %s", victim, record["by"], why)
-        self.events.append("preemption-withdrawn", hub=self.pool.hub_id, user=record["user"],
-                           role=record["role"], container=victim, by=record["by"], why=why)
+        self.events.append(PreemptionWithdrawn(
+            hub=self.pool.hub_id, user=record["user"], role=record["role"], container=victim,
+            by=record["by"], why=why))
         try:
             await self._exec(victim, WITHDRAW_SCRIPT, PREEMPT_NOTICE)
         except Exception as e:
@@ -282,17 +284,17 @@ class Evictor:
                          human_duration(record["grace_period"]))
         if self.usage is not None:
             await self.usage.hint(self.pool.hub_id, victim, PREEMPTED)
-        if not await self.stop_server(victim, "preempted"):
+        if not await self.stop_server(victim, PREEMPTED):
             return
         if self.usage is not None:  # removed without its spawner: nothing else records it
             await self.usage.close(self.pool.hub_id, victim, PREEMPTED)
         self.pool.release(victim, f"preempted for {record['by']}")
-        self.events.append(
-            "preempted", hub=self.pool.hub_id, user=record["user"], role=record["role"],
-            container=victim, gpus=record["gpus"], by=record["by"],
+        self.events.append(Preempted(
+            hub=self.pool.hub_id, user=record["user"], role=record["role"],
+            container=victim, gpus=tuple(record["gpus"]), by=record["by"],
             by_role=record["by_role"],
             ran_for=round(record["ran_for"] + record["grace_period"], 1)
-            if record["ran_for"] is not None else None)
+            if record["ran_for"] is not None else None))
 
     def _server_url(self, victim: str) -> str:
         spawner = self.spawners.get(victim)

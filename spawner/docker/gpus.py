@@ -31,6 +31,7 @@ from spawner.host.fit import never_fits
 from spawner.policy import refusals
 from spawner.quota.model import Choice, Role
 from spawner.quota.units import human_duration
+from spawner.usage.events import Queued, QueueEvent, QueueGranted, QueueLeft, QueueTimeout
 
 Progress = Callable[[str, int], None]  # a step for the progress page: (message, percent)
 T = TypeVar("T")
@@ -100,7 +101,7 @@ class GpuStart:
             # its age (min_runtime, the estimates) counts from the grant, not the wait
             pool.servers[owner] = Server(self.user, role.name, time.time())
         except asyncio.CancelledError:  # the start was stopped while it waited
-            self._event("queue-left", ticket, role,
+            self._event(QueueLeft, ticket, role,
                         waited=round(time.monotonic() - ticket.arrived, 1))
             self.log.info("%s left the GPU queue: its start was stopped", self.who)
             raise
@@ -115,10 +116,11 @@ class GpuStart:
         self.progress(text, 30)
         return uuids, memory  # the spawner's session records them (usage/sessions.py)
 
-    def _event(self, event: str, ticket: Ticket, role: Role, **fields: Any) -> None:
-        self.pool.events.append(event, hub=self.runtime.hub_id, user=self.user,
-                                role=role.name, priority=role.priority,
-                                container=ticket.owner, **fields)
+    def _event(self, event: type[QueueEvent], ticket: Ticket, role: Role,
+               **fields: Any) -> None:
+        self.pool.events.append(event(hub=self.runtime.hub_id, user=self.user,
+                                      role=role.name, priority=role.priority,
+                                      container=ticket.owner, **fields))
 
     async def _wait(self, ticket: Ticket, role: Role, choices: list[Choice]) -> None:
         """Wait for ``ticket``'s grant, saying where it stands; a 503 when the wait ends."""
@@ -130,7 +132,7 @@ class GpuStart:
                 self._refuse(refusals.host_full(role, room, None, 1))
             assert ticket.request is not None
             self.refuse_no_gpu(ticket.request, role, choices)
-        self._event("queued", ticket, role, position=pool.queue.position(ticket.owner)[0])
+        self._event(Queued, ticket, role, position=pool.queue.position(ticket.owner)[0])
         said: tuple[Any, ...] = ()
         said_at, place = 0.0, 0
         while not ticket.grant.done():
@@ -142,7 +144,7 @@ class GpuStart:
                     deadline = max(deadline, now + stops_by - time.time())
             if now >= deadline:
                 waited = now - arrived
-                self._event("queue-timeout", ticket, role, waited=round(waited, 1))
+                self._event(QueueTimeout, ticket, role, waited=round(waited, 1))
                 room = ticket.room_sentence()
                 message = (refusals.host_full(role, room, waited, place) if room is not None
                            else refusals.queue_timeout(role, waited, place,
@@ -163,7 +165,7 @@ class GpuStart:
             except TimeoutError:
                 pass
         waited = time.monotonic() - arrived
-        self._event("queue-granted", ticket, role, waited=round(waited, 1),
+        self._event(QueueGranted, ticket, role, waited=round(waited, 1),
                     preempted=bool(ticket.plan))
         what = "A GPU is" if ticket.request is not None else "Room on the host is"
         self.progress(f"{what} yours after {human_duration(waited)} in the queue", 25)
@@ -200,7 +202,7 @@ class GpuStart:
         if due is not None:
             left = human_duration(due[0] - time.time())
             text += f" The next GPU may come free in about {left}, when {due[1]}."
-        return ("queued", place, total, due[1] if due else ""), text
+        return ("in-queue", place, total, due[1] if due else ""), text
 
     def refuse_never(self, role: Role, choices: list[Choice]) -> None:
         """The immediate 503 for a role that can never start on this hub

@@ -29,10 +29,11 @@ from sqlalchemy import Engine, and_, func, select
 from spawner.quota.model import Budget, QuotaTable, Role, time_zone
 from spawner.quota.units import hours_text
 from spawner.usage.documents import BUDGET_MEMORY, BudgetMemory, Documents, Told
+from spawner.usage.events import BudgetEvent, BudgetSpent, BudgetWarning, EventKind
 from spawner.usage.queries import in_window, seconds_in_window
 from spawner.usage.schema import session_groups, sessions
 
-WARNING, SPENT = "budget-warning", "budget-spent"  # the hub's events
+WARNING, SPENT = EventKind.BUDGET_WARNING, EventKind.BUDGET_SPENT  # the hub's events
 # Sums of float seconds are not exact: 90% of a budget must read as 90%.
 _EPSILON = 1e-9
 
@@ -193,26 +194,31 @@ class BudgetNotice:
     passed its warn_at) or ``budget-spent``; ``stopping`` says whether the user's GPU
     servers under it are stopped (the budget's ``stop: true``)."""
 
-    event: str
+    event: EventKind
     user: str
     state: BudgetState
     text: str  # the sentence for the user
     stopping: bool
     sessions: tuple[RunningSession, ...]  # the user's running GPU servers under the budget
 
-    def fields(self) -> dict[str, Any]:
-        """The event log's fields: ``EventLog.append(notice.event, **notice.fields())``."""
+    def payload(self) -> BudgetEvent:
+        """The hub's event: ``EventLog.append(notice.payload())``."""
         budget, first = self.state.budget, self.sessions[0]
+        kind = BudgetSpent if self.event == SPENT else BudgetWarning
         # `used` to a millionth: 0.0046 of a 0.005 budget must not read as all of it
-        return {
-            "hub": first.hub, "user": self.user, "budget_kind": budget.kind,
-            "budget_name": budget.name, "used": round(self.state.used, 6),
-            "gpu_hours": budget.gpu_hours, "per": budget.per, "warn_at": budget.warn_at,
-            "period_start": self.state.start, "resets_at": self.state.resets_at,
-            "text": self.text, "stopping": self.stopping,
-            "container": first.container, "server_name": first.server_name,
-            "role": first.role, "containers": [s.container for s in self.sessions],
-        }
+        return kind(
+            hub=first.hub, user=self.user, budget_kind=budget.kind,
+            budget_name=budget.name, used=round(self.state.used, 6),
+            gpu_hours=budget.gpu_hours, per=budget.per, warn_at=budget.warn_at,
+            period_start=self.state.start, resets_at=self.state.resets_at,
+            text=self.text, stopping=self.stopping,
+            container=first.container, server_name=first.server_name,
+            role=first.role, containers=tuple(s.container for s in self.sessions),
+        )
+
+    def fields(self) -> dict[str, Any]:
+        """The event log's fields (``payload``'s)."""
+        return self.payload().fields()
 
 
 @dataclass(frozen=True)

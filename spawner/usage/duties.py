@@ -32,6 +32,7 @@ from spawner.quota.model import QuotaTable
 from spawner.usage import event_store
 from spawner.usage.budgets import BudgetWatch, running_gpu_sessions
 from spawner.usage.documents import Documents
+from spawner.usage.events import HubEvent
 from spawner.usage.ledger import BUDGET, Ledger, ended
 
 INTERVAL = 60.0
@@ -43,7 +44,7 @@ SPENT_WHY = "its GPU-hour budget is spent"  # for the stop's log line
 class EventSink(Protocol):
     """Where the notices go: the hub's event log (spawner/usage/event_log.py ``EventLog``)."""
 
-    def append(self, event: str, **fields: Any) -> Any: ...
+    def append(self, event: HubEvent) -> Any: ...
 
 
 class Periodic(ABC):
@@ -130,7 +131,7 @@ class BudgetDuties(Periodic):
 
         found = await asyncio.to_thread(check)
         for notice in found.notices:
-            self.events.append(notice.event, **notice.fields())
+            self.events.append(notice.payload())
             self.log.info("GPU-hour budget: %s", notice.text)
         for stop in found.stops:
             name = stop.session.container

@@ -2,7 +2,8 @@
 
 The spawner records preemptions, the GPU wait queue and budget notices here (who, whom,
 why, how long), the web app role requests; the watchdog reads them to tell the people
-concerned. docs/preemption.md#the-event-log lists the events and fields.
+concerned. Each event is a payload of usage/events.py (its kind and fields);
+docs/preemption.md#the-event-log lists them.
 
 With a ledger, each record goes to its database's ``events`` table (usage/event_store.py)
 and nowhere else, unless an admin names a file too (``events_file``); without a ledger,
@@ -24,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from spawner.common.outages import OutageLog
+from spawner.usage.events import HubEvent
 
 if TYPE_CHECKING:
     from spawner.usage.documents import Documents, Kind
@@ -65,14 +67,18 @@ class EventLog:
         self._saving: dict[str, OutageLog] = {}  # by the document's kind
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="quota-events")
 
-    def append(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Record ``event`` with ``fields`` and the time; returns the record.
+    def append(self, event: HubEvent | str, **fields: Any) -> dict[str, Any]:
+        """Record ``event`` (a payload of usage/events.py; or a kind's name and its
+        ``fields`` as they are, for tools and tests) with the time; returns the record.
 
         Never raises and never blocks: a full disk must not fail a spawn, so a
         write that fails is logged.
         """
-        record = {"version": SCHEMA_VERSION, "time": round(time.time(), 3), "event": event,
-                  **fields}
+        if isinstance(event, HubEvent):
+            fields = {**event.fields(), **fields}
+            event = event.kind
+        record = {"version": SCHEMA_VERSION, "time": round(time.time(), 3),
+                  "event": str(event), **fields}
         if self.store is not None:  # first: the table is the log, a named file a copy
             self._writer.submit(self._stored, record)
         if self.path:

@@ -7,7 +7,8 @@ who decided, when and with what comment. Nothing is deleted, and a grant needs n
 clean-up to end: ``granted_roles`` only counts approved windows that hold now.
 
 Each change returns an ``Outcome``: the request, or a sentence saying why nothing was
-done, and the event for the hub's event log, so the user is told either way.
+done, and the event for the hub's event log (a payload of usage/events.py: the request's
+facts, the reason and the comment as fields), so the user is told either way.
 
 One user may have at most the table's ``requests: max_open`` requests waiting, one per
 role. ``ask`` counts and checks under a lock of that user (usage/locks.py), so asks sent
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sqlalchemy import Engine, and_, delete, insert, select, update
@@ -29,16 +30,24 @@ from sqlalchemy.exc import IntegrityError
 
 from spawner.quota.model import QuotaTable
 from spawner.quota.units import format_moment, valid_moment
+from spawner.usage.events import (
+    EventKind,
+    RoleRequestApproved,
+    RoleRequestAsked,
+    RoleRequestEvent,
+    RoleRequestRefused,
+    RoleRequestWithdrawn,
+)
 from spawner.usage.locks import one_at_a_time
 from spawner.usage.schema import role_requests
 
 PENDING, APPROVED, REFUSED, WITHDRAWN = "pending", "approved", "refused", "withdrawn"
 STATES = (PENDING, APPROVED, REFUSED, WITHDRAWN)
-# The hub's events (docs/role-requests.md#events).
-ASKED = "role-request"
-APPROVED_EVENT = "role-request-approved"
-REFUSED_EVENT = "role-request-refused"
-WITHDRAWN_EVENT = "role-request-withdrawn"
+# The hub's events (docs/role-requests.md#events), by the names this module gave them.
+ASKED = EventKind.ROLE_REQUEST
+APPROVED_EVENT = EventKind.ROLE_REQUEST_APPROVED
+REFUSED_EVENT = EventKind.ROLE_REQUEST_REFUSED
+WITHDRAWN_EVENT = EventKind.ROLE_REQUEST_WITHDRAWN
 MAX_REASON = 2000  # characters; a reason is a sentence or two, not a document
 DAY = 86400.0
 # How far ahead a request may start (docs/security.md#input-limits).
@@ -82,23 +91,35 @@ class RoleRequest:
 @dataclass(frozen=True)
 class Outcome:
     """What an ask, decision or withdrawal did: ``refusal`` says why nothing was done;
-    ``reply`` is the sentence for whoever made the change, ``fields["text"]`` the
-    event's, for those it is told to."""
+    ``reply`` is the sentence for whoever made the change, ``payload`` the event for
+    those it is told to."""
 
     request: RoleRequest | None = None
     refusal: str | None = None
-    event: str | None = None
-    fields: dict[str, Any] = field(default_factory=dict)
+    payload: RoleRequestEvent | None = None
     reply: str = ""
 
     @property
     def done(self) -> bool:
         return self.refusal is None
 
+    @property
+    def event(self) -> EventKind | None:
+        return self.payload.kind if self.payload is not None else None
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The event's fields as the log writes them, but the hub's id (``emit``'s)."""
+        if self.payload is None:
+            return {}
+        fields = self.payload.fields()
+        del fields["hub"]
+        return fields
+
     def emit(self, events: Any, **extra: Any) -> None:
         """Append the event to an ``EventLog`` (``extra``: ``hub=...``); none if refused."""
-        if self.event:
-            events.append(self.event, **self.fields, **extra)
+        if self.payload is not None:
+            events.append(replace(self.payload, **extra))
 
 
 def when(t: float) -> str:
@@ -117,12 +138,11 @@ def _row(row: Any) -> RoleRequest:
     return RoleRequest(**values)
 
 
-def _event(name: str, request: RoleRequest, text: str, reply: str) -> Outcome:
-    fields = {"id": request.id, "user": request.user_name, "role": request.role,
-              "starts": request.starts, "ends": request.ends, "reason": request.reason,
-              "who": request.decided_by or request.user_name,
-              "comment": request.decision_comment, "text": text}
-    return Outcome(request, None, name, fields, reply)
+def _event(payload: type[RoleRequestEvent], request: RoleRequest, reply: str) -> Outcome:
+    return Outcome(request, None, payload(
+        id=request.id, user=request.user_name, role=request.role, starts=request.starts,
+        ends=request.ends, reason=request.reason, who=request.decided_by or request.user_name,
+        comment=request.decision_comment), reply)
 
 
 def get(engine: Engine, request_id: int) -> RoleRequest | None:
@@ -189,8 +209,7 @@ def ask(engine: Engine, table: QuotaTable, user: str, groups: Iterable[str], rol
     request = RoleRequest(new_id, user, groups, role, starts, ends, reason, PENDING, now)
     deciders = "Admins" + (", or an instructor of your class," if rules.instructors_approve
                            else "")
-    return _event(ASKED, request, f"{user} asks for the role '{role}' {request.window}: "
-                                  f"{reason}",
+    return _event(RoleRequestAsked, request,
                   f"You asked for the role '{role}' {request.window}. {deciders} will "
                   "decide, and you are told either way.")
 
@@ -287,15 +306,11 @@ def decide(engine: Engine, table: QuotaTable, request_id: int, who: str, approve
         return decide(engine, table, request_id, who, approve, comment, may_decide, now)
     request = RoleRequest(**{**asdict(request), "state": state, "decided_by": who,
                              "decided_at": now, "decision_comment": comment})
-    said = f": {comment}" if comment else "."
     whose = f"{request.user_name}'s request for the role '{request.role}'"
     if approve:
-        text = (f"Your request for the role '{request.role}' was approved by {who}; you hold "
-                f"it {request.window}{said}")
-        return _event(APPROVED_EVENT, request, text,
+        return _event(RoleRequestApproved, request,
                       f"You approved {whose}: they hold it {request.window}. They are told.")
-    text = f"Your request for the role '{request.role}' was refused by {who}{said}"
-    return _event(REFUSED_EVENT, request, text,
+    return _event(RoleRequestRefused, request,
                   f"You refused {whose}. They are told, with your comment.")
 
 
@@ -319,8 +334,7 @@ def withdraw(engine: Engine, request_id: int, user: str, now: float) -> Outcome:
                              "decided_at": now, "decision_comment": ""})
     reply = (f"You gave up your grant of the role '{request.role}'." if was == APPROVED
              else f"You withdrew your request for the role '{request.role}'.")
-    return _event(WITHDRAWN_EVENT, request,
-                  f"{user} withdrew the request for the role '{request.role}'.", reply)
+    return _event(RoleRequestWithdrawn, request, reply)
 
 
 def delete_broken(engine: Engine, request_id: int) -> Outcome:

@@ -49,6 +49,7 @@ from spawner.gpu.nvml import OK, Nvml, NvmlDevice, XidEvent, XidWatcher
 from spawner.policy.config import hub_id_from_secret_file
 from spawner.usage.documents import GPU_USAGE, DatabaseDocuments, write_atomically
 from spawner.usage.event_log import EVENTS_FILE
+from spawner.usage.events import HubEvent, Preemption
 from spawner.usage.gpu_readings import (
     GpuSample,
     GpuUsage,
@@ -63,7 +64,6 @@ from spawner.watchdog.containers import Containers, EngineClient, EngineUnreacha
 from spawner.watchdog.host import CgroupReader, CpuMeter, gpu_memory_by_container
 from spawner.watchdog.hub_api import HubDirectory
 from spawner.watchdog.hub_events import (
-    NOTICE,
     for_hub,
     hub_event_messages,
     read_new,
@@ -455,9 +455,9 @@ class QuotaWatchdog(Application):
         self._events_lapse.works(self.log, "The hub's event log %s can be read again", where)
         told: list[Event] = []
         for event in for_hub(found, self.hub_id):
-            if event.get("event") == NOTICE:  # counted whether or not the rule is on
-                self.metrics.preemption(str(event.get("role") or ""),
-                                        str(event.get("by_role") or ""))
+            notice = HubEvent.from_json(event)
+            if isinstance(notice, Preemption):  # counted whether or not the rule is on
+                self.metrics.preemption(notice.role, notice.by_role)
             # each on its own: one the watchdog cannot word must not drop the others
             try:
                 told += hub_event_messages([event], self.rules, snapshot)

@@ -8,9 +8,12 @@ the last one (``read_new``), from the position the incident book keeps
 nothing; the very first read starts at the file's end, so the hub's history
 is not told again. Events of another hub (``for_hub``) are left out.
 
+Each record is read as its payload (``HubEvent.from_json``, spawner/usage/events.py)
+and worded by hub_words.py, the one place each kind is told.
+
 ``preemption_events`` turns the hub's ``preemption``, ``preempted`` and
 ``preemption-withdrawn`` into the rules' ``Event``s, about the server that is
-stopped: ``notify.py`` words them and routes them as that server's incidents
+stopped: ``notify.py`` routes them as that server's incidents
 (admins, its user's groups, its role, its user). Each is one message, as an
 OOM kill is: no reminder and no resolved message. The queue's events are
 not told.
@@ -32,14 +35,13 @@ channels (their instructors, who may decide when the table allows it);
 The app words each event on its own, so one it cannot word never holds up the
 others. The log's fields are checked for their type (a NaN or infinite number
 is left out), and what users typed (a reason, a comment, a name) is quoted
-or shown plain as ``text.py`` says.
+or shown plain as ``text.py`` says: from its own field, never found in a sentence.
 
 Only ``read_new`` blocks (file I/O).
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -48,6 +50,16 @@ from sqlalchemy import Engine
 
 from spawner.usage import event_store
 from spawner.usage.event_log import read_events
+from spawner.usage.events import (
+    BudgetEvent,
+    HubEvent,
+    Preempted,
+    Preemption,
+    PreemptionEvent,
+    RoleRequestEvent,
+    ServerEvent,
+)
+from spawner.watchdog.hub_words import word
 from spawner.watchdog.model import Server, Snapshot
 from spawner.watchdog.rules import (
     BUDGET,
@@ -59,16 +71,7 @@ from spawner.watchdog.rules import (
     WatchdogRules,
     _instant,
 )
-from spawner.watchdog.text import duration, is_plain, quoted
-from spawner.watchdog.text import name as shown
 
-NOTICE, STOPPED, WITHDRAWN = "preemption", "preempted", "preemption-withdrawn"
-PREEMPTION_EVENTS = (NOTICE, STOPPED, WITHDRAWN)
-BUDGET_WARNING, BUDGET_SPENT = "budget-warning", "budget-spent"
-BUDGET_EVENTS = (BUDGET_WARNING, BUDGET_SPENT)
-ASKED, APPROVED, REFUSED, GIVEN_UP = ("role-request", "role-request-approved",
-                                      "role-request-refused", "role-request-withdrawn")
-REQUEST_EVENTS = (ASKED, APPROVED, REFUSED, GIVEN_UP)
 _CHUNK = 1 << 16
 
 
@@ -131,68 +134,100 @@ def for_hub(events: Iterable[dict[str, Any]], hub_id: str) -> list[dict[str, Any
 # --- telling ---------------------------------------------------------------------
 
 
-def _text(value: Any) -> str:
-    return value.strip() if isinstance(value, str) else ""
-
-
-def _number(value: Any) -> float | None:
-    # bool is an int, but never a time or a priority; NaN and infinity are no number
-    # a message can use
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-        return number if math.isfinite(number) else None
-    return None
-
-
 def facts(event: dict[str, Any]) -> dict[str, Any]:
-    """What the messages use of one preemption event, each field of its type or left out:
-    the log is another program's file, and a wrong field must not break a cycle."""
-    out: dict[str, Any] = {"event": _text(event.get("event"))}
-    for name in ("by", "by_role", "reason", "why", "user", "role", "container", "hub"):
-        if _text(event.get(name)):
-            out[name] = _text(event[name])
-    for name in ("time", "deadline", "grace_period", "ran_for", "priority", "by_priority"):
-        if _number(event.get(name)) is not None:
-            out[name] = _number(event[name])
-    gpus = event.get("gpus")
-    if isinstance(gpus, list):
-        out["gpus"] = [g for g in gpus if isinstance(g, str) and g]
-    return out
+    """What the messages use of one event of the log, each field of its type or left out
+    (``HubEvent.from_json``): the log is another program's file, and a wrong field must
+    not break a cycle. The incident keeps it (``Incident.hub_event``)."""
+    payload = HubEvent.from_json(event)
+    if payload is None:
+        kind = event.get("event")
+        return {"event": kind.strip() if isinstance(kind, str) else ""}
+    return payload.facts()
 
 
-def _sentence(text: str) -> str:
-    return text.rstrip(". ") + "." if text else ""
+# one reading for every kind, also under the names it had for budgets and requests
+budget_facts = request_facts = facts
 
 
-def _what(f: dict[str, Any]) -> str:
-    """What happens, in the hub's words where it gave them."""
-    by = shown(f["by"]) if f.get("by") else "another user"
-    if f["event"] == STOPPED:
-        ran = f.get("ran_for")
-        after = f" after running for {duration(ran)}" if ran is not None else ""
-        return f"The server was stopped{after}, to free its GPUs for {by}."
-    if f["event"] == WITHDRAWN:
-        why = _sentence(f.get("why", ""))
-        return f"The preemption for {by} was called off{': ' + why if why else '.'} " \
-               "The server keeps running."
-    role = f" for the role {shown(f['by_role'])}" if f.get("by_role") else ""
-    reason = _sentence(f.get("reason", ""))
-    if reason:  # the hub's sentence names both roles and priorities
-        return f"Preempted by {by}{role}. {reason}"
-    ranks = (f" (priority {f['by_priority']:.0f}, above this server's {f['priority']:.0f})"
-             if "by_priority" in f and "priority" in f else "")
-    return f"Preempted by {by}{role}{ranks}."
-
-
-def _server(f: dict[str, Any], servers: dict[str, Server]) -> Server:
+def _server(event: ServerEvent, gpus: tuple[str, ...], servers: dict[str, Server]) -> Server:
     """The snapshot's server of the event's container (with its image and GPUs), else
     the server as the event names it."""
-    user, container = f["user"], f.get("container", "")
-    server = servers.get(container)
-    if server is None or server.user != user:
-        server = Server(container_id="", name=container, user=user, role=f.get("role", ""),
-                        image="", hub_id=f.get("hub", ""), gpus=tuple(f.get("gpus", ())))
+    server = servers.get(event.container)
+    if server is None or server.user != event.user:
+        server = Server(container_id="", name=event.container, user=event.user,
+                        role=event.role, image="", hub_id=event.hub, gpus=gpus)
     return server
+
+
+def _at(event: HubEvent, snapshot: Snapshot) -> float:
+    return event.time if event.time is not None else snapshot.time
+
+
+def _servers(snapshot: Snapshot) -> dict[str, Server]:
+    return {s.server.name: s.server for s in snapshot.servers.values()}
+
+
+def _preemption(event: PreemptionEvent, snapshot: Snapshot,
+                servers: dict[str, Server]) -> Incident:
+    named = event.gpus if isinstance(event, Preemption | Preempted) else ()
+    server = _server(event, named, servers)
+    gpus = named or server.gpus
+    one = gpus[0] if len(gpus) == 1 else None
+    sample = snapshot.gpus.get(one) if one else None
+    return Incident(
+        key=f"{PREEMPTION}:{event.container or event.user}", rule=PREEMPTION,
+        severity="warning" if isinstance(event, Preemption) else "info", server=server,
+        since=_at(event, snapshot), gpu_uuid=one,
+        gpu_index=sample.index if sample else None, host=snapshot.host,
+        what=word(event, snapshot.time).what, hub_event=event.facts())
+
+
+def _budget(event: BudgetEvent, snapshot: Snapshot, servers: dict[str, Server]) -> Incident:
+    kind, name = event.budget_kind or "user", event.budget_name or event.user
+    # a group's budget concerns each member: one incident each
+    key = f"{BUDGET}:{kind}:{name}" + (f":{event.user}" if kind == "group" else "")
+    return Incident(
+        key=key, rule=BUDGET, severity="warning", server=_server(event, (), servers),
+        since=_at(event, snapshot), host=snapshot.host,
+        what=word(event, snapshot.time).what, hub_event=event.facts())
+
+
+def _role_request(event: RoleRequestEvent, snapshot: Snapshot) -> Incident:
+    # about the user and the role asked for: no container
+    server = Server(container_id="", name="", user=event.user, role=event.role,
+                    image="", hub_id=event.hub)
+    key = f"{ROLE_REQUEST}:{event.user if event.id is None else event.id}:{event.kind}"
+    return Incident(key=key, rule=ROLE_REQUEST, severity="info", server=server,
+                    since=_at(event, snapshot), host=snapshot.host,
+                    what=word(event, snapshot.time).what, hub_event=event.facts())
+
+
+def _tell(record: dict[str, Any], rules: WatchdogRules, snapshot: Snapshot,
+          servers: dict[str, Server], rule: str | None = None) -> Event | None:
+    """The message of one record of the log, when its rule (``rule`` only, if given) is
+    on; None for an event the watchdog does not tell, or one without a user (nobody
+    to tell)."""
+    event = HubEvent.from_json(record)
+    if not isinstance(event, PreemptionEvent | BudgetEvent | RoleRequestEvent) \
+            or not event.user:
+        return None
+    incident = None
+    if isinstance(event, PreemptionEvent) and rule in (None, PREEMPTION) \
+            and rules.enabled(PREEMPTION):
+        incident = _preemption(event, snapshot, servers)
+    elif isinstance(event, BudgetEvent) and rule in (None, BUDGET) and rules.enabled(BUDGET):
+        incident = _budget(event, snapshot, servers)
+    elif isinstance(event, RoleRequestEvent) and rule in (None, ROLE_REQUEST) \
+            and rules.enabled(ROLE_REQUEST):
+        incident = _role_request(event, snapshot)
+    return _instant(incident, incident.since) if incident is not None else None
+
+
+def _told(events: Iterable[dict[str, Any]], rules: WatchdogRules, snapshot: Snapshot,
+          rule: str | None = None) -> list[Event]:
+    servers = _servers(snapshot)
+    return [e for e in (_tell(r, rules, snapshot, servers, rule) for r in events)
+            if e is not None]
 
 
 def preemption_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
@@ -203,66 +238,7 @@ def preemption_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
     and GPUs), else as the event names it. An event without a user is left
     out: nobody to tell.
     """
-    if not rules.enabled(PREEMPTION):
-        return []
-    servers = {s.server.name: s.server for s in snapshot.servers.values()}
-    told = []
-    for event in events:
-        f = facts(event)
-        if f["event"] not in PREEMPTION_EVENTS or "user" not in f:
-            continue
-        user, container = f["user"], f.get("container", "")
-        server = _server(f, servers)
-        gpus = f.get("gpus") or list(server.gpus)
-        one = gpus[0] if len(gpus) == 1 else None
-        sample = snapshot.gpus.get(one) if one else None
-        at = f.get("time", snapshot.time)
-        incident = Incident(
-            key=f"{PREEMPTION}:{container or user}", rule=PREEMPTION,
-            severity="warning" if f["event"] == NOTICE else "info", server=server, since=at,
-            gpu_uuid=one, gpu_index=sample.index if sample else None,
-            host=snapshot.host, what=_what(f), hub_event=f)
-        told.append(_instant(incident, at))
-    return told
-
-
-# --- budgets ---------------------------------------------------------------------
-
-
-def budget_facts(event: dict[str, Any]) -> dict[str, Any]:
-    """What the messages use of one budget event, each field of its type or left out."""
-    out: dict[str, Any] = {"event": _text(event.get("event"))}
-    for name in ("user", "hub", "container", "role", "budget_kind", "budget_name", "per",
-                 "text"):
-        if _text(event.get(name)):
-            out[name] = _text(event[name])
-    for name in ("time", "used", "gpu_hours", "warn_at", "resets_at"):
-        if _number(event.get(name)) is not None:
-            out[name] = _number(event[name])
-    if isinstance(event.get("stopping"), bool):
-        out["stopping"] = event["stopping"]
-    if out.get("budget_kind") not in ("group", "user"):
-        out.pop("budget_kind", None)
-    return out
-
-
-def _budget_owner(f: dict[str, Any]) -> str:
-    """'the group cs101' or 'alice': whose budget, for the sentence made of numbers."""
-    if f.get("budget_kind") == "group" and f.get("budget_name"):
-        return f"the group {shown(f['budget_name'])}"
-    return shown(f.get("budget_name") or f.get("user", ""))
-
-
-def _budget_what(f: dict[str, Any]) -> str:
-    """The hub's sentence, or one made from the numbers when it gave none."""
-    if f.get("text"):
-        return _sentence(f["text"])
-    numbers = ""
-    if "used" in f and "gpu_hours" in f:
-        numbers = f": {f['used']:.1f} of {f['gpu_hours']:g} GPU-hours used"
-        numbers += f" this {f['per']}" if f.get("per") else ""
-    state = "spent" if f["event"] == BUDGET_SPENT else "nearly spent"
-    return f"The GPU-hour budget of {_budget_owner(f)} is {state}{numbers}."
+    return _told(events, rules, snapshot, PREEMPTION)
 
 
 def budget_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
@@ -270,66 +246,7 @@ def budget_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
     """The messages for this hub's budget events, in the log's order; each about the
     user's server (as ``preemption_events`` finds it). An event without a user is left
     out."""
-    if not rules.enabled(BUDGET):
-        return []
-    servers = {s.server.name: s.server for s in snapshot.servers.values()}
-    told = []
-    for event in events:
-        f = budget_facts(event)
-        if f["event"] not in BUDGET_EVENTS or "user" not in f:
-            continue
-        server = _server(f, servers)
-        at = f.get("time", snapshot.time)
-        kind, name = f.get("budget_kind", "user"), f.get("budget_name", f["user"])
-        # a group's budget concerns each member: one incident each
-        key = f"{BUDGET}:{kind}:{name}" + (f":{f['user']}" if kind == "group" else "")
-        incident = Incident(
-            key=key, rule=BUDGET, severity="warning",
-            server=server, since=at, host=snapshot.host, what=_budget_what(f), hub_event=f)
-        told.append(_instant(incident, at))
-    return told
-
-
-# --- requests for a bigger role --------------------------------------------------
-
-
-def request_facts(event: dict[str, Any]) -> dict[str, Any]:
-    """What the messages use of one request event, each field of its type or left out."""
-    out: dict[str, Any] = {"event": _text(event.get("event"))}
-    for name in ("user", "hub", "role", "reason", "who", "comment", "text"):
-        if _text(event.get(name)):
-            out[name] = _text(event[name])
-    for name in ("time", "starts", "ends"):
-        if _number(event.get(name)) is not None:
-            out[name] = _number(event[name])
-    if isinstance(event.get("id"), int) and not isinstance(event.get("id"), bool):
-        out["id"] = event["id"]
-    return out
-
-
-def _request_what(f: dict[str, Any]) -> str:
-    """The hub's sentence, with what the user or the decider typed in it quoted; or one
-    made from the fields when it gave none."""
-    if f.get("text"):
-        # the reason (a request) or the comment (a decision), where the hub wrote it
-        said = f.get("reason") if f["event"] == ASKED else f.get("comment")
-        before, found, after = f["text"].rpartition(said) if said else ("", "", "")
-        if found:
-            return before + quoted(said) + (_sentence(after) if after.strip(". ") else "")
-        return _sentence(f["text"])
-    role = f"the role {_role(f['role'])}" if f.get("role") else "a role"
-    who = shown(f["who"]) if f.get("who") else ""
-    if f["event"] == ASKED:
-        return f"{shown(f['user'])} asks for {role}."
-    if f["event"] == GIVEN_UP:
-        return f"{shown(f['user'])} withdrew the request for {role}."
-    state = "approved" if f["event"] == APPROVED else "refused"
-    return f"The request for {role} was {state}{' by ' + who if who else ''}."
-
-
-def _role(role: str) -> str:
-    """'gpu-training', in single quotes as the hub writes it; an odd name quoted."""
-    return f"'{role}'" if is_plain(role) else quoted(role)
+    return _told(events, rules, snapshot, BUDGET)
 
 
 def role_request_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
@@ -337,31 +254,11 @@ def role_request_events(events: Iterable[dict[str, Any]], rules: WatchdogRules,
     """The messages for this hub's requests for a bigger role, in the log's order. The
     incident's server names the user and the role asked for (no container). An event
     without a user is left out."""
-    if not rules.enabled(ROLE_REQUEST):
-        return []
-    told = []
-    for event in events:
-        f = request_facts(event)
-        if f["event"] not in REQUEST_EVENTS or "user" not in f:
-            continue
-        at = f.get("time", snapshot.time)
-        server = Server(container_id="", name="", user=f["user"], role=f.get("role", ""),
-                        image="", hub_id=f.get("hub", ""))
-        key = f"{ROLE_REQUEST}:{f.get('id', f['user'])}:{f['event']}"
-        incident = Incident(key=key, rule=ROLE_REQUEST, severity="info", server=server,
-                            since=at, host=snapshot.host, what=_request_what(f),
-                            hub_event=f)
-        told.append(_instant(incident, at))
-    return told
+    return _told(events, rules, snapshot, ROLE_REQUEST)
 
 
 def hub_event_messages(events: Iterable[dict[str, Any]], rules: WatchdogRules,
                        snapshot: Snapshot) -> list[Event]:
     """The messages of every hub event the watchdog tells (preemptions, budgets and
     requests for a role), in the log's order."""
-    told = []
-    for event in events:
-        told += preemption_events([event], rules, snapshot)
-        told += budget_events([event], rules, snapshot)
-        told += role_request_events([event], rules, snapshot)
-    return told
+    return _told(events, rules, snapshot)

@@ -64,6 +64,8 @@ from traitlets import Dict, Float, Integer, List, TraitError, Unicode, default, 
 from traitlets.config import LoggingConfigurable
 
 from spawner.quota.units import format_human
+from spawner.usage.events import BudgetEvent, HubEvent, RoleRequestAsked
+from spawner.watchdog.hub_words import Words, word
 from spawner.watchdog.limits import MessageLimits, Window
 from spawner.watchdog.rules import (
     BUDGET,
@@ -77,7 +79,7 @@ from spawner.watchdog.rules import (
     Event,
     Incident,
 )
-from spawner.watchdog.text import duration, name, one_line, utc
+from spawner.watchdog.text import day_and_time, duration, name, one_line, utc
 
 GroupsOf = Callable[[str], list[str]] | Mapping[str, list[str]]
 
@@ -140,81 +142,22 @@ def _gpu(incident: Incident) -> str:
     return f"GPU {index}" + (f" ({uuid})" if uuid else "")
 
 
-def _clock(epoch: float) -> str:
-    """'14:32 UTC': a time within minutes, for people."""
-    return utc(epoch, "%H:%M UTC")
+def hub_event(incident: Incident) -> HubEvent | None:
+    """The hub's event an incident tells (rules preemption, budget and role_request), read
+    from the facts it keeps; None for the watchdog's own incidents."""
+    return HubEvent.from_json(incident.hub_event) if incident.hub_event else None
 
 
-def _preemption(incident: Incident, whose: str) -> str:
-    """The title's subject of the hub's preemption events (hub_events.py)."""
-    event = incident.hub_event
-    by = name(event["by"]) if event.get("by") else "another user"
-    if event.get("event") == "preempted":
-        return f"{whose} was stopped: preempted by {by}"
-    if event.get("event") == "preemption-withdrawn":
-        return f"{whose} will not be stopped: the preemption by {by} was called off"
-    at = f" at {_clock(event['deadline'])}" if "deadline" in event else ""
-    return f"{whose} will be stopped{at}: preempted by {by}"
+def _told(incident: Incident, now: float) -> Words | None:
+    """The hub's event of the incident in words (hub_words.py); None for the watchdog's own
+    incidents."""
+    event = hub_event(incident)
+    return word(event, now) if event is not None else None
 
 
-def _budget(incident: Incident, whose: str) -> str:
-    """The title's subject of the hub's budget events (hub_events.py)."""
-    event = incident.hub_event
-    owner = event.get("budget_name") or (incident.server.user if incident.server else "")
-    owner = name(owner) if owner else ""
-    if owner and event.get("budget_kind") == "group":
-        owner = f"the group {owner}"
-    budget = f"GPU-hour budget of {owner}" if owner else "a GPU-hour budget"
-    if event.get("event") == "budget-spent":
-        if event.get("stopping"):
-            return f"{whose} will be stopped: {budget} spent"
-        return f"{budget} spent: {whose} keeps running"
-    used, hours = event.get("used"), event.get("gpu_hours")
-    share = "nearly"
-    if used is not None and hours:
-        fraction = used / hours * 100 + 1e-9
-        share = f"{int(fraction)}%" if math.isfinite(fraction) else share
-    return f"{budget} {share} used: {whose}"
-
-
-def _role_request(incident: Incident) -> str:
-    """The title's subject of the hub's requests for a bigger role (hub_events.py)."""
-    event = incident.hub_event
-    user = name(incident.server.user) if incident.server else "a user"
-    role = f"the role {name(event['role'])}" if event.get("role") else "a role"
-    by = f" by {name(event['who'])}" if event.get("who") else ""
-    kind = event.get("event")
-    if kind == "role-request-approved":
-        return f"{user}'s request for {role} approved{by}"
-    if kind == "role-request-refused":
-        return f"{user}'s request for {role} refused{by}"
-    if kind == "role-request-withdrawn":
-        return f"{user} withdrew the request for {role}"
-    return f"{user} asks for {role}"
-
-
-def _day_and_time(epoch: float) -> str:
-    return utc(epoch, "%Y-%m-%d %H:%M UTC")
-
-
-def _when(incident: Incident, now: float) -> str | None:
-    """When a preempted server stops, against ``now``: the deadline is what counts."""
-    deadline = incident.hub_event.get("deadline")
-    if incident.hub_event.get("event") != "preemption" or deadline is None:
-        return None
-    grace = incident.hub_event.get("grace_period")
-    given = f" (a grace period of {duration(grace)})" if grace is not None else ""
-    at = _clock(deadline)
-    if at.startswith("an invalid time"):  # no countdown to a moment that cannot be
-        return f"stopped at {at}{given}"
-    left = deadline - now
-    if left <= 0:
-        return f"stopped at {at}, {duration(-left)} ago{given}"
-    return f"stopped at {at}, in {duration(left)}{given}"
-
-
-def _headline(incident: Incident, numbers: bool = True) -> str:
-    """The title's subject, without the kind; ``numbers``: with the percent."""
+def _headline(incident: Incident, told: Words | None, numbers: bool = True) -> str:
+    """The title's subject, without the kind; ``numbers``: with the percent; ``told``:
+    the hub's event in words, for the incidents that tell one."""
     server = incident.server
     user = name(server.user) if server else None
     percent = _percent(incident)
@@ -239,12 +182,8 @@ def _headline(incident: Incident, numbers: bool = True) -> str:
     if rule == "zombie":
         container = name(server.name) if server else "a container"
         return f"container {container} holds GPUs but no hub server claims it"
-    if rule == PREEMPTION:
-        return _preemption(incident, f"{user}'s server" if user else "a server")
-    if rule == BUDGET:
-        return _budget(incident, f"{user}'s server" if user else "a server")
-    if rule == ROLE_REQUEST:
-        return _role_request(incident)
+    if told is not None:
+        return told.subject
     return incident.what or rule
 
 
@@ -313,48 +252,12 @@ ADVICE = {
     "zombie": (
         "Admins: check that nobody uses the container, then remove it "
         "(docker rm -f <name>) to free its GPUs."),
-    # by the hub's event, for the preemption rule; a withdrawn one needs nothing
-    "preemption": (
-        "Save your notebooks and files now. The kernels were sent SIGTERM: those that "
-        "called spawner.checkpoint.on_preempt() save their checkpoints now, the others "
-        "have ended. At the deadline the server stops; the home folder is kept."),
-    "preempted": (
-        "Start the server again from the hub when a GPU is free; the home folder, with "
-        "the checkpoints saved in it, is as it was."),
-    # by the hub's event, for the budget rule
-    "budget-warning": (
-        "Stop the GPU servers you do not need: a budget counts the time GPUs are reserved, "
-        "busy or not. Roles without GPUs do not count against it."),
-    "budget-spent": (
-        "Save your work and stop the server when you are done: no new GPU server can start "
-        "until the budget resets. Roles without GPUs can still be started."),
-    "budget-stopping": (
-        "Go on with a role without GPUs, which budgets do not count; the home folder is "
-        "kept. GPU roles can be started again when the budget resets."),
-    # by the hub's event, for the role_request rule; a withdrawal needs nothing
-    "role-request": (
-        "Admins, and the user's instructors when the quota table allows it, approve or "
-        "refuse it in the usage service's requests; a refusal needs a comment, which the "
-        "user is told."),
-    "role-request-approved": (
-        "Choose the role on the spawn form while the window holds; the grant ends by "
-        "itself at its end, and a running server keeps its limits until it stops. Give it "
-        "up in the usage service's requests if you no longer need it."),
-    "role-request-refused": (
-        "Ask again with another window or a clearer reason, or ask whoever refused it."),
 }
 
 
-def _advice(incident: Incident) -> str | None:
-    if incident.rule == PREEMPTION:
-        return ADVICE.get(incident.hub_event.get("event", ""))
-    if incident.rule == BUDGET:
-        event = incident.hub_event
-        if event.get("event") == "budget-spent" and event.get("stopping"):
-            return ADVICE["budget-stopping"]
-        return ADVICE.get(event.get("event", ""))
-    if incident.rule == ROLE_REQUEST:
-        return ADVICE.get(incident.hub_event.get("event", ""))
+def _advice(incident: Incident, told: Words | None) -> str | None:
+    if told is not None:
+        return told.advice
     if incident.rule == "gpu_lost" and _index(incident) is None:
         return ADVICE["gpu_unseen"]
     return ADVICE.get(incident.rule)
@@ -369,16 +272,18 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
     """
     incident = event.incident
     now = time.time() if now is None else now
+    told = _told(incident, now)
     if event.kind == "resolve":
         ended = incident.resolved if incident.resolved is not None else now
         lasted = duration(ended - incident.since)
-        title = f"[resolved] {_headline(incident, numbers=False)}: resolved after {lasted}"
+        title = (f"[resolved] {_headline(incident, told, numbers=False)}: resolved after "
+                 f"{lasted}")
     elif event.kind == "remind":
         lasted = duration(now - incident.since)
-        title = f"[{incident.severity}] still: {_headline(incident)}, for {lasted}"
+        title = f"[{incident.severity}] still: {_headline(incident, told)}, for {lasted}"
     else:
         lasted = duration(now - incident.since)
-        title = f"[{incident.severity}] {_headline(incident)}"
+        title = f"[{incident.severity}] {_headline(incident, told)}"
     server = incident.server
     lines = []
     if event.kind == "resolve":
@@ -388,18 +293,10 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
         lines.append(f"Still going on: {_what(incident, lasted)}")
     else:
         lines.append(f"What: {_what(incident, lasted)}")
-    when = _when(incident, now)
-    if when:
-        lines.append(f"When: {when}")
+    if told is not None and told.when:
+        lines.append(f"When: {told.when}")
     if incident.rule == ROLE_REQUEST:  # about a user and a role, not a server
-        asked = incident.hub_event
-        if server is not None:
-            lines.append(f"Who: {name(server.user)}")
-        if asked.get("role"):
-            lines.append(f"Role: {name(asked['role'])}")
-        if "starts" in asked and "ends" in asked:
-            lines.append(f"Window: from {_day_and_time(asked['starts'])} to "
-                         f"{_day_and_time(asked['ends'])}")
+        lines.extend(told.lines if told is not None else ())
         server = None
     if server is not None:
         # a stopped server's image is not known (its event does not say)
@@ -413,7 +310,7 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
     if gpu:
         lines.append(f"GPU: {gpu}")
     elif incident.rule == PREEMPTION:  # several, or a stopped server's: as the hub names them
-        gpus = incident.hub_event.get("gpus") or (server.gpus if server else ())
+        gpus = (told.gpus if told is not None else ()) or (server.gpus if server else ())
         if gpus:
             lines.append(f"GPUs: {', '.join(name(g) for g in gpus)}")
     lines.append(f"Host: {getattr(incident, 'host', '') or host}")
@@ -423,7 +320,7 @@ def format_message(event: Event, hub_url: str, host: str, now: float | None = No
     else:
         lines.append(f"Since: {since} ({lasted})")
     if event.kind != "resolve":
-        advice = _advice(incident)
+        advice = _advice(incident, told)
         if advice:
             lines.append(f"What to do: {advice}")
     lines.append(f"Incident: {incident.key}")
@@ -477,8 +374,8 @@ def digest_message(window: Window, host: str, limit: int, period: float,
              f"{duration(period)}")
     came = window.sent + count
     lines = [
-        f"What: From {_day_and_time(window.start)} to "
-        f"{_day_and_time(window.start + period)}, {came} messages about {user} came for "
+        f"What: From {day_and_time(window.start)} to "
+        f"{day_and_time(window.start + period)}, {came} messages about {user} came for "
         f"this channel; the first {window.sent} were sent and these {count} held: {kinds}.",
         f"Who: {user}",
         f"Host: {host}",
@@ -513,18 +410,18 @@ def routes(channel: Mapping[str, Any], incident: Incident, groups: list[str],
     server = incident.server
     if server is None or incident.rule in admin_only_rules:
         return False
+    event = hub_event(incident)
     if incident.rule == ROLE_REQUEST:
         # a request goes to those who may decide it (the user's groups' channels, where
         # their instructors are); its decision or withdrawal to the user
-        if incident.hub_event.get("event") == "role-request":
+        if isinstance(event, RoleRequestAsked):
             return bool(set(groups) & set(channel.get("groups") or ()))
         return server.user in (channel.get("users") or ())
     if incident.rule == BUDGET:
         # a budget is its user's, or its group's: not a concern of the user's other
         # groups, nor of the server's role
-        event = incident.hub_event
-        budget_group = ({event.get("budget_name")} if event.get("budget_kind") == "group"
-                        else set())
+        budget_group = ({event.budget_name} if isinstance(event, BudgetEvent)
+                        and event.budget_kind == "group" else set())
         return (server.user in (channel.get("users") or ())
                 or bool(budget_group & set(channel.get("groups") or ())))
     return (server.user in (channel.get("users") or ())

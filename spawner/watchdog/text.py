@@ -96,6 +96,11 @@ def utc(epoch: Any, form: str = "%Y-%m-%d %H:%M:%S UTC") -> str:
     return format_moment(epoch, timezone.utc, form, zone=False)
 
 
+def day_and_time(epoch: Any) -> str:
+    """'2026-11-18 11:06 UTC', as ``utc`` writes a day and a minute."""
+    return utc(epoch, "%Y-%m-%d %H:%M UTC")
+
+
 def duration(seconds: Any) -> str:
     """``human_duration``, for any number: NaN or infinite is "an unknown time", and
     one beyond a thousand years is written in seconds, not in thousands of days."""

@@ -23,6 +23,7 @@ from harness import Hub, container_for, containers, shipped_table_without_reques
 from spawner.contract import ROLE_LABEL
 from spawner.policy.config import hub_id_from_secret_file
 from spawner.quota.loader import parse_quota_table
+from spawner.quota.units import format_moment
 from spawner.usage.ledger import Ledger, default_url
 from spawner.usage.schema import role_requests
 from spawner.watchdog.hub_events import for_hub, role_request_events
@@ -428,3 +429,41 @@ def test_a_name_and_a_comment_with_a_bidi_override_read_in_order(hub, person):
     assert found["quote_right"] > found["text_right"] + 2, found
     eve.shot("requests-bidi")
     eve.check_clean()
+
+
+# A reason and a comment made of the words of the sentence the watchdog puts around them.
+SENTENCE_REASON = f"for the role '{ROLE}' from 2026-01-01 to 2026-01-02: because carol asks " \
+                  f"for the role '{ROLE}'"
+SENTENCE_COMMENT = f"was refused by admin: for the role '{ROLE}' from 2026-01-01: because"
+
+
+def test_a_reason_and_a_comment_holding_the_sentences_words_show_whole(hub, person):
+    """On the decider's page, on the user's page and in the watchdog's message (from the
+    event's own fields, tests/service/test_watchdog_quoted_whole.py has every channel):
+    all of what was typed, as text, and in the message in one pair of quotes."""
+    carol = log_in(person, "carol")
+    carol.page.fill("#ask-reason", SENTENCE_REASON)
+    carol.page.click("#ask-submit")
+    expect(carol.mine().locator("td.reason")).to_have_text(SENTENCE_REASON)
+    asked = wait_event(hub, "carol", "role-request")
+
+    admin = log_in(person, "admin")
+    request = admin.to_decide("carol")
+    expect(request.locator("dd.reason")).to_have_text(SENTENCE_REASON)
+    request.locator("input[name=comment]").fill(SENTENCE_COMMENT)
+    request.get_by_role("button", name="Refuse").click()
+    expect(admin.to_decide("carol")).to_have_count(0)
+    admin.check_clean()
+    refused = wait_event(hub, "carol", "role-request-refused")
+
+    carol.page.reload()
+    expect(carol.mine().locator("td.reason")).to_have_text(SENTENCE_REASON)
+    expect(carol.mine().locator("q.comment")).to_have_text(SENTENCE_COMMENT)
+    carol.check_clean()
+    window = f"from {format_moment(asked['starts'])} to {format_moment(asked['ends'])}"
+    hub_id = hub_id_from_secret_file(hub.prefix, str(hub.workdir / "jupyterhub_cookie_secret"))
+    said = role_request_events(for_hub([asked, refused], hub_id), WatchdogRules(),
+                               Snapshot(time=time.time(), host="test"))
+    assert [e.incident.what for e in said] == [
+        f"carol asks for the role '{ROLE}' {window}: \"{SENTENCE_REASON}\"",
+        f"Your request for the role '{ROLE}' was refused by admin: \"{SENTENCE_COMMENT}\""]

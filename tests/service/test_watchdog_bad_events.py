@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 from receivers import HttpReceiver
 
-from spawner.watchdog import hub_events
+from spawner.usage.events import RoleRequestEvent
+from spawner.watchdog import hub_words
 from spawner.watchdog.app import QuotaWatchdog, describe_hub_event
+from spawner.watchdog.hub_words import Words
 from spawner.watchdog.metrics import WatchdogMetrics
 from spawner.watchdog.model import Snapshot
 from spawner.watchdog.notify import Notifier
@@ -139,14 +141,14 @@ async def test_the_year_318857_is_told_as_an_invalid_time(events_file):
 async def test_an_event_that_cannot_be_worded_is_one_line_and_the_rest_go_on(
         events_file, caplog, monkeypatch):
     """Whatever else may break in wording an event: the others are told, in order."""
-    real = hub_events._request_what
+    real = hub_words.role_request
 
-    def fragile(f: dict) -> str:
-        if f.get("id") == 2:
+    def fragile(event: RoleRequestEvent) -> Words:
+        if event.id == 2:
             raise ValueError("year 318857 is out of range")
-        return real(f)
+        return real(event)
 
-    monkeypatch.setattr(hub_events, "_request_what", fragile)
+    monkeypatch.setattr(hub_words, "role_request", fragile)
     watchdog = app(events_file)
     snapshot = Snapshot(time=T + 3, host="gpu-host-1")
     await watchdog.hub_events(snapshot)
