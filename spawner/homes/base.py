@@ -28,7 +28,7 @@ from typing import ClassVar
 from spawner.homes.commands import CommandRunner, Runner
 from spawner.homes.errors import HomeError, HomesUnavailable
 from spawner.homes.mounts import MOUNTINFO, Mount, mount_of, read_mounts
-from spawner.homes.names import checked_name, container_escape
+from spawner.homes.names import container_escape, home_name
 from spawner.quota.units import format_human
 
 NOTEBOOK_OWNER = (1000, 100)  # jovyan:users in the notebook images (images/common)
@@ -135,7 +135,7 @@ class HomeStore(ABC):
             raise HomesUnavailable(f"the homes' root {self.root} is not a folder")
 
     def home_name(self, user: str) -> str:
-        return checked_name(self.escape(user), user)
+        return home_name(user, self.escape)
 
     def home_path(self, user: str) -> Path | None:
         return self.root / self.home_name(user)
