@@ -3,8 +3,9 @@
 # run the tests, the demo and the bench. Idempotent: each step checks first
 # and skips what is already done, so `make test` can run it every time.
 #
-#   1. apt: docker.io debootstrap chromium python3-venv python3-pip postgresql (missing only;
-#      the tests' private PostgreSQL is scripts/test-postgres.sh)
+#   1. apt: docker.io debootstrap chromium python3-venv python3-pip postgresql btrfs-progs
+#      e2fsprogs (missing only; the tests' private PostgreSQL is scripts/test-postgres.sh;
+#      the homes' tests make btrfs and ext4 filesystems on loop devices)
 #   2. npm: configurable-http-proxy from package-lock.json into node_modules/
 #   3. .venv (Debian's /usr/bin/python3) with `pip install -e '.[test,notebook,kubernetes]'`
 #   4. a running Docker engine: the machine's own (scripts/dockerd.sh), or
@@ -26,7 +27,7 @@ T0=$(now)
 # ------------------------------------------------------------------ apt ---
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'; }
 missing=()
-for pkg in docker.io debootstrap chromium python3-venv python3-pip postgresql; do
+for pkg in docker.io debootstrap chromium python3-venv python3-pip postgresql btrfs-progs e2fsprogs; do
     installed "$pkg" || missing+=("$pkg")
 done
 # node and npm come from the machine image (NodeSource node 20); Debian's
