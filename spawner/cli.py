@@ -25,6 +25,8 @@ def role_summary(role: Role, table: QuotaTable) -> dict[str, Any]:
         "memory": role.memory,
         "memory_human": format_size(role.memory),
         "shm": role.shm,
+        "disk": role.disk,  # the home's size; null: no limit (docs/disk.md)
+        "disk_human": format_size(role.disk) if role.disk else None,
         "pids": role.pids,
         "gpus": role.gpus,
         "gpu_mode": role.gpu_mode if role.gpus else None,

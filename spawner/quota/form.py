@@ -34,11 +34,13 @@ def describe_gpus(role: Role) -> str:
 
 
 def describe_limits(role: Role) -> str:
-    """'2 CPUs · 4 GiB memory · 8 GiB shared memory · 1 GPU, exclusive'."""
+    """'2 CPUs · 4 GiB memory · 8 GiB shared memory · 20 GiB home · 1 GPU, exclusive'."""
     cpus = f"{role.cpus:g} CPU" + ("" if role.cpus == 1 else "s")
     parts = [cpus, f"{format_human(role.memory)} memory"]
     if role.shm:
         parts.append(f"{format_human(role.shm)} shared memory")
+    if role.disk:
+        parts.append(f"{format_human(role.disk)} home")
     if role.gpus:
         parts.append(describe_gpus(role))
     return " · ".join(parts)

@@ -245,7 +245,8 @@ class _Reader:
 
     def size(self, node: Node, where: str, minimum: int = 1) -> int | None:
         return self._measure(node, where, parse_size, "size", "512M, 4G or 4GiB",
-                             (minimum, f"{minimum} bytes"), (MAX_SIZE, format_size(MAX_SIZE)))
+                             (minimum, format_size(minimum) if minimum > 1 else "1 byte"),
+                             (MAX_SIZE, format_size(MAX_SIZE)))
 
     def entries(
         self, node: Node, what: str, allowed: tuple[str, ...], declared: set[str]

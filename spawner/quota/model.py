@@ -29,6 +29,7 @@ GPU_MODES = ("exclusive", "shared")
 
 # Upper bounds, so that a typo or .inf is refused instead of meaning "unlimited".
 MAX_CPUS = 1024
+MIN_DISK = 64 * 2**20  # a home Jupyter can start in: its settings, a kernel's files
 MAX_SIZE = 64 * 2**40  # memory, shm, gpu_memory: 64 TiB
 MAX_PIDS = 4_194_304  # the kernel's PID_MAX_LIMIT
 MAX_GPUS = 64
@@ -101,6 +102,10 @@ class Role:
         Size(DOCKER_MIN_MEMORY), REQUIRED,
         "Memory limit, with swap off (at least 6M, Docker's minimum).")
     shm: int | None = table_field(Size(), None, "Size of /dev/shm (Docker's default is 64M).")
+    disk: int | None = table_field(
+        Size(MIN_DISK), None,
+        "Size of the user's home, at least 64M (docs/disk.md); without it the home has no "
+        "size limit.")
     pids: int | None = table_field(
         WholeNumber(1, MAX_PIDS), None,
         f"Most processes and threads, at most {MAX_PIDS} (the kernel's PID_MAX_LIMIT); "
