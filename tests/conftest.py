@@ -16,6 +16,7 @@ from hubs import (
     start_hub,
     start_one_gpu_hub,
 )
+from ledger_sessions import LOG
 
 from harness import ensure_engine
 
@@ -29,11 +30,18 @@ def ledger_url(tmp_path) -> str:
 
 
 @pytest.fixture
+def url(ledger_url) -> str:
+    """``ledger_url``, by the name the ledger's own tests use (tests/unit/test_usage_*.py)."""
+    return ledger_url
+
+
+@pytest.fixture
 def ledger(ledger_url):
-    """A usage ledger created at ``ledger_url``, disposed of afterwards."""
+    """A usage ledger created at ``ledger_url``, logging to ``ledger_sessions.LOG``,
+    disposed of afterwards."""
     from spawner.usage.ledger import Ledger
 
-    found = Ledger(ledger_url, logging.getLogger("test-ledger"))
+    found = Ledger(ledger_url, LOG)
     yield found
     found.dispose()
 

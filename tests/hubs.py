@@ -19,7 +19,8 @@ What tells two modules apart on one hub: their user names, their table (``on_hub
 writes it for the module and puts the hub's own back after it), and, on ``hub``, a fresh
 ledger for each module of the usage service (``fresh_ledger``). A module whose hub needs
 its own settings (host network mode, two hubs at once, a hub config of its own such as a
-form template or a failing engine call) still starts its own.
+form template or a failing engine call) still starts its own; ``own_hub`` is such a
+fixture's body.
 """
 
 from __future__ import annotations
@@ -246,6 +247,19 @@ def running_hub(start: Callable[[Path], Hub], workdir: Path, client: docker.Dock
         yield hub
     finally:
         teardown(hub, client, name)
+
+
+def own_hub(workdir: Path, client: docker.DockerClient, name: str, *, quota_text: str,
+            prefix: str, extra_config: str, users: tuple[str, ...]) -> Iterator[Hub]:
+    """A module fixture's body for a hub of the module's own (settings no shared hub has):
+    the hub with ``users`` created; afterwards their servers stopped, its log kept as
+    test-artifacts/hub-NAME.log and its containers removed."""
+    found = Hub(workdir, quota_text=quota_text, prefix=prefix, extra_config=extra_config).start()
+    for user in users:
+        found.create_user(user)
+    yield found
+    found.stop_servers(list(users))
+    teardown(found, client, name)
 
 
 def stop_every_server(hub: Hub, timeout: float = 60) -> None:

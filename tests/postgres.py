@@ -1,9 +1,13 @@
 """A fresh PostgreSQL database for one test, in the private test server that
 scripts/test-postgres.sh starts (make test does): Debian's PostgreSQL, its own data
-folder and socket. The state and ledger tests run against it as well as SQLite."""
+folder and socket. The state and ledger tests run against it as well as SQLite: each
+tests/service/test_*_postgres.py names the modules whose tests it runs again there
+(``AGAIN_ON_POSTGRESQL``), and tests/service/conftest.py collects it as
+``AgainOnPostgreSQL``."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -59,4 +63,24 @@ def collect_again(module: Any, namespace: dict[str, Any], *, except_for: set[str
     assert not unknown, f"no such tests in {module.__name__}: {sorted(unknown)}"
     namespace.update({name: value for name, value in vars(module).items()
                       if not name.startswith("_") and name not in except_for
-                      and name not in ("ledger_url", "pytest")})
+                      and name not in ("ledger_url", "pytest", "pytestmark")})
+
+
+class AgainOnPostgreSQL(pytest.Module):
+    """A test module that also runs other modules' tests, on PostgreSQL: every test and
+    fixture of each module its ``AGAIN_ON_POSTGRESQL`` names ({module: the tests about
+    SQLite itself, left out}), beside its own tests, with ``ledger_url`` a fresh database.
+    Those modules are the ones pytest collects from their own folder (tests/unit is on
+    the path), so their tests run once on SQLite there and once here; no test module
+    imports another."""
+
+    def collect(self):
+        namespace = vars(self.obj)
+        for name, except_for in getattr(self.obj, "AGAIN_ON_POSTGRESQL", {}).items():
+            module = importlib.import_module(name)
+            collect_again(module, namespace, except_for=except_for)
+            marks = getattr(module, "pytestmark", [])  # read before: this module's own
+            for mark in marks if isinstance(marks, list) else [marks]:
+                self.add_marker(mark)
+        namespace["ledger_url"] = ledger_url
+        return super().collect()

@@ -14,8 +14,8 @@ import pytest
 from browser import BIDI_NAME, assert_reads_in_order, assert_text_reads_in_order, launch, visits
 from browser import Visit as BrowserVisit
 from hubs import SHIPPED_QUOTAS, on_hub
+from ledger_sessions import ALL_USERS, CS101, HOSTILE_USER, seed_ledger
 from playwright.sync_api import expect
-from test_usage_service import ALL_USERS, CS101, HOSTILE_USER, seed_ledger
 
 from harness import Hub
 from spawner.hubconfig.rbac import USAGE_SCOPE

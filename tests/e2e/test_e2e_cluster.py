@@ -30,10 +30,10 @@ from typing import Any
 
 import pytest
 import requests
+from gpu_hours import midday_zone, seed
 from postgres import fresh_database
 from receivers import HttpReceiver
 from sqlalchemy import select
-from test_e2e_usage import midday_zone, seed
 
 from harness import (
     ARTIFACTS,

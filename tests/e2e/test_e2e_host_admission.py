@@ -16,15 +16,14 @@ import json
 import time
 
 import pytest
+from hubs import own_hub
 
 from harness import (
-    Hub,
     container_for,
     containers,
     exec_text,
     progress_messages,
     spawn_in_background,
-    teardown,
     wait_for,
 )
 
@@ -62,13 +61,8 @@ ORDER = ("(BestEffortFIFO, fair between users: by priority, then a user's first 
 
 @pytest.fixture(scope="module")
 def admit(docker_client, tmp_path_factory):
-    found = Hub(tmp_path_factory.mktemp(PREFIX), quota_text=QUOTAS, prefix=PREFIX,
-                extra_config=HOST).start()
-    for name in USERS:
-        found.create_user(name)
-    yield found
-    found.stop_servers(list(USERS))
-    teardown(found, docker_client, "host-admission")
+    yield from own_hub(tmp_path_factory.mktemp(PREFIX), docker_client, "host-admission",
+                       quota_text=QUOTAS, prefix=PREFIX, extra_config=HOST, users=USERS)
 
 
 @pytest.fixture

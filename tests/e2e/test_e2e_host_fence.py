@@ -22,8 +22,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from hubs import own_hub
 
-from harness import ARTIFACTS, Hub, container_for, exec_text, teardown
+from harness import ARTIFACTS, Hub, container_for, exec_text
 
 pytestmark = pytest.mark.e2e
 PREFIX = "qsfence"
@@ -50,13 +51,8 @@ CGROUP = Path("/sys/fs/cgroup")
 
 @pytest.fixture(scope="module")
 def fenced(docker_client, tmp_path_factory):
-    found = Hub(tmp_path_factory.mktemp(PREFIX), quota_text=QUOTAS, prefix=PREFIX,
-                extra_config=HOST).start()
-    for name in USERS:
-        found.create_user(name)
-    yield found
-    found.stop_servers(list(USERS))
-    teardown(found, docker_client, "host-fence")
+    yield from own_hub(tmp_path_factory.mktemp(PREFIX), docker_client, "host-fence",
+                       quota_text=QUOTAS, prefix=PREFIX, extra_config=HOST, users=USERS)
 
 
 def fence_of(hub: Hub) -> tuple[str, str]:

@@ -15,8 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from gpu_hours import midday_zone, seed
 from hubs import ONE_GPU, ONE_GPU_HUB_ID, ONE_GPU_PREFIX, on_hub
-from sqlalchemy import insert, select
+from sqlalchemy import select
 
 from harness import (
     ARTIFACTS,
@@ -27,7 +28,7 @@ from harness import (
     wait_for,
     write_fake_nvml_state,
 )
-from spawner.usage.ledger import STARTUP_WINDOW, STOPPED, Ledger
+from spawner.usage.ledger import STARTUP_WINDOW, Ledger
 from spawner.usage.schema import session_groups, sessions
 
 pytestmark = pytest.mark.e2e
@@ -256,31 +257,6 @@ def test_crashes_lose_no_finished_session(setup, docker_client):
         time.sleep(0.5)
     hub.stop_server("crash-kept")
     assert closed(url, "crash-kept")[0]["reason"] == "stopped"
-
-
-def midday_zone() -> str:
-    """A fixed-offset zone where it is about noon now: the test's day never turns over."""
-    offset = (time.gmtime().tm_hour - 12 + 12) % 24 - 12  # Etc/GMT+N is N hours behind UTC
-    return "UTC" if offset == 0 else f"Etc/GMT{offset:+d}"
-
-
-def seed(url: str, user: str, gpu_hours: float, ended_ago: float = 60,
-         hub: str = HUB_ID) -> None:
-    """A finished session of ``user`` that reserved ``gpu_hours`` on 4 GPUs, just now,
-    written whole in one transaction: the hub's budget check never sees it half-made."""
-    ledger = Ledger(url, create=False)
-    stopped = time.time() - ended_ago
-    started = stopped - gpu_hours * 900
-    try:
-        with ledger.engine.begin() as db:
-            db.execute(insert(sessions).values(
-                hub=hub, user_name=user, container=f"seed-{user}-{time.monotonic_ns()}",
-                role="gpu", image="pytorch", gpus=",".join(f"GPU-seed-{i}" for i in range(4)),
-                gpu_count=4, gpu_mode="exclusive", gpu_reserved=4.0, cpu_limit=1,
-                mem_limit=768 * M, requested=started - 5, started=started, ready=started + 1,
-                stopped=stopped, reason=STOPPED))
-    finally:
-        ledger.dispose()
 
 
 def hub_events(hub: Hub, event: str, user: str) -> list[dict[str, Any]]:

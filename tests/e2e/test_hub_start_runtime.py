@@ -4,7 +4,7 @@ that same runtime.
 
 A real hub (tests/harness.py) with declared GPUs: on the test engine, which has the
 FAKE NVIDIA hook, the probe finds the runtime; on a private engine without the hook
-(test_nvidia_runtime.py's ``hookless`` fixture), the hub warns at once.
+(the ``hookless`` fixture, tests/e2e/hookless_engine.py), the hub warns at once.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import shutil
 import time
 
-from test_nvidia_runtime import TINY, hookless  # noqa: F401 (a fixture)
+from hookless_engine import TINY
 
 from harness import ARTIFACTS, Hub, teardown
 from spawner.docker.engine import PROBE_LABEL
@@ -92,7 +92,7 @@ def test_the_hub_probes_the_engine_as_it_starts_and_its_spawners_use_that_runtim
 
 
 def test_an_engine_without_the_nvidia_runtime_is_warned_about_at_hub_start(
-        hookless, tmp_path):  # noqa: F811 (the fixture imported above)
+        hookless, tmp_path):
     hub = Hub(tmp_path, quota_text=table(TINY), prefix=f"qshubstartnv{os.getpid()}",
               network="host", env={"DOCKER_HOST": hookless.host},
               extra_config=f"c.QuotaSpawner.gpu_inventory = {GPUS!r}\n")

@@ -10,25 +10,20 @@ Skipped where dockerd is not installed, or the test engine does not answer.
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import secrets
-import shutil
-import subprocess
 import sys
-import tarfile
-import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, NamedTuple
+from typing import Any
 from unittest.mock import Mock
 
 import docker
 import pytest
 from docker.errors import APIError
+from hookless_engine import TINY, tiny_image
 from jupyterhub.objects import Hub, Server
 from tornado import web
 from traitlets.config import Config
@@ -52,14 +47,11 @@ from spawner.policy import hub as hub_object
 from spawner.policy import refusals
 from spawner.quota.model import Choice, ImageSpec, Role
 
-ROOT = Path(__file__).resolve().parents[2]
-FAKE_HOOK_DIR = ROOT / "scripts" / "fake-nvidia"
 TEST_DOCKER_HOST = os.environ.get("QUOTA_SPAWNER_TEST_DOCKER_HOST",
                                   "unix:///run/quota-spawner-test/docker.sock")
 ENGINE_SAID = 'could not select device driver "nvidia" with capabilities: [[gpu]]'
 GPU = "GPU-5f2c0000-0000-0000-0000-00000000beef"
 G = 2**30
-TINY = f"quota-spawner-test/tiny:{secrets.token_hex(4)}"  # what the test table names
 
 IMAGE = ImageSpec("pytorch", "quota-spawner/pytorch:latest", "PyTorch")
 GPU_ROLE = Role("gpu-training", 4, 8 * G, ("pytorch",), gpus=1)
@@ -192,91 +184,6 @@ async def test_the_runtime_warns_once_and_probes_an_old_finding_again(caplog):
 # --- real engines ---------------------------------------------------------------------
 
 
-def tiny_image(client: docker.APIClient, tag: str) -> None:
-    """`docker import` of a tar holding one file: enough to create and start a container
-    up to the device driver's selection (it has no program to run)."""
-    data = io.BytesIO()
-    with tarfile.open(fileobj=data, mode="w") as tar:
-        content = b"the NVIDIA runtime probe needs only an image\n"
-        info = tarfile.TarInfo("README")
-        info.size = len(content)
-        tar.addfile(info, io.BytesIO(content))
-    repository, _, version = tag.rpartition(":")
-    client.import_image_from_data(data.getvalue(), repository=repository, tag=version)
-
-
-def hookless_path() -> str:
-    """PATH without any NVIDIA hook, fake or real."""
-    keep = [d for d in os.environ.get("PATH", "").split(os.pathsep)
-            if d and Path(d).resolve() != FAKE_HOOK_DIR.resolve()
-            and not (Path(d) / "nvidia-container-runtime-hook").exists()]
-    return os.pathsep.join(keep)
-
-
-class Engine(NamedTuple):
-    client: docker.APIClient
-    host: str  # its DOCKER_HOST value
-
-
-@pytest.fixture(scope="module")
-def hookless() -> Iterator[Engine]:
-    """A private dockerd with no NVIDIA hook on its PATH, and the tiny image as TINY."""
-    dockerd = shutil.which("dockerd")
-    if dockerd is None:
-        pytest.skip("dockerd is not installed")
-    # short: unix socket paths (containerd's under the exec root too) have a length limit
-    folder = Path(tempfile.mkdtemp(prefix="qsnv", dir="/tmp"))
-    host = f"unix://{folder}/docker.sock"
-    log = open(folder / "dockerd.log", "wb")  # noqa: SIM115 (closed below)
-    process = subprocess.Popen(
-        [dockerd, "--host", host, "--data-root", str(folder / "data"),
-         "--exec-root", str(folder / "exec"), "--pidfile", str(folder / "docker.pid"),
-         "--bridge=none", "--iptables=false", "--ip-masq=false"],
-        env={**os.environ, "PATH": hookless_path()}, stdout=log, stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL, start_new_session=True)
-    client = docker.APIClient(base_url=host, version="auto", timeout=60) \
-        if _answers(host, 60, process) else None
-    try:
-        if client is None:
-            log.flush()
-            pytest.fail("the hook-less dockerd did not answer within 60 s:\n" +
-                        (folder / "dockerd.log").read_text(errors="replace")[-3000:])
-        tiny_image(client, TINY)
-        yield Engine(client, host)
-    finally:
-        if client is not None:
-            client.close()
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
-        log.close()
-        unmount_under(folder)
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def unmount_under(folder: Path) -> None:
-    """What the engine left mounted under ``folder`` (its default netns), deepest first."""
-    with open("/proc/self/mounts") as mounts:
-        points = [line.split()[1] for line in mounts]
-    for point in sorted((p for p in points if p.startswith(f"{folder}/")), reverse=True):
-        subprocess.run(["umount", "-l", point], capture_output=True)
-
-
-def _answers(host: str, seconds: float, process: subprocess.Popen[bytes]) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            with docker.APIClient(base_url=host, version="auto", timeout=5) as client:
-                client.ping()
-            return True
-        except Exception:
-            time.sleep(0.2)
-    return False
-
-
 @pytest.fixture
 def test_engine() -> Iterator[tuple[docker.APIClient, str]]:
     """The test engine (fake hook), and an image on it: the notebook image when built,
@@ -348,7 +255,7 @@ assignments:
 
 
 class MockUser(Mock):
-    """As in tests/service/test_kube_spawner.py (KubeSpawner's own tests' MockUser)."""
+    """As in tests/service/kube_spawners.py (KubeSpawner's own tests' MockUser)."""
 
     name = "alice"
     server = Server()

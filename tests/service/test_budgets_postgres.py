@@ -4,8 +4,6 @@ SQLite files."""
 
 from __future__ import annotations
 
-import test_budgets as on_sqlite
-from postgres import collect_again, ledger_url  # noqa: F401 -- this module's ledger_url
-
 SQLITE_ONLY: set[str] = set()
-collect_again(on_sqlite, globals(), except_for=SQLITE_ONLY)
+# {module: its tests left out}, run here again (tests/postgres.py AgainOnPostgreSQL)
+AGAIN_ON_POSTGRESQL = {"test_budgets": SQLITE_ONLY}

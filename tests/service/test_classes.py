@@ -1,5 +1,5 @@
 """The class dashboard without a hub or a browser: its JSON API and its pages. The OAuth
-user is faked as in test_usage_service.py, and the hub's REST API by a small tornado app
+user is faked by webapp_client.py, and the hub's REST API by a small tornado app
 that enforces the instructor's group as the hub's RBAC would. What the page does in a
 browser is for test_browser_classes.py."""
 
@@ -14,11 +14,20 @@ from pathlib import Path
 
 import pytest
 from markupsafe import escape
-from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient
 from tornado.httpserver import HTTPServer
-from webapp_client import PageSite, attribute, drawn, serve
+from webapp_client import (
+    ADMIN,
+    INSTRUCTOR,
+    PLAIN,
+    VIEWER,
+    FakeHubAuth,
+    PageSite,
+    attribute,
+    drawn,
+    serve,
+)
 
 from spawner.hubconfig.rbac import CLASS_OAUTH_SCOPES, USAGE_SCOPE, class_service_scopes
 from spawner.usage import schedules
@@ -389,7 +398,7 @@ def test_the_service_scopes_of_the_classes():
 
 
 def test_the_shipped_hub_config_gives_the_service_its_class_scopes(tmp_path, monkeypatch):
-    from test_hub_config import load_hub_config
+    from shipped_config import load_hub_config
 
     c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
     (usage,) = [s for s in c.JupyterHub.services if s["name"] == "usage"]

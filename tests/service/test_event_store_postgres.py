@@ -5,8 +5,6 @@ never passes over an event that commits late."""
 
 from __future__ import annotations
 
-import test_event_store as on_sqlite
-from postgres import collect_again, ledger_url  # noqa: F401 -- this module's ledger_url
-
 SQLITE_ONLY = {"test_a_ledger_of_0004_is_upgraded_and_keeps_its_sessions"}
-collect_again(on_sqlite, globals(), except_for=SQLITE_ONLY)
+# {module: its tests left out}, run here again (tests/postgres.py AgainOnPostgreSQL)
+AGAIN_ON_POSTGRESQL = {"test_event_store": SQLITE_ONLY}

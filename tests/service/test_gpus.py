@@ -1,5 +1,5 @@
 """The admins' host map page and its JSON API without a hub or a browser: the OAuth user is
-faked as in test_usage_service.py, the hub's pool file and the watchdog's usage file are
+faked by webapp_client.py, the hub's pool file and the watchdog's usage file are
 written into a state folder as the hub and the watchdog write them. What the page does
 in a browser, live, is for test_browser_gpu_map.py."""
 
@@ -10,15 +10,12 @@ import json
 import re
 import threading
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from test_gpu_map import G, busy_pool, idle_book, watched
-from test_table import PageHubAuth
-from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, Text
-from webapp_client import PageSite, attribute, drawn
+from map_site import HOSTILE, HOSTILE_ROLE, Site, row_of, state_site, words
+from map_states import G, busy_pool, idle_book, watched
+from webapp_client import ADMIN, PageHubAuth, attribute, drawn
 from webapp_client import serve as serve_app
 
 from spawner.gpu.pool import Server
@@ -36,42 +33,6 @@ PREFIX = "/services/usage/"
 SCRIPT_VERSION = static_version("gpus.js")  # in the scripts' URLs
 LIVE_VERSION = static_version("live.js")
 STATIC = Path(gpu_page.__file__).parent / "static"
-HOSTILE = '<script>alert(1)</script>"&'
-HOSTILE_ROLE = "<img src=x onerror=alert(2)>"
-
-
-class Site(PageSite):
-    def __init__(self, port: int, state):
-        super().__init__(port, PREFIX)
-        self.state = state
-
-    def write(self, name: str, data) -> None:
-        text = data if isinstance(data, str) else json.dumps(data)
-        (self.state / name).write_text(text, encoding="utf-8")
-
-
-async def serve(tmp_path, monkeypatch, state_dir):
-    url = f"sqlite:///{tmp_path / 'usage.sqlite'}"
-    Ledger(url).dispose()
-    auth = PageHubAuth({"admin": ADMIN, "prof-ada": INSTRUCTOR, "carol": PLAIN,
-                        "finance": VIEWER})
-    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
-    app = service.make_app(usage_db=url, service_prefix=PREFIX, state_dir=state_dir)
-    server, port = serve_app(app)
-    return app, server, port
-
-
-@asynccontextmanager
-async def state_site(tmp_path, monkeypatch) -> AsyncIterator[Site]:
-    """The service with a state folder of its own, where a test writes the two files."""
-    state = tmp_path / "state"
-    state.mkdir()
-    app, server, port = await serve(tmp_path, monkeypatch, str(state))
-    try:
-        yield Site(port, state)
-    finally:
-        server.stop()
-        app.settings["usage"].reader.close()
 
 
 @pytest.fixture
@@ -94,16 +55,6 @@ async def write_busy(site: Site, watchdog_age: float | None = 1.0, hostile: bool
         usage = gpu_usage_snapshot(watched(now - watchdog_age), idle_book(), 5.0)
         usage["idle"][0]["since"] = now - 7200
         site.write(GPU_USAGE.file, usage)
-
-
-def row_of(page: str, uuid: str) -> str:
-    found = re.search(rf'<tr data-key="{re.escape(uuid)}"[^>]*>(.*?)</tr>', page, re.S)
-    assert found, uuid
-    return found.group(1)
-
-
-def words(fragment: str) -> str:
-    return Text(fragment).words
 
 
 # --- who may see it -----------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """The host map's host section and its CPU-only waits, page and API, without a hub or a
 browser: the hub's pool file with host admission on (or off) and the watchdog's usage
 file with its host figures, written into a state folder as the hub and the watchdog
-write them (tests/unit/test_host_map.py builds both). The page's other parts are
+write them (tests/map_states.py builds both). The page's other parts are
 test_gpus.py's; in a browser, live, test_browser_gpu_map.py."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import re
 import time
 
 import pytest
-from test_gpus import HOSTILE, HOSTILE_ROLE, row_of, state_site, words
-from test_host_map import G, busy_host, leave_all, pool, watched
+from map_site import HOSTILE, HOSTILE_ROLE, row_of, state_site, words
+from map_states import G, busy_host, leave_all, pool
+from map_states import host_watched as watched
 
 from spawner.gpu.pool import Server
 from spawner.gpu.queue import STRICT_FIFO
@@ -33,7 +34,7 @@ async def site(tmp_path, monkeypatch):
 async def write_host(site, watchdog_age: float | None = 1.0, admission: bool = True,
                      hostile: bool = False) -> None:
     """alice (a GPU) and bob hold room; carol (CPU-only) and dave (a GPU) wait for memory
-    (test_host_map.busy_host); or, with admission off, alice holds a GPU. The watchdog
+    (map_states.busy_host); or, with admission off, alice holds a GPU. The watchdog
     measured ``watchdog_age`` seconds ago (None: no file)."""
     now = time.time()
     if admission:

@@ -2,7 +2,7 @@
 (spawner/kube/duties.py), as the Docker hub's (spawner/usage/duties.py).
 
 QuotaKubeSpawner runs KubeSpawner's own ``_start``, ``poll`` and ``stop`` against
-test_kube_sessions' ``FakeCluster``; the hub's stop of a server is ``HubUser``, what
+kube_spawners' ``FakeCluster``; the hub's stop of a server is ``HubUser``, what
 JupyterHub's ``User.stop`` does with a spawner. The ledger is real: a SQLite file
 here, a fresh PostgreSQL database in test_kube_budgets_postgres.py. The events are
 read back from the ledger's events table, where the watchdog reads them.
@@ -23,11 +23,10 @@ import pytest
 pytest.importorskip("kubespawner")
 
 from jupyterhub.objects import Server  # noqa: E402
+from kube_spawners import FakeCluster, MockUser, sessions, spawner_on  # noqa: E402
 from kubernetes_asyncio.client.rest import ApiException  # noqa: E402
+from quota_tables import budget_table  # noqa: E402
 from sqlalchemy.exc import OperationalError  # noqa: E402
-from test_budgets import table as budget_table  # noqa: E402
-from test_kube_sessions import FakeCluster, sessions, spawner_on  # noqa: E402
-from test_kube_spawner import MockUser, no_cluster  # noqa: E402, F401
 
 from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
 from spawner.policy import hub as hub_object  # noqa: E402
@@ -38,7 +37,9 @@ from spawner.usage.duties import BudgetDuties  # noqa: E402
 from spawner.usage.event_log import TABLE  # noqa: E402
 from spawner.usage.ledger import BUDGET, STOPPED, Ledger  # noqa: E402
 
-HUB = "test-hub"  # test_kube_spawner.make's hub id
+pytestmark = pytest.mark.usefixtures("no_cluster")  # tests/service/conftest.py
+
+HUB = "test-hub"  # kube_spawners.make's hub id
 LOG = logging.getLogger("test.kube-budgets")
 
 

@@ -4,9 +4,7 @@ test server (tests/postgres.py), but for the tests that need no ledger."""
 
 from __future__ import annotations
 
-import test_kube_budgets as on_sqlite
-from postgres import collect_again, ledger_url  # noqa: F401 -- this module's ledger_url
-
 NO_LEDGER = {"test_without_a_ledger_there_are_no_duties",
              "test_the_check_interval_is_the_same_setting_on_both_backends"}
-collect_again(on_sqlite, globals(), except_for=NO_LEDGER)
+# {module: its tests left out}, run here again (tests/postgres.py AgainOnPostgreSQL)
+AGAIN_ON_POSTGRESQL = {"test_kube_budgets": NO_LEDGER}

@@ -9,27 +9,22 @@ a real SQLite file, and the report is the one ``quota-spawner report`` prints.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 pytest.importorskip("kubespawner")
 
-from test_budgets import table as budget_table  # noqa: E402
-from test_kube_spawner import SHIPPED, make, no_cluster, offline  # noqa: E402, F401
+from kube_spawners import SHIPPED, FakeCluster, running, sessions, spawner_on  # noqa: E402
+from quota_tables import budget_table  # noqa: E402
 from tornado import web  # noqa: E402
 
-from spawner.common.registry import Registry  # noqa: E402
 from spawner.kube.pod_end import disruption, pod_end  # noqa: E402
-from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
-from spawner.policy import hub as hub_object  # noqa: E402
 from spawner.policy.refusals import SETTING_REFUSED  # noqa: E402
 from spawner.quota.loader import load_quota_table  # noqa: E402
 from spawner.usage.budgets import check_start  # noqa: E402
@@ -44,20 +39,12 @@ from spawner.usage.ledger import (  # noqa: E402
 )
 from spawner.usage.report import build_report  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("no_cluster")  # tests/service/conftest.py
+
 G = 2**30
 HUB = "test-hub"
 BARE = {"metadata": {"name": "p"}, "spec": {"containers": []}}
 FINISHED = "2026-12-01T10:00:00+00:00"  # as the reflector holds a time (isoformat)
-
-
-def running(body: dict[str, Any]) -> dict[str, Any]:
-    """The pod as the reflector holds it once its notebook answers."""
-    pod = copy.deepcopy(body)
-    pod["metadata"]["uid"] = f"uid-{pod['metadata']['name']}"
-    pod["status"] = {"phase": "Running", "podIP": "10.0.0.7", "conditions": [],
-                     "containerStatuses": [{"name": "notebook", "ready": True,
-                                            "state": {"running": {}}}]}
-    return pod
 
 
 def terminated(pod: dict[str, Any], code: int, reason: str = "Error") -> None:
@@ -73,30 +60,6 @@ def preempting(pod: dict[str, Any]) -> None:
         "message": "Preempted in order to admit critical pod", "lastTransitionTime": FINISHED})
 
 
-class FakeCluster:
-    """Fake of the Kubernetes API and the pod reflector, which cannot run here: a created
-    pod runs at once (the uid in the API's answer), a deleted one is gone at once."""
-
-    def __init__(self, real: Any):
-        self.api_client = real.api_client
-        self.pods: dict[str, dict[str, Any]] = {}  # the reflector's: namespace/name -> pod
-        self.created: list[dict[str, Any]] = []
-        self.deleted: list[str] = []
-
-    async def create_namespaced_persistent_volume_claim(self, namespace: str, body: Any) -> None:
-        return None
-
-    async def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> Any:
-        self.created.append(body)
-        name = body["metadata"]["name"]
-        self.pods[f"{namespace}/{name}"] = running(body)
-        return SimpleNamespace(metadata=SimpleNamespace(uid=f"uid-{name}"))
-
-    async def delete_namespaced_pod(self, name: str, namespace: str, **kwargs: Any) -> None:
-        self.deleted.append(name)
-        self.pods.pop(f"{namespace}/{name}", None)
-
-
 @pytest.fixture
 def url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'usage.sqlite'}"
@@ -107,28 +70,6 @@ def ledger(url: str):
     ledger = Ledger(url, logging.getLogger("test"))
     yield ledger
     ledger.dispose()
-
-
-def spawner_on(monkeypatch: pytest.MonkeyPatch, url: str, quota: Path | str = SHIPPED,
-               user: str = "cy", groups: tuple[str, ...] = ("ml-platform",),
-               **settings: Any) -> tuple[Any, FakeCluster]:
-    spawner = make(QuotaKubeSpawner, quota, user=user, groups=groups, usage_db=url,
-                   events_enabled=False, **settings)
-    cluster = offline(spawner, FakeCluster)
-    monkeypatch.setitem(QuotaKubeSpawner.reflectors, spawner._get_reflector_key("pods"),
-                        SimpleNamespace(pods=cluster.pods))
-    monkeypatch.setattr(hub_object, "HUBS", Registry())
-    return spawner, cluster
-
-
-def sessions(ledger: Ledger) -> list[dict[str, Any]]:
-    from sqlalchemy import select
-
-    from spawner.usage.schema import sessions as table
-
-    with ledger.engine.connect() as connection:
-        return [dict(r._mapping) for r in connection.execute(
-            select(table).order_by(table.c.id))]
 
 
 def the_pod(spawner: Any, cluster: FakeCluster) -> dict[str, Any]:

@@ -21,10 +21,9 @@ import tomllib
 
 pytest.importorskip("kubespawner")
 
-from jupyterhub.objects import Hub, Server  # noqa: E402
-from test_options import INJECTED, TABLE_TEXT  # noqa: E402
+from kube_spawners import SHIPPED, Created, FakeApi, make, offline  # noqa: E402
+from quota_tables import INJECTED, TABLE_TEXT  # noqa: E402
 from tornado import web  # noqa: E402
-from traitlets.config import Config  # noqa: E402
 
 from spawner import QuotaSpawner  # noqa: E402
 from spawner.kube.checks import config_problems  # noqa: E402
@@ -34,71 +33,13 @@ from spawner.quota.loader import load_quota_table  # noqa: E402
 from spawner.usage import grants as rr
 from spawner.usage.ledger import Ledger  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("no_cluster")  # tests/service/conftest.py
+
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ROOT / "hub_config" / "quotas.yaml"
 G = 2**30
-KUBECONFIG = """\
-apiVersion: v1
-kind: Config
-clusters: [{name: none, cluster: {server: "https://127.0.0.1:9"}}]
-users: [{name: none, user: {token: not-a-token}}]
-contexts: [{name: none, context: {cluster: none, user: none}}]
-current-context: none
-"""
 # QuotaSpawner's hub runtime, with no GPUs, engine or ledger
 NO_RUNTIME = SimpleNamespace(pool=SimpleNamespace(capacity=None, roles=None), engine_info=None,
                              usage=None)
-
-
-class MockUser(Mock):
-    """As in KubeSpawner's tests, with groups."""
-
-    name = "alice"
-    server = Server()
-
-    def __init__(self, **kwargs: Any):
-        super().__init__()
-        self.groups = []
-        self.settings = {}
-        for key, value in kwargs.items():
-            setattr(self, key, value)
-
-    @property
-    def escaped_name(self) -> str:
-        return self.name
-
-    @property
-    def url(self) -> str:
-        return self.server.url
-
-
-@pytest.fixture(autouse=True)
-def no_cluster(tmp_path, monkeypatch):
-    """A kubeconfig that points nowhere: KubeSpawner loads it, nothing is ever called."""
-    path = tmp_path / "kubeconfig"
-    path.write_text(KUBECONFIG)
-    # read from $KUBECONFIG when the client is imported, so set where it is kept
-    from kubernetes_asyncio.config import kube_config
-
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-
-
-def make(cls: type, quota_file: Path | str = SHIPPED, user: str = "alice",
-         groups: tuple[str, ...] = (), **settings: Any) -> Any:
-    c = Config()
-    section = c[cls.__name__]
-    section.quota_file = str(quota_file)
-    section.usage_db = "none"
-    section.hub_id = "test-hub"
-    for name, value in settings.items():
-        setattr(section, name, value)
-    kwargs: dict[str, Any] = dict(
-        hub=Hub(), config=c, orm_spawner=None,
-        user=MockUser(name=user, groups=[SimpleNamespace(name=g) for g in groups]))
-    if cls is QuotaKubeSpawner:
-        kwargs["_mock"] = True
-    return cls(**kwargs)
 
 
 async def choices_of(spawner: Any) -> list[Any]:
@@ -181,39 +122,6 @@ async def test_the_form_is_the_shared_one():
 
 
 # --- the pod -------------------------------------------------------------------------------
-
-
-class Created(Exception):
-    """Stops a start once the pod would have gone to the API."""
-
-
-class FakeApi:
-    """The API calls of a start, recorded; the serialiser is the real client's."""
-
-    def __init__(self, real: Any):
-        self.api_client = real.api_client
-        self.claims: list[Any] = []
-        self.pods: list[dict[str, Any]] = []
-
-    async def create_namespaced_persistent_volume_claim(self, namespace: str, body: Any) -> None:
-        self.claims.append(body)
-
-    async def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> None:
-        self.pods.append(body)
-        raise Created
-
-
-async def no_watch(replace: bool = False) -> None:
-    """In place of KubeSpawner's pod and event reflectors, which need a cluster."""
-    return None
-
-
-def offline(spawner: Any, api: type = FakeApi) -> Any:
-    """The spawner with ``api``, a fake of the cluster's API around the real client's
-    serialiser, and no reflector; returns the fake."""
-    spawner._start_watching_pods = no_watch
-    spawner.api = api(spawner.api)
-    return spawner.api
 
 
 async def start(spawner: Any) -> FakeApi:

@@ -1,5 +1,5 @@
 """QuotaKubeSpawner with quota_source "database", without a cluster (FakeCluster of
-test_kube_sessions.py): its starts read the ledger's newest version of the table, which the
+kube_spawners.py): its starts read the ledger's newest version of the table, which the
 ConfigMap's file only seeded; a version the editor saves applies at the next start, and a
 bad one saved by another route is refused with its line while the newest good version runs,
 in this process and in a restarted one."""
@@ -14,8 +14,7 @@ import pytest
 
 pytest.importorskip("kubespawner")
 
-from test_kube_sessions import sessions, spawner_on  # noqa: E402
-from test_kube_spawner import SHIPPED, make, no_cluster  # noqa: E402, F401
+from kube_spawners import SHIPPED, make, sessions, spawner_on  # noqa: E402
 from traitlets import TraitError  # noqa: E402
 
 from spawner.common.registry import Registry  # noqa: E402
@@ -23,6 +22,8 @@ from spawner.kube.spawner import QuotaKubeSpawner  # noqa: E402
 from spawner.quota.editing import FROM_FILE, TableVersions  # noqa: E402
 from spawner.quota.store import QuotaStore  # noqa: E402
 from spawner.usage.table_versions import Audit  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("no_cluster")  # tests/service/conftest.py
 
 LOG = logging.getLogger("test-kube-table-database")
 KEY = "database:default"

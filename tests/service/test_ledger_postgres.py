@@ -8,11 +8,9 @@ from __future__ import annotations
 import logging
 import multiprocessing
 
-import test_usage_ledger as on_sqlite
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from postgres import collect_again, ledger_url  # noqa: F401 -- this module's ledger_url
 from sqlalchemy import inspect, select
 
 from spawner.usage.ledger import (
@@ -33,7 +31,8 @@ SQLITE_ONLY = {
     "test_the_ledger_is_created_beside_jupyterhubs_own_alembic_version",
     "test_sqlite_runs_in_wal_mode_with_foreign_keys_and_a_busy_timeout",
 }
-collect_again(on_sqlite, globals(), except_for=SQLITE_ONLY)
+# {module: its tests left out}, run here again (tests/postgres.py AgainOnPostgreSQL)
+AGAIN_ON_POSTGRESQL = {"test_usage_ledger": SQLITE_ONLY}
 
 
 def test_the_migrations_build_exactly_the_schema_on_postgresql(url):

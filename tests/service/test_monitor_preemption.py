@@ -11,7 +11,7 @@ import time
 
 import jsonschema
 import pytest
-from test_monitor import DOC_SCHEMA, validate
+from metrics_schema import DOC_SCHEMA, validate
 
 from fake_pynvml import FakeGpu, FakeNvml
 from spawner.notebook import checkpoint

@@ -5,8 +5,6 @@ the unique index are PostgreSQL's."""
 
 from __future__ import annotations
 
-import test_request_flood as on_sqlite
-from postgres import collect_again, ledger_url  # noqa: F401 -- this module's ledger_url
-
 SQLITE_ONLY: set[str] = set()
-collect_again(on_sqlite, globals(), except_for=SQLITE_ONLY)
+# {module: its tests left out}, run here again (tests/postgres.py AgainOnPostgreSQL)
+AGAIN_ON_POSTGRESQL = {"test_request_flood": SQLITE_ONLY}

@@ -1,5 +1,5 @@
 """Requests for a bigger role: the usage service's JSON API without a hub. The OAuth user
-is faked as in test_usage_service.py, the hub's REST API (a user's groups) by a small
+is faked by webapp_client.py, the hub's REST API (a user's groups) by a small
 tornado app, as in test_table.py."""
 
 from __future__ import annotations
@@ -9,33 +9,22 @@ import json
 from pathlib import Path
 
 import pytest
+from requests_cases import DAY, DORA, HUB_ID, NOW, OTHER_INSTRUCTOR, STUDENT, table
+from shipped_config import GOOD_ADMIN, GOOD_USER, load_hub_config
 from sqlalchemy import create_engine
-from test_hub_config import GOOD_ADMIN, GOOD_USER, load_hub_config
-from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient
-from webapp_client import serve
+from webapp_client import ADMIN, HUB_TOKEN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth, serve
 
-from harness import shipped_table_without_requests
 from spawner.usage import event_store
 from spawner.usage.ledger import Ledger
 from spawner.webapp import app as service
 from spawner.webapp import requests as requests_api
 from spawner.webapp.base import BaseHandler
 
-HUB_TOKEN = "service-token"
-HUB_ID = "quota-0123456789ab"
-NOW = 1_795_000_000.0  # 2026-11-18 11:06:40 UTC
-DAY = 86400.0
 GROUPS = {"student1": ["cs101"], "bob": ["ml-platform"], "dora": ["cs102"],
           "carol": [], "prof-ada": ["cs101-staff"], "prof-bo": ["cs102-staff"]}
-STUDENT = {"kind": "user", "name": "student1", "admin": False,
-           "scopes": ["access:services!service=usage", "read:users:name!user=student1"]}
-DORA = {**STUDENT, "name": "dora"}
 BOB = {**STUDENT, "name": "bob"}
-OTHER_INSTRUCTOR = {"kind": "user", "name": "prof-bo", "admin": False,
-                    "scopes": ["access:services!service=usage",
-                               "custom:quota-spawner:usage!group=cs102"]}
 
 
 class FakeHubUser(web.RequestHandler):
@@ -88,12 +77,6 @@ class Api:
             return event_store.read_after(engine, 0)[0]
         finally:
             engine.dispose()
-
-
-def table(instructors_approve: bool) -> str:
-    text = shipped_table_without_requests()
-    return text + ("\nrequests:\n  roles: [gpu-training, senior-engineer]\n  max_days: 14\n"
-                   f"  instructors_approve: {'true' if instructors_approve else 'false'}\n")
 
 
 @pytest.fixture(params=[True], ids=["instructors-approve"])

@@ -1,5 +1,5 @@
 """The page for requests for a bigger role, without a hub or a browser: the OAuth user is
-faked as in test_usage_service.py, the hub's REST API (a user's groups) by a small tornado
+faked by webapp_client.py, the hub's REST API (a user's groups) by a small tornado
 app, as in test_requests_api.py. What each role sees and may do; the page's actions go
 through the API, whose refusals are checked here as well. What the page does in a browser
 is for test_browser_requests.py."""
@@ -13,19 +13,19 @@ from pathlib import Path
 
 import pytest
 from markupsafe import escape
-from test_requests_api import (
-    DAY,
-    DORA,
-    HUB_ID,
-    HUB_TOKEN,
-    NOW,
-    OTHER_INSTRUCTOR,
-    STUDENT,
-    table,
-)
-from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth
+from requests_cases import DAY, DORA, HUB_ID, NOW, OTHER_INSTRUCTOR, STUDENT, table
 from tornado import web
-from webapp_client import PageSite, attribute, serve
+from webapp_client import (
+    ADMIN,
+    HUB_TOKEN,
+    INSTRUCTOR,
+    PLAIN,
+    VIEWER,
+    FakeHubAuth,
+    PageSite,
+    attribute,
+    serve,
+)
 
 from harness import shipped_table_without_requests
 from spawner.usage.ledger import Ledger

@@ -4,8 +4,6 @@ SQLite files."""
 
 from __future__ import annotations
 
-import test_role_requests as on_sqlite
-from postgres import collect_again, ledger_url  # noqa: F401 -- this module's ledger_url
-
 SQLITE_ONLY: set[str] = {"test_upgrading_a_ledger_from_0002_to_0003_keeps_its_rows"}
-collect_again(on_sqlite, globals(), except_for=SQLITE_ONLY)
+# {module: its tests left out}, run here again (tests/postgres.py AgainOnPostgreSQL)
+AGAIN_ON_POSTGRESQL = {"test_role_requests": SQLITE_ONLY}

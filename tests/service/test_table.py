@@ -1,5 +1,5 @@
 """The quota table editor without a hub or a browser: its JSON API and its page. The OAuth
-user is faked as in test_usage_service.py, and the hub's REST API by a small tornado app.
+user is faked by webapp_client.py, and the hub's REST API by a small tornado app.
 What the page does in a browser is for test_browser_table.py."""
 
 from __future__ import annotations
@@ -16,10 +16,18 @@ import time
 from pathlib import Path
 
 import pytest
-from test_usage_service import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth
 from tornado import web
-from tornado.httpclient import AsyncHTTPClient
-from webapp_client import PageSite, attribute, serve
+from webapp_client import (
+    HUB_TOKEN,
+    MODELS,
+    FakeHubAuth,
+    FakeHubUsers,
+    PageHubAuth,
+    PageSite,
+    attribute,
+    serve,
+)
+from webapp_client import TableApi as Api
 
 from spawner.cli import main as cli_main
 from spawner.gpu.inventory import declared_inventory
@@ -39,56 +47,6 @@ except ModuleNotFoundError:  # Python 3.10
     tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parents[2]
-HUB_TOKEN = "service-token"
-
-# The hub's users: alice runs a gpu-lab server
-HUB_USERS = [
-    {"name": "alice", "groups": ["cs101"],
-     "servers": {"": {"ready": True, "user_options": {"profile": "gpu-lab",
-                                                      "image": "pytorch"}}}},
-    {"name": "student1", "groups": ["cs101"], "servers": {}},
-    {"name": "bob", "groups": ["ml-platform"], "servers": {}},
-]
-
-
-class FakeHubUsers(web.RequestHandler):
-    """GET /hub/api/users, two users a page, as JupyterHub paginates."""
-
-    def get(self) -> None:
-        self.application.settings["seen_tokens"].append(
-            self.request.headers.get("Authorization"))
-        offset = int(self.get_argument("offset", "0"))
-        page = HUB_USERS[offset:offset + 2]
-        following = {"offset": offset + 2} if offset + 2 < len(HUB_USERS) else None
-        self.finish({"items": page, "_pagination": {"offset": offset, "next": following}})
-
-
-class Api:
-    def __init__(self, port: int, quota: Path, hub_tokens: list):
-        self.base = f"http://127.0.0.1:{port}/services/usage/api/table"
-        self.client = AsyncHTTPClient()
-        self.quota = quota
-        self.hub_tokens = hub_tokens
-
-    async def call(self, method: str, path: str = "", who: str = "admin", body=None,
-                   content_type: str = "application/json"):
-        headers = {"X-Test-User": who, "Content-Type": content_type}
-        data = None if body is None else (
-            body if isinstance(body, (bytes, str)) else json.dumps(body))
-        if method == "POST" and data is None:
-            data = "{}"
-        r = await self.client.fetch(self.base + path, method=method, headers=headers,
-                                    body=data, raise_error=False, follow_redirects=False)
-        return r.code, json.loads(r.body) if r.body else None
-
-    async def get(self, path: str = "", who: str = "admin"):
-        return await self.call("GET", path, who)
-
-    async def post(self, path: str = "", body=None, who: str = "admin", **kwargs):
-        return await self.call("POST", path, who, body, **kwargs)
-
-
-MODELS = {"admin": ADMIN, "prof-ada": INSTRUCTOR, "carol": PLAIN, "finance": VIEWER}
 
 
 def seed(tmp_path: Path) -> tuple[str, Path]:
@@ -550,10 +508,6 @@ async def test_a_slow_table_check_holds_up_no_other_visitor(api, monkeypatch, en
 PREFIX = "/services/usage/"
 BUNDLE = ROOT / "spawner" / "webapp" / "static" / "editor.js"
 EDITOR_VERSION = static_version("editor.js")  # in the bundle's URL
-
-
-class PageHubAuth(FakeHubAuth):
-    base_url = "/"  # where HubOAuth sets its XSRF cookie
 
 
 class Site(PageSite):

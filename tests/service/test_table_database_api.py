@@ -13,9 +13,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_table import HUB_TOKEN, MODELS, Api, FakeHubUsers, PageHubAuth
 from tornado import web
-from webapp_client import PageSite, serve
+from webapp_client import HUB_TOKEN, MODELS, FakeHubUsers, PageHubAuth, PageSite, serve
+from webapp_client import TableApi as Api
 
 from spawner.quota.editing import FROM_FILE
 from spawner.quota.store import QuotaStore

@@ -5,13 +5,9 @@ one save through at a time, and the seeding by several processes at once, there.
 
 from __future__ import annotations
 
-import test_table_database as store_on_sqlite
-import test_table_database_api as api_on_sqlite
-from postgres import collect_again, ledger_url  # noqa: F401 -- this module's ledger_url
-
 # the tests that touch no ledger
 NO_LEDGER: set[str] = {"test_a_table_name_is_letters_digits_dots_dashes_and_underscores",
                        "test_the_services_are_told_the_source",
                        "test_the_shipped_config_passes_the_source_on_and_seeds_nothing"}
-collect_again(store_on_sqlite, globals(), except_for=NO_LEDGER)
-collect_again(api_on_sqlite, globals(), except_for=set())
+# {module: its tests left out}, run here again (tests/postgres.py AgainOnPostgreSQL)
+AGAIN_ON_POSTGRESQL = {"test_table_database": NO_LEDGER, "test_table_database_api": set()}

@@ -12,19 +12,16 @@ import html
 import io
 import json
 import re
-import time
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
-from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from jupyterhub.services.auth import check_scopes
-from webapp_client import PageSite, serve
+from ledger_sessions import ALL_USERS, CS101, HOSTILE_GROUP, HOSTILE_USER, seed_ledger
+from webapp_client import ADMIN, INSTRUCTOR, PLAIN, VIEWER, FakeHubAuth, PageSite, Text, serve
 
 from spawner.hubconfig.rbac import USAGE_SCOPE, instructor_roles
-from spawner.usage.ledger import Ledger, Sample
 from spawner.webapp import app as service
 from spawner.webapp.access import Access, Refused, access_for, group_filter, user_group
 from spawner.webapp.app import webapp_service
@@ -32,82 +29,14 @@ from spawner.webapp.base import BaseHandler
 from spawner.webapp.report import window
 
 ROOT = Path(__file__).resolve().parents[2]
-HOSTILE_USER = "<script>alert(1)</script>"
-HOSTILE_GROUP = 'a"b&c'
-GiB = 2**30
-HOUR = 3600.0
 
 
 # --- a seeded ledger (also used by test_browser_usage.py) -----------------------------------
-
-# user, groups, role, image, GPUs reserved (count, mode), sessions:
-# (hours before now it started, hours it ran, reason, CPU used, memory peak GiB, GPU busy)
-SEEDED = [
-    ("alice", ["cs101"], "gpu-lab", "pytorch", (1, "shared:4"),
-     [(30, 2, "culled", 0.4, 1.2, 0.30), (26, 3, "stopped", 0.5, 1.5, 0.45),
-      (5, 1, "oom", 1.8, 3.9, 0.90)]),
-    ("student1", ["cs101"], "student", "pytorch", (0, ""),
-     [(28, 1.5, "culled", 0.2, 0.5, None), (4, 1, "stopped", 0.3, 0.6, None)]),
-    (HOSTILE_USER, ["cs101"], "student", "pytorch", (0, ""),
-     [(20, 2, "max-age", 0.6, 1.0, None)]),
-    ("bob", ["ml-platform"], "senior-engineer", "paddle", (0, ""),
-     [(50 - 8 * i, 2, "stopped", 0.5, 1.2, None) for i in range(6)]),
-    ("bob", ["ml-platform"], "gpu-training", "pytorch", (1, "exclusive"),
-     [(12, 6, "preempted", 3.0, 10.0, 0.65), (3, None, None, 4.0, 12.0, 0.80)]),
-    ("mallory", [HOSTILE_GROUP], "junior-researcher", "pytorch", (0, ""),
-     [(10, 1, "stopped", 0.1, 0.3, None)]),
-    ("dave", [], "pipeline", "pytorch", (0, ""), [(8, 0.5, "failed", None, None, None)]),
-]
-ROLE_LIMITS = {"gpu-lab": (2, 4), "student": (1, 2), "senior-engineer": (8, 32),
-               "gpu-training": (8, 32), "junior-researcher": (2, 4), "pipeline": (1, 2)}
-SEEDED_HUB = "seeded"  # not the test hub's id: its duties leave these sessions alone
-
-
-def seed_ledger(url: str, now: float | None = None) -> None:
-    """Sessions of several users, roles and groups, hostile names included, with samples."""
-    now = time.time() if now is None else now
-    ledger = Ledger(url)
-    n = 0
-    for user, groups, role, image, (gpus, mode), runs in SEEDED:
-        cpus, memory = ROLE_LIMITS[role]
-        for ago, ran, reason, cpu, mem, gpu in runs:
-            n += 1
-            container = f"seed-{n}"
-            start = now - ago * HOUR
-            ledger.open(hub=SEEDED_HUB, user=user, container=container, role=role,
-                        image=image, cpu_limit=cpus, mem_limit=memory * GiB, groups=groups,
-                        requested=start - 5)
-            if gpus:
-                ledger.set_gpus(SEEDED_HUB, container, [f"GPU-{n}"] * gpus, mode, None)
-            if reason == "failed":
-                ledger.close(SEEDED_HUB, container, "failed", "image missing", when=start + 60)
-                continue
-            ledger.started(SEEDED_HUB, container, f"id{n}", when=start)
-            ledger.ready(SEEDED_HUB, container, when=start + 10)
-            end = now if ran is None else start + ran * HOUR
-            for k in range(1, 4):
-                ledger.fold([Sample(
-                    SEEDED_HUB, container, start + (end - start) * k / 4, cpu=cpu * k / 3,
-                    memory=int(mem * GiB * k / 3),
-                    gpu_util=None if gpu is None else gpu * k / 3,
-                    gpu_memory=None if gpu is None else int(gpu * 8 * GiB))])
-            if ran is not None:
-                ledger.close(SEEDED_HUB, container, reason, when=end)
-    ledger.dispose()
 
 
 # --- access decisions ---------------------------------------------------------------------
 
 
-ADMIN = {"kind": "user", "name": "admin", "admin": True,
-         "scopes": ["access:services!service=usage", "read:users:name!user=admin"]}
-INSTRUCTOR = {"kind": "user", "name": "prof-ada", "admin": False,
-              "scopes": ["access:services!service=usage", f"{USAGE_SCOPE}!group=cs101",
-                         "read:users:name!user=prof-ada"]}
-PLAIN = {"kind": "user", "name": "carol", "admin": False,
-         "scopes": ["access:services!service=usage", "read:users:name!user=carol"]}
-VIEWER = {"kind": "user", "name": "finance", "admin": False,
-          "scopes": ["access:services!service=usage", USAGE_SCOPE]}
 TWO_CLASSES = {"kind": "user", "name": "prof-bo", "admin": False,
                "scopes": [f"{USAGE_SCOPE}!group=cs102", f"{USAGE_SCOPE}!group=cs101",
                           f"{USAGE_SCOPE}!user=alice"]}
@@ -195,7 +124,7 @@ def test_the_service_for_the_hub_config():
 
 
 def test_the_shipped_hub_config_runs_the_page(tmp_path, monkeypatch):
-    from test_hub_config import load_hub_config
+    from shipped_config import load_hub_config
 
     c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
     (usage,) = [s for s in c.JupyterHub.services if s["name"] == "usage"]
@@ -211,31 +140,6 @@ def test_the_shipped_hub_config_runs_the_page(tmp_path, monkeypatch):
 
 
 # --- the pages, served by tornado -------------------------------------------------------------
-
-
-class FakeHubAuth:
-    """Stands in for HubOAuth: the user model named by the X-Test-User header."""
-
-    login_url = "/hub/login"
-    access_scopes = {"access:services", "access:services!service=usage"}
-
-    def __init__(self, models: dict[str, dict]):
-        self.models = models
-
-    def get_user(self, handler, *, sync=True):
-        model = self.models.get(handler.request.headers.get("X-Test-User", ""))
-        model = json.loads(json.dumps(model)) if model else None
-
-        async def later():
-            return model
-
-        return model if sync else later()
-
-    def check_scopes(self, required, model):
-        return check_scopes(required, set(model["scopes"]))
-
-    def _persist_url_token_if_set(self, handler):
-        pass
 
 
 class Site(PageSite):
@@ -257,32 +161,8 @@ async def site(tmp_path, monkeypatch):
     app.settings["usage"].reader.close()
 
 
-class Text(HTMLParser):
-    """The page's text, and the tags it holds, as a browser would parse them."""
-
-    def __init__(self, page: str):
-        super().__init__()
-        self.text: list[str] = []
-        self.tags: list[str] = []
-        self.feed(page)
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append(tag)
-
-    def handle_data(self, data):
-        self.text.append(data)
-
-    @property
-    def words(self) -> str:
-        return " ".join(" ".join(self.text).split())
-
-
 def rows_of(page: str) -> set[str]:
     return {html.unescape(k) for k in re.findall(r'<tr class="row" data-key="([^"]*)"', page)}
-
-
-ALL_USERS = {"alice", "student1", HOSTILE_USER, "bob", "mallory", "dave"}
-CS101 = {"alice", "student1", HOSTILE_USER}
 
 
 async def test_the_admin_sees_every_session(site):

@@ -17,6 +17,7 @@ from zoneinfo import ZoneInfo
 import jsonschema
 import pytest
 import yaml
+from quota_tables import budget_table as table
 
 from harness import line_of
 from spawner.cli import main as cli_main
@@ -55,22 +56,6 @@ def at(*when: int, tz=UTC) -> float:
 
 HOUR = 3600.0
 NOW = at(2026, 11, 18, 12)  # a Wednesday
-
-
-def table(budgets: str, roles: str = "") -> str:
-    """A table with a CPU and a GPU role for everyone, and these budgets lines."""
-    return (
-        "images:\n"
-        "  pytorch:\n"
-        "    image: quota-spawner/pytorch:latest\n"
-        "roles:\n"
-        "  cpu: {cpus: 1, memory: 1G, images: [pytorch]}\n"
-        "  gpu: {cpus: 1, memory: 1G, images: [pytorch], gpus: 1}\n"
-        f"{roles}"
-        "assignments:\n"
-        "  default: [cpu, gpu]\n"
-        f"budgets:\n{budgets}"
-    )
 
 
 def problems(text: str) -> list[str]:

@@ -117,7 +117,7 @@ def test_service_has_the_fewest_scopes():
 
 
 def test_hub_config_runs_the_culler_with_30_minutes(tmp_path, monkeypatch):
-    from test_hub_config import load_hub_config
+    from shipped_config import load_hub_config
 
     c = load_hub_config(tmp_path, monkeypatch, QUOTA_SPAWNER_DEMO="1")
     culler, watchdog, usage = c.JupyterHub.services

@@ -11,8 +11,8 @@ import logging
 from pathlib import Path
 
 import pytest
+from runtime_source import LOG, source
 from sqlalchemy import create_engine
-from test_runtime import LOG, source
 
 from spawner.common.registry import Registry
 from spawner.docker.runtime import HubRuntime

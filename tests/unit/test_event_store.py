@@ -9,8 +9,8 @@ import logging
 import threading
 
 from alembic import command
+from ledger_sessions import open_session
 from sqlalchemy import func, insert, select
-from test_usage_ledger import open_session
 
 from spawner.usage import event_store
 from spawner.usage.event_log import EventLog

@@ -6,35 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 import os
+
+from map_states import HUB, G, T, busy_pool, idle_book, make_pool, watched
 
 from spawner.docker.reconcile import Reconciler
 from spawner.gpu.allocator import GpuRequest
-from spawner.gpu.inventory import declared_inventory
-from spawner.gpu.pool import GpuPool, Server
+from spawner.gpu.pool import Server
 from spawner.gpu.snapshot import pool_snapshot
 from spawner.quota.model import Role
 from spawner.usage.documents import (
     GPU_USAGE,
     GPUS,
     DatabaseDocuments,
-    FolderDocuments,
     json_object,
 )
-from spawner.usage.event_log import EventLog
 from spawner.usage.gpu_readings import usage_state
 from spawner.usage.ledger import Ledger
 from spawner.watchdog.app import QuotaWatchdog, gpu_usage_snapshot
-from spawner.watchdog.model import GpuSample, ServerSample, Snapshot
-from spawner.watchdog.model import Server as WatchedServer
-from spawner.watchdog.rules import GPU_IDLE, Incident, IncidentBook
 from spawner.webapp.gpus import gpu_map
-
-G = 2**30
-T = 1_700_000_000.0
-HUB = "hub-1"
-
 
 GPUS_FILE = GPUS.file
 
@@ -45,33 +35,6 @@ def read_json_file(path: str) -> dict | None:
             return json_object(f.read())
     except OSError:
         return None
-
-
-def make_pool(tmp_path=None, n=3) -> GpuPool:
-    inv = declared_inventory([{"uuid": f"GPU-{i}", "name": "H200", "memory": "80G"}
-                              for i in range(n)])
-    events = EventLog("")
-    publish = (lambda text: events.save(FolderDocuments(str(tmp_path)), GPUS, text)
-               ) if tmp_path else None
-    return GpuPool(inv, HUB, logging.getLogger("test.gpu_map"), events=events,
-                   publish=publish)
-
-
-def train() -> Role:
-    return Role("train", 1, G, ("x",), gpus=2, priority=10)
-
-
-async def busy_pool(tmp_path=None) -> GpuPool:
-    """GPU-0 exclusive (alice), GPU-1 shared by two (bob, carol), GPU-2 free; dave waits
-    for two exclusive GPUs."""
-    pool = make_pool(tmp_path)
-    pool.servers["quota-alice"] = Server("alice", "solo", T - 100)
-    pool.acquire("quota-alice", GpuRequest(1))
-    for who in ("bob", "carol"):
-        pool.servers[f"quota-{who}"] = Server(who, "lab", T - 50)
-        pool.acquire(f"quota-{who}", GpuRequest(1, "shared", 3, 8 * G))
-    pool.join("quota-dave", Server("dave", "train", T), train())
-    return pool
 
 
 async def test_pool_snapshot_lists_gpus_holders_and_queue():
@@ -175,30 +138,6 @@ def test_no_path_no_file(tmp_path):
 
 
 # --- the watchdog's side -------------------------------------------------------------------
-
-ALICE = WatchedServer(container_id="c1", name="quota-alice", user="alice", role="solo",
-                      image="py", hub_id=HUB, gpus=("GPU-0",), gpu_mode="exclusive")
-BOB = WatchedServer(container_id="c2", name="quota-bob", user="bob", role="lab",
-                    image="py", hub_id=HUB, gpus=("GPU-1",), gpu_mode="shared:3")
-
-
-def watched(at: float = T) -> Snapshot:
-    return Snapshot(
-        time=at, host="gpu-host-1",
-        gpus={"GPU-0": GpuSample("GPU-0", 0, "H200", 1 * G, 80 * G, 0.0),
-              "GPU-1": GpuSample("GPU-1", 1, "H200", 30 * G, 80 * G, 0.75),
-              "GPU-2": GpuSample("GPU-2", 2, "H200", None, None, None, lost="GPU is lost"),
-              "GPU-9": GpuSample("GPU-9", 9, "A100", 0, 40 * G, 0.0)},
-        servers={"c1": ServerSample(ALICE, gpu_memory={"GPU-0": 1 * G}),
-                 "c2": ServerSample(BOB, gpu_memory={"GPU-1": 6 * G})})
-
-
-def idle_book() -> IncidentBook:
-    book = IncidentBook()
-    key = f"{GPU_IDLE}:quota-alice:GPU-0"
-    book.open[key] = Incident(key=key, rule=GPU_IDLE, severity="info", server=ALICE,
-                              since=T - 7200, gpu_uuid="GPU-0", opened=T - 3600)
-    return book
 
 
 def test_the_watchdog_usage_snapshot():

@@ -5,58 +5,18 @@ file (spawner/watchdog/app.py), and their merge (spawner/webapp/gpus.py ``host_v
 from __future__ import annotations
 
 import json
-import logging
+
+from map_states import G, T, busy_host, join, leave_all, pool, role
+from map_states import host_watched as watched
 
 from spawner.gpu.allocator import GpuRequest
-from spawner.gpu.inventory import declared_inventory
-from spawner.gpu.pool import GpuPool, Server
+from spawner.gpu.pool import Server
 from spawner.gpu.snapshot import pool_snapshot
-from spawner.host.admission import HostBook, HostCapacity, Reservation
-from spawner.quota.model import Role
+from spawner.host.admission import Reservation
 from spawner.watchdog.app import gpu_usage_snapshot
-from spawner.watchdog.model import Server as WatchedServer
-from spawner.watchdog.model import ServerSample, Snapshot
+from spawner.watchdog.model import Snapshot
 from spawner.watchdog.rules import IncidentBook
 from spawner.webapp.gpus import host_view, map_document
-
-G = 2**30
-T = 1_700_000_000.0
-
-
-def pool(admission: bool = True, gpus: int = 1) -> GpuPool:
-    """A hub of 16 CPUs and 64 GiB, 1 CPU and 4 GiB kept back: notebooks may reserve
-    60 CPUs (4x) and 60 GiB (1x)."""
-    inventory = declared_inventory([{"uuid": f"GPU-{i}", "memory": "80G"}
-                                    for i in range(gpus)])
-    found = GpuPool(inventory, "hub-1", logging.getLogger("test.host_map"))
-    if admission:
-        found.set_host(HostBook(HostCapacity(cpus=16, memory=64 * G, reserve_cpus=1,
-                                             reserve_memory=4 * G)))
-    return found
-
-
-def role(name: str, cpus: float, memory_gib: float, gpus: int = 0, priority: int = 0) -> Role:
-    return Role(name, cpus, int(memory_gib * G), ("p",), gpus=gpus, priority=priority)
-
-
-def join(p: GpuPool, owner: str, user: str, r: Role):
-    return p.join(owner, Server(user, r.name, T - 60), r)
-
-
-async def busy_host() -> GpuPool:
-    """alice (1 GPU, 0.5 CPUs, 2 GiB) and bob (CPU-only, 0.25 CPUs, 57 GiB) hold room;
-    carol (CPU-only, 0.5 CPUs, 2 GiB) waits for memory, dave (a GPU) behind her."""
-    p = pool(gpus=2)
-    join(p, "quota-alice", "alice", role("solo", 0.5, 2, gpus=1))
-    join(p, "quota-bob", "bob", role("big", 0.25, 57))
-    join(p, "quota-carol", "carol", role("small", 0.5, 2, priority=5))
-    join(p, "quota-dave", "dave", role("solo", 0.5, 2, gpus=1))
-    return p
-
-
-def leave_all(p: GpuPool) -> None:
-    for ticket in p.queue.waiting():
-        p.leave(ticket.owner, "test")
 
 
 async def test_a_cpu_only_start_in_the_queue_asks_for_no_gpu_and_says_what_is_full():
@@ -117,23 +77,6 @@ async def test_with_admission_off_there_is_no_host_and_no_room_in_the_queue():
 
 
 # --- the watchdog's host figures --------------------------------------------------------
-
-
-def watched_server(name: str, user: str, cpus: float | None, memory: int | None,
-                   reserved: float | None = None) -> WatchedServer:
-    return WatchedServer(container_id=f"id-{name}", name=name, user=user, role="r",
-                         image="py", hub_id="hub-1", memory_limit=memory, cpus=cpus,
-                         cpus_reserved=reserved if reserved is not None else cpus)
-
-
-def watched(at: float = T) -> Snapshot:
-    alice = watched_server("quota-alice", "alice", 0.5, 2 * G)
-    # bob's start boost is not over in the watchdog's view: the role's CPUs count
-    bob = watched_server("quota-bob", "bob", 16.0, 57 * G, reserved=0.25)
-    return Snapshot(time=at, host="gpu-host-1", engine_cpus=16.0, engine_memory=64 * G,
-                    servers={"id-a": ServerSample(alice, memory_working_set=G, cpu_used=0.25),
-                             "id-b": ServerSample(bob, memory_working_set=G // 2,
-                                                  cpu_used=None)})
 
 
 def test_the_usage_file_carries_the_hosts_reserved_and_used_figures():

@@ -2,39 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
-from traitlets.config import Config
+from shipped_config import GOOD_ADMIN, GOOD_USER, HUB_CONFIG, load_hub_config
 
 from spawner.hubconfig.passwords import DEMO_ADMIN_PASSWORD, DEMO_PASSWORD, password_problems
-
-ROOT = Path(__file__).resolve().parents[2]
-HUB_CONFIG = ROOT / "hub_config"
-GOOD_USER = "correct horse battery"
-GOOD_ADMIN = "a-long-admin-password-of-32-chars-or-more"
-
-
-def load_hub_config(tmp_path: Path, monkeypatch, **env: str) -> Config:
-    """Run hub_config/jupyterhub_config.py as JupyterHub would, with these variables.
-
-    Host network and an engine that does not answer, so nothing here needs
-    Docker; the e2e tests run the bridge network on a real engine.
-    """
-    for name in ("QUOTA_SPAWNER_DEMO", "QUOTA_SPAWNER_DEMO_PASSWORD",
-                 "QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("QUOTA_SPAWNER_STATE_DIR", str(tmp_path))
-    monkeypatch.setenv("QUOTA_SPAWNER_NETWORK", "host")
-    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    c = Config()
-    namespace = {"get_config": lambda: c, "__file__": str(HUB_CONFIG / "jupyterhub_config.py")}
-    exec(compile((HUB_CONFIG / "jupyterhub_config.py").read_text(), "jupyterhub_config.py",
-                 "exec"), namespace)
-    return c
 
 
 @pytest.mark.parametrize("env, words", [

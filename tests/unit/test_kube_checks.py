@@ -13,7 +13,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from test_kube_pod import CPU_ONLY, EXCLUSIVE, IMAGE, G, _container, kubespawner_pod, spec_for
+from kube_shapes import CPU_ONLY, EXCLUSIVE, IMAGE, G, kubespawner_pod, spec_for
+from kube_shapes import first_container as _container
 
 from spawner.kube import pod as kp
 from spawner.kube.checks import config_problems, quota_violations, violations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_kube_pod import CPU_ONLY, G, spec_for
+from kube_shapes import CPU_ONLY, G, spec_for
 
 from spawner.kube import pod as kp
 from spawner.kube.claims import home_claim

@@ -21,7 +21,19 @@ from typing import Any
 
 import pytest
 import yaml
-from traitlets.config import Config
+from shipped_config import (
+    CHART_CULLER,
+    DEPLOY,
+    GOOD_ADMIN_PASSWORD,
+    GOOD_USER_PASSWORD,
+    MEMORY_LEDGER,
+    VALUES,
+    documents,
+    run_extra_config,
+    values,
+    watchdog_container,
+    watchdog_objects,
+)
 
 from spawner import cli
 from spawner.kube.names import home_claim_name
@@ -31,9 +43,7 @@ from spawner.kube.security import restricted_violations
 from spawner.quota.loader import load_quota_table
 
 ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy" / "kubernetes"
 TABLE = ROOT / "hub_config" / "quotas.yaml"
-VALUES = DEPLOY / "values.yaml"
 
 # The z2jh chart these values are written for, and the hub image's base tag.
 CHART_VERSION = "4.4.0"
@@ -109,68 +119,6 @@ OPEN_OBJECTS = {"hub.config", "hub.extraEnv", "hub.extraConfig", "singleuser.ext
                 "prePuller.extraImages", "hub.services", "hub.loadRoles"}
 # The chart's enum for singleuser.storage.type (same schema).
 STORAGE_TYPES = {"dynamic", "static", "none"}
-
-# What the chart's jupyterhub_config.py (4.4.0) has put in c.JupyterHub.services
-# before it runs hub.extraConfig, with cull.enabled and the values' cull section.
-CHART_CULLER = {"name": "jupyterhub-idle-culler", "command": [
-    "python3", "-m", "jupyterhub_idle_culler", "--url=http://localhost:8081/hub/api",
-    "--timeout=1800", "--cull-every=60", "--concurrency=10"]}
-CHART_CULLER_ROLE = {"name": "jupyterhub-idle-culler", "services": ["jupyterhub-idle-culler"],
-                     "scopes": ["list:users", "read:users:activity", "read:servers",
-                                "delete:servers"]}
-# The token the chart generates for each of hub.services and keeps in its Secret
-# "hub" (the chart's hub.fullname with fullnameOverride "", its default) under
-# hub.services.<key>.apiToken; its jupyterhub_config.py sets it as api_token.
-CHART_SECRET = "hub"
-CHART_SERVICE_TOKEN = "s" * 64
-# An in-memory ledger for the runs of hub.extraConfig that do not look at it (it is
-# created at each run, as at each hub start).
-MEMORY_LEDGER = "sqlite://"
-
-GOOD_USER_PASSWORD = "correct-horse-battery"
-GOOD_ADMIN_PASSWORD = "a" * 20 + "0123456789abcdef"
-
-
-def values() -> dict[str, Any]:
-    return yaml.safe_load(VALUES.read_text())
-
-
-def documents(path: Path) -> list[Any]:
-    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
-
-
-def run_extra_config(monkeypatch: pytest.MonkeyPatch, user_password: str = GOOD_USER_PASSWORD,
-                     admin_password: str = GOOD_ADMIN_PASSWORD,
-                     usage_db: str = MEMORY_LEDGER) -> Config:
-    """hub.extraConfig run as the chart runs it: exec'd, in order of its keys, after
-    the chart's own settings (its culler, hub.services, hub.loadRoles) and
-    hub.config, with hub.extraEnv's Secrets as given."""
-    for name, value in (("QUOTA_SPAWNER_DEMO_PASSWORD", user_password),
-                        ("QUOTA_SPAWNER_DEMO_ADMIN_PASSWORD", admin_password),
-                        ("QUOTA_SPAWNER_USAGE_DB", usage_db)):
-        if value:
-            monkeypatch.setenv(name, value)
-        else:
-            monkeypatch.delenv(name, raising=False)
-    hub = values()["hub"]
-    c = Config()
-    c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
-    c.JupyterHub.services = [{**CHART_CULLER, "command": list(CHART_CULLER["command"])}]
-    c.JupyterHub.load_roles = [{**CHART_CULLER_ROLE, "scopes": list(CHART_CULLER_ROLE["scopes"])}]
-    # as the chart's jupyterhub_config.py (4.4.0) reads hub.services and hub.loadRoles
-    for key, service in hub.get("services", {}).items():
-        service = {"name": key, **service}
-        service.pop("apiToken", None)
-        service["api_token"] = CHART_SERVICE_TOKEN
-        c.JupyterHub.services.append(service)
-    for key, role in hub.get("loadRoles", {}).items():
-        c.JupyterHub.load_roles.append({"name": key, **role})
-    for section, settings in hub["config"].items():
-        c[section].update(settings)
-    for key, source in sorted(hub["extraConfig"].items()):
-        exec(compile(source, f"hub.extraConfig.{key}", "exec"),
-             {"c": c, "get_config": lambda *a, **k: None, "os": os})
-    return c
 
 
 # --- every file parses --------------------------------------------------------------
@@ -445,17 +393,6 @@ def test_home_copy_pod_is_restricted_and_mounts_the_users_claim() -> None:
 
 # --- the watchdog's DaemonSet -----------------------------------------------------------
 
-WATCHDOG = DEPLOY / "watchdog.yaml"
-
-
-def watchdog_objects() -> dict[str, dict[str, Any]]:
-    return {doc["kind"]: doc for doc in documents(WATCHDOG)}
-
-
-def watchdog_container() -> dict[str, Any]:
-    (container,) = watchdog_objects()["DaemonSet"]["spec"]["template"]["spec"]["containers"]
-    return container
-
 
 def test_watchdog_manifests_read_strictly_into_the_clients_models() -> None:
     pytest.importorskip("kubernetes")
@@ -554,7 +491,7 @@ def test_watchdog_starts_as_the_daemonset_runs_it(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from test_kube_spawner import KUBECONFIG  # a kubeconfig that points nowhere
+    from shipped_config import KUBECONFIG  # a kubeconfig that points nowhere
 
     config = tmp_path / "watchdog_config.py"
     config.write_text(watchdog_objects()["ConfigMap"]["data"]["watchdog_config.py"])

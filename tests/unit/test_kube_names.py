@@ -11,7 +11,7 @@ import re
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_kube_pod import PRIORITY, spec_for
+from kube_shapes import PRIORITY, spec_for
 
 from spawner.kube import pod as kp
 from spawner.kube.checks import violations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from test_kube_pod import OPTIONS, SHAPES, G
+from kube_shapes import OPTIONS, SHAPES, G
 
 from spawner.kube.options import KubeOptions, option_problems
 from spawner.quota.model import QuotaTable

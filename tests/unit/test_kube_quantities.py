@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from test_kube_pod import G
+from kube_shapes import G
 
 from spawner.kube.quantities import same_quantity
 

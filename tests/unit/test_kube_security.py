@@ -7,7 +7,8 @@ an otherwise good pod; and what the quota writes, ``apply_quota`` puts back.
 from __future__ import annotations
 
 import pytest
-from test_kube_pod import PRIORITY, _container, spec_for
+from kube_shapes import PRIORITY, spec_for
+from kube_shapes import first_container as _container
 
 from spawner.kube import pod as kp
 from spawner.kube.checks import violations

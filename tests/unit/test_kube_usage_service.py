@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-from test_kube_deploy import (
+from shipped_config import (
     CHART_SECRET,
     DEPLOY,
     ROOT,
@@ -326,7 +326,7 @@ def test_every_scope_is_one_jupyterhub_knows(monkeypatch: pytest.MonkeyPatch) ->
 HUB_PROBE = """\
 import asyncio, json, sys
 import pytest
-from test_kube_deploy import run_extra_config
+from shipped_config import run_extra_config
 from jupyterhub import orm
 from jupyterhub.app import JupyterHub
 

@@ -1,37 +1,13 @@
 """user_options are checked against the roles the user holds, on every start."""
 
 import pytest
+from quota_tables import INJECTED, TABLE_TEXT
 
 from spawner.quota.form import options_from_form, render_form
 from spawner.quota.loader import parse_quota_table
 from spawner.quota.options import OptionsError, resolve_choice
 
-TABLE_TEXT = """\
-images:
-  pytorch: {image: "img/pytorch", display_name: "PyTorch <2.7> & CUDA"}
-  paddle: {image: "img/paddle"}
-roles:
-  small: {cpus: 1, memory: 1G, images: [pytorch, paddle], description: "<script>x</script>"}
-  big: {cpus: 8, memory: 32G, shm: 8G, images: [pytorch]}
-assignments:
-  default: [small]
-  users:
-    lead: [small, big]
-    solo: [big]
-"""
 TABLE = parse_quota_table(TABLE_TEXT, "q.yaml")
-
-# Injected options and what a user with only the default role is told: the same table
-# is run against QuotaSpawner and QuotaKubeSpawner in tests/service/test_kube_spawner.py.
-INJECTED = [
-    ({"profile": "big"}, 400, "You asked for the role 'big', which you do not hold"),
-    ({"profile": "admin"}, 400, "which you do not hold"),
-    ({"image": "ubuntu:latest"}, 400, "do not offer the image 'ubuntu:latest'"),
-    ({"profile": "small", "image": "img/pytorch"}, 400, "does not offer the image"),
-    ({"mem_limit": "100G"}, 400, "Unknown server option 'mem_limit'"),
-    ({"profile": ["big"]}, 400, "must be text"),
-    ({"profile": "x" * 500}, 400, "x…"),
-]
 
 
 def choices(user):

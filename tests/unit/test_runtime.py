@@ -12,10 +12,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from runtime_source import HUB, LOG, FakeDocker, Source, source
 from traitlets import TraitError
 
 from spawner.common.registry import Registry
-from spawner.contract import GPUS_LABEL, HUB_LABEL, USER_LABEL
 from spawner.docker import runtime as hub_runtime
 from spawner.docker.config import QuotaSpawnerConfig
 from spawner.docker.gpus import start_time_for
@@ -24,51 +24,7 @@ from spawner.policy import hub as hub_object
 from spawner.policy.hub import build_at_hub_start
 from spawner.quota.model import Role
 
-HUB = "hub-rt"
-LOG = logging.getLogger("test.runtime")
 G = 2**30
-
-
-class FakeDocker:
-    """The engine as the runtime's build and first sync ask it."""
-
-    def __init__(self, names: tuple[str, ...] = (), info: dict[str, Any] | None = None):
-        self.names = names
-        self._info = info if info is not None else {"SwapLimit": True, "NCPU": 8}
-        self.removed: list[str] = []
-
-    def info(self) -> dict[str, Any]:
-        return self._info
-
-    def containers(self, all=False, filters=None):  # noqa: A002 (docker-py's own name)
-        return [{"Names": [f"/{n}"], "State": "running",
-                 "Labels": {GPUS_LABEL: "", HUB_LABEL: HUB, USER_LABEL: n}}
-                for n in self.names]
-
-    def remove_container(self, name: str, force: bool = False) -> None:
-        self.removed.append(name)
-
-
-class Source:
-    """A spawner as the runtime reads it: QuotaSpawnerConfig's traits, a client, a log."""
-
-    def __init__(self, **values: Any) -> None:
-        vars(self).update(values)
-
-
-def source(tmp_path, client: Any = None, **settings: Any) -> Any:
-    values = dict(hub_id=HUB, gpu_inventory=[], gpu_discovery=False,
-                  quota_file=str(tmp_path / "quotas.yaml"), state_dir=str(tmp_path),
-                  usage_db="none", events_file="", gpu_sync_interval=3600.0,
-                  zombie_grace_period=300.0,
-                  usage_retention_days=0.0, usage_check_interval=3600.0,
-                  host_admission=False, queue_strategy="BestEffortFIFO", host_cpus=0.0,
-                  host_memory="", host_reserve_cpus=1.0,
-                  host_reserve_memory="", cpu_overcommit=4.0, memory_overcommit=1.0,
-                  notebooks_cgroup=False, quota_source="file", quota_table_name="default")
-    values.update(settings)
-    return Source(client=client if client is not None else FakeDocker(), log=LOG,
-                  _log_name="alice", **values)
 
 
 @pytest.fixture(autouse=True)

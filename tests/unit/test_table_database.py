@@ -12,8 +12,8 @@ import threading
 from datetime import timedelta
 
 import pytest
+from shipped_config import load_hub_config
 from sqlalchemy import event
-from test_hub_config import load_hub_config
 
 from spawner.hubconfig.culling import culler_service, make_arbiter
 from spawner.quota.editing import (

@@ -1,7 +1,8 @@
 """How a session's end is read and recorded: the engine's state or its events
 (``ended``, ``failure``, ``docker_time``, ``container_end``), and the hub's periodic duties
 (``record_end``, closing the lost, pruning). Real SQLite files in tmp_path; the engine, the
-pool and the event log are fakes. The ledger's fixtures and helpers are test_usage_ledger's."""
+pool and the event log are fakes. The ledger's fixtures are tests/conftest.py's, its
+helpers tests/ledger_sessions.py's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 import time
 
 import pytest
-from test_usage_ledger import (
+from ledger_sessions import (
     DAY,
     FINISHED,
     FINISHED_AT,
@@ -20,10 +21,9 @@ from test_usage_ledger import (
     OTHER_HUB,
     all_rows,
     group_rows,
-    ledger,
     open_session,
+    outcome,
     row,
-    url,
 )
 from tornado.web import HTTPError
 
@@ -40,8 +40,6 @@ from spawner.usage.ledger import (
 )
 from spawner.usage.schema import sessions
 
-# this module's tests take these of test_usage_ledger's fixtures
-FIXTURES = (ledger, url)
 pytestmark = pytest.mark.usefixtures("quiet_alembic")
 
 # --- 4. ended, failure, docker_time -------------------------------------------------------------
@@ -243,11 +241,6 @@ def ran_session(ledger: Ledger, user: str, *, container_id: str | None = None,
     if ready is not None:
         ledger.ready(HUB, container, when=ready)
     return session
-
-
-def outcome(ledger: Ledger, session: int) -> tuple:
-    found = row(ledger, session)
-    return found["reason"], found["detail"], found["stopped"]
 
 
 def test_record_end_from_the_inspected_container(ledger):

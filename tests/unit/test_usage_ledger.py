@@ -1,19 +1,31 @@
 """The usage ledger: its schema and migrations, the sessions the hub writes and the samples
 the watchdog folds. Real SQLite files in tmp_path. How an end is read and the hub's duties
 are in test_usage_ends.py, the writer thread, the culler and the watchdog in
-test_usage_writers.py; both use this module's fixtures and helpers."""
+test_usage_writers.py; all three use the fixtures ``url`` and ``ledger`` (tests/conftest.py)
+and the helpers of tests/ledger_sessions.py."""
 
 from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime, timezone
 
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, select, text
+from ledger_sessions import (
+    HUB,
+    LOG,
+    OTHER_HUB,
+    G,
+    all_rows,
+    group_rows,
+    open_session,
+    ran,
+    row,
+    usage,
+)
+from sqlalchemy import create_engine, text
 
 from spawner.usage.ledger import (
     REASONS,
@@ -26,19 +38,9 @@ from spawner.usage.ledger import (
     head_revision,
     make_engine,
 )
-from spawner.usage.schema import VERSION_TABLE, metadata, session_groups, sessions
+from spawner.usage.schema import VERSION_TABLE, metadata
 
 pytestmark = pytest.mark.usefixtures("quiet_alembic")
-
-G = 2**30
-HUB = "hub-a"
-OTHER_HUB = "hub-b"
-DAY = 86400.0
-# 2024-05-06T07:08:09Z, and Docker's spelling of it with nanoseconds
-FINISHED = datetime(2024, 5, 6, 7, 8, 9, tzinfo=timezone.utc).timestamp()
-FINISHED_AT = "2024-05-06T07:08:09.123456789Z"
-FINISHED_NANO = 1714979289123456789
-LOG = logging.getLogger("test-usage-ledger")
 
 
 # every column of a session as the hub's open() leaves it, before anything else is known
@@ -48,53 +50,6 @@ FRESH = dict(
     last_seen=None, cpu_samples=0, cpu_sum=0.0, cpu_peak=None, mem_samples=0, mem_sum=0.0,
     mem_peak=None, gpu_samples=0, gpu_util_sum=0.0, gpu_util_peak=None, gpu_mem_sum=0.0,
     gpu_mem_peak=None, oom_kills=0)
-
-
-@pytest.fixture
-def url(ledger_url):
-    return ledger_url  # a SQLite file here; tests/service/test_ledger_postgres.py: PostgreSQL
-
-
-@pytest.fixture
-def ledger(url):
-    ledger = Ledger(url, LOG)
-    yield ledger
-    ledger.dispose()
-
-
-def open_session(ledger: Ledger, user: str = "ada", *, hub: str = HUB, container: str = "",
-                 server: str = "", requested: float = 100.0, groups=(), role: str = "gpu",
-                 ) -> int:
-    return ledger.open(hub=hub, user=user, container=container or f"jupyter-{user}",
-                       role=role, image="torch", cpu_limit=4.0, mem_limit=16 * G,
-                       groups=groups, server=server, requested=requested)
-
-
-def row(ledger: Ledger, session_id: int) -> dict:
-    with ledger.engine.connect() as connection:
-        found = connection.execute(select(sessions).where(sessions.c.id == session_id)).first()
-    assert found is not None, session_id
-    return dict(found._mapping)
-
-
-def all_rows(ledger: Ledger) -> list[dict]:
-    with ledger.engine.connect() as connection:
-        return [dict(r._mapping) for r in connection.execute(
-            select(sessions).order_by(sessions.c.id))]
-
-
-def group_rows(ledger: Ledger) -> list[tuple[int, str]]:
-    with ledger.engine.connect() as connection:
-        return [tuple(r) for r in connection.execute(
-            select(session_groups.c.session_id, session_groups.c.group_name)
-            .order_by(session_groups.c.session_id, session_groups.c.group_name))]
-
-
-def ran(ledger: Ledger, container: str = "jupyter-ada", *, started: float = 110.0,
-        ready: float | None = 115.0, hub: str = HUB, container_id: str = "cid-ada") -> None:
-    ledger.started(hub, container, container_id, when=started)
-    if ready is not None:
-        ledger.ready(hub, container, when=ready)
 
 
 # --- 1. schema and migrations -------------------------------------------------------------
@@ -452,14 +407,6 @@ def test_prune_deletes_only_sessions_stopped_before_the_cut_with_their_groups(le
 
 
 # --- 3. fold --------------------------------------------------------------------------------
-
-
-def usage(ledger: Ledger, session: int) -> dict:
-    found = row(ledger, session)
-    return {k: found[k] for k in (
-        "last_seen", "cpu_samples", "cpu_sum", "cpu_peak", "mem_samples", "mem_sum", "mem_peak",
-        "gpu_samples", "gpu_util_sum", "gpu_util_peak", "gpu_mem_sum", "gpu_mem_peak",
-        "oom_kills")}
 
 
 SAMPLES = [  # three cycles of one server

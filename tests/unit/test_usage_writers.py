@@ -1,7 +1,7 @@
 """Who writes to the usage ledger besides the hub's spawns: the writer thread
 (``LedgerWriter``), the culler's reasons and the watchdog's samples. Real SQLite files in
-tmp_path; the ledger of the writer tests is a fake. The ledger's fixtures and helpers are
-test_usage_ledger's."""
+tmp_path; the ledger of the writer tests is a fake. The ledger's fixtures are
+tests/conftest.py's, its helpers tests/ledger_sessions.py's."""
 
 from __future__ import annotations
 
@@ -12,17 +12,15 @@ import time
 from datetime import datetime, timezone
 
 import pytest
-from test_usage_ends import outcome
-from test_usage_ledger import (
+from ledger_sessions import (
     HUB,
     LOG,
     OTHER_HUB,
     G,
-    ledger,
     open_session,
+    outcome,
     ran,
     row,
-    url,
     usage,
 )
 
@@ -36,8 +34,6 @@ from spawner.usage.ledger import (
 from spawner.watchdog.app import QuotaWatchdog, usage_samples
 from spawner.watchdog.model import GpuSample, Server, ServerSample, Snapshot
 
-# this module's tests take these of test_usage_ledger's fixtures
-FIXTURES = (ledger, url)
 pytestmark = pytest.mark.usefixtures("quiet_alembic")
 
 # --- 7. LedgerWriter ------------------------------------------------------------------------

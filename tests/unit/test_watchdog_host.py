@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cgroup_trees import v2_files, write_files, write_proc
 
 from spawner.gpu.nvml import HostProcess
 from spawner.watchdog import host
@@ -50,18 +51,6 @@ V2_SYSTEMD = v2_lines(f"/system.slice/docker-{A}.scope")
 V2_CGROUPFS = v2_lines(f"/docker/{A}")
 
 
-def write_proc(proc: Path, pid: int, text: str) -> None:
-    (proc / str(pid)).mkdir(parents=True, exist_ok=True)
-    (proc / str(pid) / "cgroup").write_text(text)
-
-
-def write_files(folder: Path, files: dict[str, str]) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (folder / name).write_text(text)
-    return folder
-
-
 def v1_memory(usage: int, inactive_file: int, oom_kill: int | None = 0) -> dict[str, str]:
     oom = "oom_kill_disable 0\nunder_oom 0\n" + (
         f"oom_kill {oom_kill}\n" if oom_kill is not None else "")
@@ -71,15 +60,6 @@ def v1_memory(usage: int, inactive_file: int, oom_kill: int | None = 0) -> dict[
         "memory.stat": f"cache 1\ninactive_file 7\ntotal_cache 9\n"
                        f"total_inactive_file {inactive_file}\ntotal_active_file 5\n",
         "memory.oom_control": oom,
-    }
-
-
-def v2_files(current: int, inactive_file: int, usage_usec: int, oom_kill: int) -> dict[str, str]:
-    return {
-        "memory.current": f"{current}\n",
-        "memory.stat": f"anon 10\nfile 20\nactive_file 3\ninactive_file {inactive_file}\n",
-        "cpu.stat": f"usage_usec {usage_usec}\nuser_usec 1\nsystem_usec 2\n",
-        "memory.events": f"low 0\nhigh 0\nmax 4\noom {oom_kill + 1}\noom_kill {oom_kill}\n",
     }
 
 

@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("kubernetes")
 
+from cgroup_trees import v2_files, write_files, write_proc  # noqa: E402
 from kubernetes.client import ApiClient  # noqa: E402
-from test_watchdog_host import v2_files, write_files, write_proc  # noqa: E402
 
 from spawner.gpu.nvml import HostProcess, HostScan, NvmlDevice  # noqa: E402
 from spawner.kube.notebook import NotebookPod  # noqa: E402
