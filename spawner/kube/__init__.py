@@ -18,7 +18,9 @@ policy's (spawner/policy/); each module here writes it in a pod, one job each:
   Pod Security Standard (``restricted_violations``).
 - ``checks``: what is refused before the API call (``config_problems``,
   ``violations``).
-- ``claims``: the user's home PVC (``home_claim``).
+- ``claims``: the user's home PVC (``home_claim``), sized by the role's disk,
+  grown for a bigger role and never shrunk (``ClaimSize``), and the hub's
+  sentence of what a home is (``homes_sentence``).
 - ``quantities``: CPU and byte quantities, written and compared by value.
 - ``names``: label values and object names that are always valid, for any
   user or role name, and never collide (``label_value``, ``dns_label``,

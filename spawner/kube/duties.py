@@ -18,6 +18,10 @@ no session is recorded, so no budget counts, and nothing else writes the log yet
   ``stop: true`` are stopped the hub's way (``stop_server``); the spawner's stop then
   closes the session with the reason the duty hinted, ``budget``.
 
+As it is built it logs what a home is here (``claims.homes_sentence``): a claim of
+which storage class, sized by the role's disk, and what the storage class, not the hub,
+decides about it.
+
 Which pod is whose server: each spawner claims its pod when its start succeeds and at
 every poll (JupyterHub polls each running server as it starts, so a restarted hub
 knows them all before its first check).
@@ -30,6 +34,9 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
+from tornado import web
+
+from spawner.kube.claims import homes_sentence
 from spawner.policy.hub import HubSettings, Log, QuotaHub, hub_started
 from spawner.policy.stopping import HubServer, stop_through_hub
 from spawner.usage.duties import BudgetDuties
@@ -72,7 +79,13 @@ class KubeHub(QuotaHub):
     # --- building: the hub object's steps (spawner/policy/hub.py) ---------------------------
 
     async def _build_first(self, source: Any) -> None:
-        """Nothing before the ledger: the cluster is KubeSpawner's."""
+        """Nothing to build before the ledger (the cluster is KubeSpawner's); the log says
+        what a home is here, as the Docker hub says its mechanism."""
+        try:
+            options = source.options  # the spawner's kube_options, checked
+        except web.HTTPError:  # wrong: logged, and every start is refused until fixed
+            return
+        self.log.info("%s", homes_sentence(options))
 
     async def _build_parts(self, source: Any) -> None:
         """No parts of its own: the scheduler places the pods, with no GPU pool here."""

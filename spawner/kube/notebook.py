@@ -3,7 +3,7 @@
 The notebook policy (``notebook``: the role, the image, the user, the hub,
 the GPUs the device plugin gives and their caps, spawner/policy/notebook.py)
 and what only a pod needs: the uid and gid, the ``KubeOptions``, the home
-claim's name and the container's name (KubeSpawner's ``notebook``).
+claim's name and size and the container's name (KubeSpawner's ``notebook``).
 """
 
 from __future__ import annotations
@@ -49,6 +49,12 @@ class NotebookPod:
     def claim_name(self) -> str:
         return self.home_claim or home_claim_name(self.user_name,
                                                   self.options.home_claim_prefix)
+
+    @property
+    def home_size(self) -> int:
+        """The home claim's storage request: the role's ``disk``, else the options'
+        ``home_size`` (the size every claim had before roles had a disk)."""
+        return self.role.disk if self.role.disk is not None else self.options.home_size
 
     @property
     def priority_class(self) -> str:

@@ -19,7 +19,10 @@ the last step: KubeSpawner builds the pod from its settings (``make_pod``),
 A refusal is a 500 with ``refusals.SETTING_REFUSED`` for the user and every
 problem, by field, in the hub's log; nothing is created. The home is a
 per-user claim (``quota-home-<user>``) that KubeSpawner creates
-(``storage_pvc_ensure``) and never deletes on a stop or a cull.
+(``storage_pvc_ensure``) and never deletes on a stop or a cull. Its request is
+the role's ``disk``; once the pod has passed the last step, and before it is
+created, a claim smaller than that is grown (``size_home_claim``), a larger one
+kept, and the user told on the progress page (``claims.ClaimSize``).
 
 As on Docker, a refused start puts back the options that last started as the
 user's default, and the running role and image are kept in the hub's state
@@ -47,7 +50,7 @@ pods, and a pod that does not fit waits Pending (docs/kubernetes.md).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from kubernetes_asyncio.client.rest import ApiException
@@ -56,7 +59,7 @@ from tornado import web
 from traitlets import Dict, Integer, default
 
 from spawner.kube.checks import config_problems, violations
-from spawner.kube.claims import home_claim
+from spawner.kube.claims import ClaimSize, api_message, home_claim
 from spawner.kube.duties import KubeHub
 from spawner.kube.names import home_claim_name
 from spawner.kube.notebook import NotebookPod
@@ -113,6 +116,8 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         self._session: ServerSession | None = None  # this server's, in the usage ledger
         self._disrupted: End | None = None  # the pod's DisruptionTarget, once seen
         self._ending: End | None = None  # how the pod ended, for a stop() inside poll()
+        self._home_sized = False  # this start's claim compared with the role's disk
+        self._home_notices: list[str] = []  # this start's, for the progress page
 
     # --- KubeSpawner's defaults, changed ------------------------------------------
 
@@ -216,21 +221,23 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         self.image = spec.image
         self.priority_class_name = spec.priority_class
         self.pvc_name = spec.claim_name
-        self.storage_capacity = byte_quantity(options.home_size)
+        self.storage_capacity = byte_quantity(spec.home_size)  # the role's disk
         self.storage_class = options.home_storage_class
         self.storage_access_modes = list(options.home_access_modes)
         # the resolved choice, for the REST API's server model (the culler reads the role)
         self.user_options = {**(self.user_options or {}), "profile": choice.role.name,
                              "image": choice.image.key}
         self.log.info("Starting %s as role %s with image %s (%g CPUs, %d bytes memory, "
-                      "%d GPUs)", self.log_name, choice.role.name, choice.image.key,
-                      choice.role.cpus, choice.role.memory, choice.role.gpus)
+                      "%d GPUs, a %d-byte home claim)", self.log_name, choice.role.name,
+                      choice.image.key, choice.role.cpus, choice.role.memory,
+                      choice.role.gpus, spec.home_size)
 
     def start(self) -> asyncio.Future[Any]:
         """KubeSpawner's start, with this start's session, and the options put back when
         it is refused. KubeSpawner's own future is made at once (its progress events
         follow it), then awaited by this one."""
         self._starting, self._session, self._disrupted = True, None, None
+        self._home_sized, self._home_notices = False, []
         return asyncio.ensure_future(self._started(super().start()))
 
     async def _started(self, starting: Awaitable[Any]) -> Any:
@@ -252,6 +259,18 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
             await (await self.session()).ready()
         await self._claim_pod()
         return started
+
+    async def progress(self) -> AsyncIterator[dict[str, Any]]:
+        """KubeSpawner's steps (the pod's events), with what this start did to the home
+        claim told before the next of them."""
+        told = 0
+        async for event in super().progress():
+            for message in self._home_notices[told:]:
+                yield {"message": message}
+            told = len(self._home_notices)
+            yield event
+        for message in self._home_notices[told:]:
+            yield {"message": message}
 
     # --- the session's end ----------------------------------------------------------
 
@@ -357,6 +376,51 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
                                         **ours["annotations"]}
         return pvc
 
+    async def size_home_claim(self) -> None:
+        """The claim as the API holds it, against this start's size (the role's disk): a
+        smaller claim's request is patched up to it (the storage class must allow
+        volume expansion), a larger one is kept, since a claim never shrinks. The start
+        goes on whatever happens: the home is there, only its size differs, and the log
+        and the progress page say so."""
+        spec = self._spec
+        if spec is None:
+            return
+        name = self.pvc_name
+        try:
+            found = await asyncio.wait_for(self.api.read_namespaced_persistent_volume_claim(
+                name=name, namespace=self.namespace), self.k8s_api_request_timeout)
+        except Exception as e:  # never the start's end: the claim is there, as it is
+            self.log.warning("Could not read the home claim %s of %s to compare it with "
+                             "role %s's disk; it is used as it is: %s", name, self.log_name,
+                             spec.role.name, self._api_why(e))
+            return
+        size = ClaimSize.of(self.api.api_client.sanitize_for_serialization(found), spec)
+        if size.larger:
+            log, notice = size.kept_larger()
+            self.log.info("%s", log)
+        elif size.grows:
+            try:
+                await asyncio.wait_for(self.api.patch_namespaced_persistent_volume_claim(
+                    name=size.name, namespace=self.namespace, body=size.patch()),
+                    self.k8s_api_request_timeout)
+            except Exception as e:  # the refusal, told; the start goes on
+                log, notice = size.refused(self._api_why(e))
+                self.log.warning("%s", log)
+            else:
+                log, notice = size.growing()
+                self.log.info("%s", log)
+        else:
+            return
+        self._home_notices.append(notice)
+
+    def _api_why(self, error: Exception) -> str:
+        """The API's own sentence for a failed call, or what happened instead."""
+        if isinstance(error, ApiException):
+            return api_message(error.body) if error.body else f"{error.status} {error.reason}"
+        if isinstance(error, asyncio.TimeoutError):
+            return f"no answer in {self.k8s_api_request_timeout:g}s"
+        return f"{type(error).__name__}: {error}"
+
     def quota_pod(self, pod: Any) -> dict[str, Any]:
         """The pod as the API will get it, with the quota on it; a 500 with a plain
         sentence (and every problem by name in the log) when it must not be created."""
@@ -385,8 +449,13 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
         """KubeSpawner's last step before the API, after ``get_pod_manifest`` and
         ``modify_pod_hook``: the quota is written and checked here, then the pod is
         created from the checked dict (as KubeSpawner does: False asks its backoff
-        to try again)."""
+        to try again). The home claim is sized once per start, after the pod passed
+        the last step and before it exists, so that a grown claim's file system is
+        grown as the pod mounts it."""
         body = self.quota_pod(pod)
+        if not self._home_sized:
+            self._home_sized = True
+            await self.size_home_claim()
         name = body["metadata"]["name"]
         self.log.info("Attempting to create pod %s, with timeout %s", name, request_timeout)
         try:

@@ -1,7 +1,8 @@
 """QuotaKubeSpawner in the test's process, without a cluster, built as KubeSpawner's own
 tests build theirs (``_mock=True``, a MockUser, jupyterhub's Hub): ``make`` (QuotaSpawner
 too, for the same cases on both), ``offline`` with a fake of the cluster's API that stops
-a start at the pod's creation (``FakeApi``), and ``FakeCluster`` with ``spawner_on`` for
+a start at the pod's creation (``FakeApi``; both fakes keep the home claims as the API
+would, ``FakeClaims``, and ``claim_of`` is an older one), and ``FakeCluster`` with ``spawner_on`` for
 whole starts, polls and stops against a fake API and pod reflector. The kubeconfig that
 points nowhere is the ``no_cluster`` fixture's (tests/service/conftest.py).
 
@@ -18,6 +19,7 @@ from unittest.mock import Mock
 
 import pytest
 from jupyterhub.objects import Hub, Server
+from kubernetes_asyncio.client.rest import ApiException
 from traitlets.config import Config
 
 from spawner.common.registry import Registry
@@ -72,16 +74,49 @@ class Created(Exception):
     """Stops a start once the pod would have gone to the API."""
 
 
-class FakeApi:
-    """The API calls of a start, recorded; the serialiser is the real client's."""
+class FakeClaims:
+    """The home claims' calls: created (``claims``, as sent), read back and patched
+    (``patches``); ``existing`` holds each claim as the API would return it, name ->
+    dict (a test puts an older claim there). The serialiser is the real client's."""
 
     def __init__(self, real: Any):
         self.api_client = real.api_client
         self.claims: list[Any] = []
-        self.pods: list[dict[str, Any]] = []
+        self.existing: dict[str, dict[str, Any]] = {}
+        self.patches: list[tuple[str, dict[str, Any]]] = []
 
     async def create_namespaced_persistent_volume_claim(self, namespace: str, body: Any) -> None:
         self.claims.append(body)
+        claim = self.api_client.sanitize_for_serialization(body)
+        self.existing.setdefault(claim["metadata"]["name"], claim)  # else KubeSpawner's 409
+
+    async def read_namespaced_persistent_volume_claim(self, name: str,
+                                                      namespace: str) -> dict[str, Any]:
+        if name not in self.existing:
+            raise ApiException(status=404, reason="Not Found")
+        return copy.deepcopy(self.existing[name])
+
+    async def patch_namespaced_persistent_volume_claim(self, name: str, namespace: str,
+                                                       body: dict[str, Any]) -> None:
+        self.patches.append((name, body))
+        requests = self.existing[name]["spec"]["resources"]["requests"]
+        requests.update(body["spec"]["resources"]["requests"])
+
+
+def claim_of(name: str, size: int, storage_class: str = "standard") -> dict[str, Any]:
+    """A home claim as the API returns it, made by an earlier start (of another role)."""
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": storage_class,
+                     "resources": {"requests": {"storage": str(size)}}},
+            "status": {"phase": "Bound", "capacity": {"storage": str(size)}}}
+
+
+class FakeApi(FakeClaims):
+    """The API calls of a start, recorded; the serialiser is the real client's."""
+
+    def __init__(self, real: Any):
+        super().__init__(real)
+        self.pods: list[dict[str, Any]] = []
 
     async def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> None:
         self.pods.append(body)
@@ -111,18 +146,15 @@ def running(body: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-class FakeCluster:
+class FakeCluster(FakeClaims):
     """Fake of the Kubernetes API and the pod reflector, which cannot run here: a created
     pod runs at once (the uid in the API's answer), a deleted one is gone at once."""
 
     def __init__(self, real: Any):
-        self.api_client = real.api_client
+        super().__init__(real)
         self.pods: dict[str, dict[str, Any]] = {}  # the reflector's: namespace/name -> pod
         self.created: list[dict[str, Any]] = []
         self.deleted: list[str] = []
-
-    async def create_namespaced_persistent_volume_claim(self, namespace: str, body: Any) -> None:
-        return None
 
     async def create_namespaced_pod(self, namespace: str, body: dict[str, Any]) -> Any:
         self.created.append(body)

@@ -21,7 +21,7 @@ import tomllib
 
 pytest.importorskip("kubespawner")
 
-from kube_spawners import SHIPPED, Created, FakeApi, make, offline  # noqa: E402
+from kube_spawners import SHIPPED, Created, FakeApi, claim_of, make, offline  # noqa: E402
 from quota_tables import INJECTED, TABLE_TEXT  # noqa: E402
 from tornado import web  # noqa: E402
 
@@ -341,6 +341,151 @@ async def test_a_remembered_claim_is_kept_and_a_new_name_is_created():
     fresh.user_options = {"profile": "junior-researcher"}
     api = await start(fresh)
     assert [c.metadata.name for c in api.claims] == ["quota-home-alice"]
+
+
+# --- the home claim's size: the role's disk ------------------------------------------------
+
+DISK_TABLE = """\
+images:
+  pytorch: {image: "img/pytorch"}
+roles:
+  small: {cpus: 1, memory: 1G, disk: 5G, images: [pytorch]}
+  plain: {cpus: 1, memory: 1G, images: [pytorch]}
+  big: {cpus: 8, memory: 32G, disk: 50G, images: [pytorch]}
+assignments:
+  default: [small, plain, big]
+"""
+
+
+def disk_spawner(tmp_path: Path, role: str, api: type = FakeApi,
+                 **kube_options: Any) -> tuple[Any, Any]:
+    quota = tmp_path / "q.yaml"
+    quota.write_text(DISK_TABLE)
+    spawner = make(QuotaKubeSpawner, quota, events_enabled=False,
+                   kube_options={"home_storage_class": "fast-ssd", **kube_options})
+    spawner.user_options = {"profile": role}
+    return spawner, offline(spawner, api)
+
+
+async def started(spawner: Any) -> None:
+    with pytest.raises(Created):
+        await spawner.start()
+
+
+async def told(spawner: Any) -> list[str]:
+    """What the progress page shows of this start (events_enabled off: no pod events)."""
+    return [event["message"] async for event in spawner.progress()]
+
+
+@pytest.mark.parametrize("role, size", [("small", 5 * G), ("big", 50 * G),
+                                        ("plain", 10 * G)])  # no disk: home_size
+async def test_a_new_claim_requests_the_roles_disk_in_the_storage_class(tmp_path, role, size):
+    spawner, api = disk_spawner(tmp_path, role)
+    await started(spawner)
+    (claim,) = api.claims
+    assert claim.spec.resources.requests["storage"] == str(size)
+    assert claim.spec.storage_class_name == "fast-ssd"
+    assert spawner.storage_capacity == str(size)  # KubeSpawner's own setting
+    assert api.patches == [] and await told(spawner) == []  # made at its size
+
+
+async def test_a_bigger_role_grows_the_claim_before_the_pod_is_created(tmp_path, caplog):
+    spawner, api = disk_spawner(tmp_path, "big")
+    api.existing["quota-home-alice"] = claim_of("quota-home-alice", 5 * G)  # small's
+    order: list[str] = []
+    patch, create = api.patch_namespaced_persistent_volume_claim, api.create_namespaced_pod
+
+    async def patching(**kwargs: Any) -> None:
+        order.append("patch")
+        await patch(**kwargs)
+
+    async def creating(namespace: str, body: dict[str, Any]) -> None:
+        order.append("pod")
+        await create(namespace, body)
+
+    api.patch_namespaced_persistent_volume_claim = patching
+    api.create_namespaced_pod = creating
+    with caplog.at_level(logging.INFO):
+        await started(spawner)
+    assert api.claims and api.patches == [
+        ("quota-home-alice", {"spec": {"resources": {"requests": {"storage": str(50 * G)}}}})]
+    assert order == ["patch", "pod"]  # the file system grows as the pod mounts it
+    assert "Growing the home claim quota-home-alice of alice from 5 GiB to 50 GiB" \
+        in caplog.text
+    assert await told(spawner) == [
+        "Your home grows from 5 GiB to 50 GiB, the disk of role big"]
+
+
+@pytest.mark.parametrize("role", ["small", "plain"])
+async def test_a_smaller_role_never_shrinks_the_claim(tmp_path, caplog, role):
+    spawner, api = disk_spawner(tmp_path, role)
+    api.existing["quota-home-alice"] = claim_of("quota-home-alice", 50 * G)  # big's
+    with caplog.at_level(logging.INFO):
+        await started(spawner)
+    assert api.patches == [] and len(api.pods) == 1  # started, nothing shrunk
+    assert "is 50 GiB, larger than role" in caplog.text
+    (notice,) = await told(spawner)
+    assert notice.startswith("Your home is 50 GiB, larger than the ") and "that is fine" in notice
+
+
+async def test_the_homes_notice_comes_before_the_pods_next_event(monkeypatch):
+    from kubespawner import KubeSpawner
+
+    async def pod_events(self: Any) -> Any:  # KubeSpawner's, from the pod's events
+        yield {"message": "Scheduled", "progress": 50}
+        self._home_notices.append("Your home grows from 5 GiB to 50 GiB, the disk of role big")
+        yield {"message": "Pulling image", "progress": 60}
+
+    monkeypatch.setattr(KubeSpawner, "progress", pod_events)
+    assert await told(make(QuotaKubeSpawner)) == [
+        "Scheduled", "Your home grows from 5 GiB to 50 GiB, the disk of role big",
+        "Pulling image"]
+
+
+class NoExpansion(FakeApi):
+    """A storage class without allowVolumeExpansion: the API refuses the claim's patch."""
+
+    async def patch_namespaced_persistent_volume_claim(self, name: str, namespace: str,
+                                                       body: dict[str, Any]) -> None:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        self.patches.append((name, body))
+        error = ApiException(status=403, reason="Forbidden")
+        error.body = ('{"kind":"Status","apiVersion":"v1","status":"Failure","message":'
+                      '"persistentvolumeclaims \\"quota-home-alice\\" is forbidden: only '
+                      'dynamically provisioned pvc can be resized and the storageclass that '
+                      'provisions the pvc must support resize","reason":"Forbidden","code":403}')
+        raise error
+
+
+async def test_a_storage_class_without_expansion_is_said_and_the_start_goes_on(tmp_path,
+                                                                              caplog):
+    spawner, api = disk_spawner(tmp_path, "big", NoExpansion)
+    api.existing["quota-home-alice"] = claim_of("quota-home-alice", 5 * G)
+    with caplog.at_level(logging.WARNING):
+        await started(spawner)
+    assert len(api.patches) == 1 and len(api.pods) == 1  # the home is there, at 5 GiB
+    (record,) = [r for r in caplog.records if "refused to grow" in r.getMessage()]
+    assert record.getMessage() == (
+        "The cluster refused to grow the home claim quota-home-alice of alice from 5 GiB to "
+        "50 GiB (role big), so it stays at 5 GiB: persistentvolumeclaims "
+        '"quota-home-alice" is forbidden: only dynamically provisioned pvc can be resized '
+        "and the storageclass that provisions the pvc must support resize (its storage "
+        "class must say allowVolumeExpansion: true)")
+    assert await told(spawner) == [
+        "Your home stays at 5 GiB: the cluster could not grow it to the 50 GiB of role big "
+        "(the hub's log says why)"]
+
+
+async def test_a_claim_that_cannot_be_read_is_used_as_it_is(tmp_path, caplog):
+    # KubeSpawner remembers a claim that is gone: the start is not the place to fail
+    spawner, api = disk_spawner(tmp_path, "big")
+    spawner.load_state({"pod_name": "jupyter-alice", "pvc_name": "quota-home-al"})
+    with caplog.at_level(logging.WARNING):
+        await started(spawner)
+    assert api.claims == [] and api.patches == [] and len(api.pods) == 1
+    assert "Could not read the home claim quota-home-al of" in caplog.text
+    assert "404 Not Found" in caplog.text
 
 
 def test_the_entry_point_is_declared():

@@ -26,6 +26,7 @@ from spawner.docker.choices import DockerQuotaSpawner
 from spawner.docker.network import HostNetworkSpawner
 from spawner.docker.runtime import HubRuntime, Settings
 from spawner.kube.duties import KubeHub, KubeSettings
+from spawner.kube.options import KubeOptions
 from spawner.policy import hub as hub_object
 from spawner.policy.hub import QuotaHub, build_at_hub_start
 from spawner.policy.spawner import QuotaSpawnerProtocol
@@ -71,13 +72,14 @@ DEFAULTS = dict(  # the settings both spawners have, and QuotaSpawner's own
 
 
 def spawner_of(hub_class: type[QuotaHub], tmp_path: Path, **settings: Any) -> Any:
-    """A spawner as its hub object reads it: the settings of ``hub_class``, a log, and on
-    Docker the engine's client."""
+    """A spawner as its hub object reads it: the settings of ``hub_class``, a log, on
+    Docker the engine's client, and on Kubernetes its checked ``kube_options``."""
     values = {**DEFAULTS, "quota_file": str(tmp_path / "quotas.yaml"),
               "state_dir": str(tmp_path),
               "usage_db": f"sqlite:///{tmp_path / 'usage.sqlite'}", **settings}
     names = {f.name for f in fields(hub_class.settings_class)}
     return SimpleNamespace(log=LOG, client=Engine(), hub_class=hub_class,
+                           options=KubeOptions(home_storage_class="fast-ssd"),
                            **{k: v for k, v in values.items() if k in names})
 
 
@@ -168,6 +170,10 @@ async def test_the_hub_start_builds_the_kubernetes_hub_too_and_its_duties_wait_f
     assert started == [hub.budgets]
     assert f"Hub {HUB}: event log the ledger's events table; GPU-hour budgets checked " \
            "every 3600s" in caplog.text
+    # what a home is there, in one sentence, as the Docker hub says its mechanism
+    assert "Homes are PersistentVolumeClaims of storage class 'fast-ssd', each sized by " \
+           "its role's disk (10 GiB for a role without one); whether a full claim refuses " \
+           "writes depends on the storage class's driver" in caplog.text
 
 
 async def test_a_hub_that_failed_to_start_starts_no_duties(monkeypatch, tmp_path):

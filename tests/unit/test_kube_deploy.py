@@ -391,6 +391,42 @@ def test_home_copy_pod_is_restricted_and_mounts_the_users_claim() -> None:
     assert (context["runAsUser"], context["fsGroup"]) == (1000, 100)
 
 
+# --- the hub's patch of the home claims -------------------------------------------------
+
+def test_the_hub_may_patch_claims_and_nothing_more() -> None:
+    """A bigger role grows its claim by a patch, which the chart's hub Role does not
+    grant (get, watch, list, create, delete)."""
+    pytest.importorskip("kubernetes")
+    from kube_models import strict
+
+    objects = {doc["kind"]: doc for doc in documents(DEPLOY / "hub-claims-role.yaml")}
+    assert sorted(objects) == ["Role", "RoleBinding"]
+    for kind, doc in objects.items():
+        strict(doc, f"V1{kind}")
+        assert doc["metadata"]["namespace"] == "jhub"
+    (rule,) = objects["Role"]["rules"]
+    assert rule == {"apiGroups": [""], "resources": ["persistentvolumeclaims"],
+                    "verbs": ["patch"]}
+    binding = objects["RoleBinding"]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": objects["Role"]["metadata"]["name"]}
+    # the chart's hub ServiceAccount, whose pod runs the spawner
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "hub",
+                                    "namespace": "jhub"}]
+    assert "serviceAccount" not in values()["hub"]  # so the chart names it "hub"
+
+
+def test_extra_config_builds_the_hub_as_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """So that the hub's log says what a home is (and the budget duties start) at the
+    hub's start, not at the first spawn."""
+    from spawner.policy import hub
+
+    calls: list[Any] = []
+    monkeypatch.setattr(hub, "build_at_hub_start", calls.append)
+    run_extra_config(monkeypatch)
+    assert len(calls) == 1 and calls[0].name == "JupyterHub"
+
+
 # --- the watchdog's DaemonSet -----------------------------------------------------------
 
 
