@@ -103,6 +103,17 @@ async def test_a_start_is_a_session_with_the_role_and_its_gpus(monkeypatch, url,
     assert cluster.deleted == [spawner.pod_name]
 
 
+async def test_a_start_records_the_homes_size(monkeypatch, url, ledger, tmp_path):
+    quota = tmp_path / "quotas.yaml"
+    quota.write_text("images:\n  pytorch: {image: quota-spawner/pytorch:latest}\nroles:\n"
+                     "  sized: {cpus: 1, memory: 1G, images: [pytorch], disk: 20G}\n"
+                     "assignments:\n  default: [sized]\n")
+    spawner, _ = spawner_on(monkeypatch, url, quota=quota)
+    await spawner.start()
+    (row,) = sessions(ledger)
+    assert (row["role"], row["home_size"], row["home_peak"]) == ("sized", 20 * G, None)
+
+
 async def test_a_shared_role_reserves_its_share(monkeypatch, url, ledger):
     spawner, _ = spawner_on(monkeypatch, url, user="bo", groups=("cs101",))
     spawner.user_options = {"profile": "gpu-lab"}
