@@ -476,6 +476,6 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
             self.log.info("Killed pod %s, will try starting singleuser pod again", name)
             return False
         uid = getattr(getattr(created, "metadata", None), "uid", None) or name
-        await (await self.session()).started(
-            uid, self._spec.notebook.home_size if self._spec else None)
+        await (await self.session()).started(  # the claim's request
+            uid, self._spec.home_size if self._spec else None)
         return True
