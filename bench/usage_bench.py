@@ -2,10 +2,10 @@
 
 Builds a SQLite ledger of 1,000,000 sessions (``--sessions``) over 12 months for
 500 users in 20 groups, with five roles (two CPU-only, a shared-GPU one and two
-with whole GPUs), four images, durations from minutes to days, 1% failed starts,
-most sessions with samples, and the last 200 still running. It is made by
-``Ledger(url)`` (the real schema and indexes) and filled with executemany in
-transactions of 50,000 rows. Then, on that ledger:
+with whole GPUs; four with a home size), four images, durations from minutes to
+days, 1% failed starts, most sessions with samples (the home's peak too), and the
+last 200 still running. It is made by ``Ledger(url)`` (the real schema and indexes)
+and filled with executemany in transactions of 50,000 rows. Then, on that ledger:
 
 - ``build_report`` for the last full month by user (with the quota table, so the
   right-sizing advice is in it, as ``quota-spawner report --quota-file`` does),
@@ -53,20 +53,20 @@ TARGET = 2.0  # seconds, a month by user
 START = datetime(2025, 1, 1, tzinfo=UTC).timestamp()
 END = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
 NOW = END - 3600  # the ledger's "now": 23:00 on its last day
-ROLES = {  # name: (cpus, memory, gpus, mode, share, gpu_memory)
-    "student": (1, 2 * G, 0, "exclusive", 1, None),
-    "researcher": (4, 16 * G, 0, "exclusive", 1, None),
-    "gpu-shared": (4, 16 * G, 1, "shared", 4, 20 * G),
-    "gpu-1": (8, 64 * G, 1, "exclusive", 1, None),
-    "gpu-2": (16, 128 * G, 2, "exclusive", 1, None),
+ROLES = {  # name: (cpus, memory, gpus, mode, share, gpu_memory, disk)
+    "student": (1, 2 * G, 0, "exclusive", 1, None, 5 * G),
+    "researcher": (4, 16 * G, 0, "exclusive", 1, None, 50 * G),
+    "gpu-shared": (4, 16 * G, 1, "shared", 4, 20 * G, 50 * G),
+    "gpu-1": (8, 64 * G, 1, "exclusive", 1, None, 200 * G),
+    "gpu-2": (16, 128 * G, 2, "exclusive", 1, None, None),
 }
 IMAGES = ("python", "pytorch", "tensorflow", "r")
 
 
 def quota_table() -> QuotaTable:
     roles = {name: Role(name=name, cpus=c, memory=m, images=IMAGES, gpus=g, gpu_mode=mode,
-                        gpu_share=share, gpu_memory=gm)
-             for name, (c, m, g, mode, share, gm) in ROLES.items()}
+                        gpu_share=share, gpu_memory=gm, disk=disk)
+             for name, (c, m, g, mode, share, gm, disk) in ROLES.items()}
     groups = {f"g{i:02d}": tuple(ROLES) for i in range(20)}
     return QuotaTable(path="bench", images={}, roles=roles, groups=groups)
 
@@ -81,6 +81,7 @@ def seed(ledger: Ledger, count: int, users: int, rng: random.Random) -> None:
                  f"VALUES ({', '.join('?' for _ in columns)})")
     groups_statement = "INSERT INTO session_groups (session_id, group_name) VALUES (?, ?)"
     step = (NOW - START) / count
+    homes = random.Random(35)
     raw = ledger.engine.raw_connection()
     try:
         cursor = raw.cursor()
@@ -88,7 +89,7 @@ def seed(ledger: Ledger, count: int, users: int, rng: random.Random) -> None:
         member: list[tuple] = []
         for i in range(1, count + 1):
             user, role, groups = people[rng.randrange(users)]
-            cpus, memory, gpus, mode, share, gpu_memory = ROLES[role]
+            cpus, memory, gpus, mode, share, gpu_memory, disk = ROLES[role]
             requested = START + (i - 1) * step + rng.random() * step
             kind = rng.random()
             hours = (rng.uniform(0.2, 6) if kind < 0.7 else rng.uniform(6, 48) if kind < 0.95
@@ -106,6 +107,8 @@ def seed(ledger: Ledger, count: int, users: int, rng: random.Random) -> None:
             mem_peak = int(rng.uniform(0.05, 0.95) * memory) if sampled else None
             util_peak = rng.uniform(0, 1) if sampled and gpus else None
             gmem_peak = int(rng.uniform(0, 20) * G) if sampled and gpus else None
+            # its own generator: every other value is the ledger of before the homes
+            home_peak = int(homes.uniform(0.01, 1.0) * disk) if sampled and disk else None
             uuids = ",".join(f"GPU-{rng.randrange(64):04d}" for _ in range(gpus))
             gpu_mode = f"shared:{share}" if mode == "shared" else ("exclusive" if gpus else "")
             values = {
@@ -122,6 +125,7 @@ def seed(ledger: Ledger, count: int, users: int, rng: random.Random) -> None:
                 "gpu_samples": n if gpus else 0, "gpu_util_sum": n * (util_peak or 0) / 2,
                 "gpu_util_peak": util_peak, "gpu_mem_sum": n * (gmem_peak or 0) / 2,
                 "gpu_mem_peak": gmem_peak, "oom_kills": int(reason == "oom"),
+                "home_size": None if failed else disk, "home_peak": home_peak,
             }
             batch.append(tuple(values[c] for c in columns))
             member += [(i, f"g{g:02d}") for g in groups]
@@ -166,7 +170,8 @@ def fold_cost(ledger: Ledger, cycles: int) -> tuple[float, float]:
     for cycle in range(cycles):
         t = NOW + cycle * 5
         samples = [Sample(hub="bench", container=c, time=t, cpu=0.5 + k / 100,
-                          memory=(1 + k) * 2**26, gpu_util=0.3, gpu_memory=2**30)
+                          memory=(1 + k) * 2**26, gpu_util=0.3, gpu_memory=2**30,
+                          home_used=(1 + k + cycle) * 2**26)
                    for k, c in enumerate(open_)]
         start = time.perf_counter()
         done = ledger.fold(samples)

@@ -106,6 +106,8 @@ SEEDED = [
 ROLE_LIMITS = {"gpu-lab": (2, 4), "student": (1, 2), "senior-engineer": (8, 32),
                "gpu-training": (8, 32), "junior-researcher": (2, 4), "pipeline": (1, 2)}
 SEEDED_HUB = "seeded"  # not the test hub's id: its duties leave these sessions alone
+# user: (their home's size, the most it held in GiB); the others' homes have no size
+SEEDED_HOMES = {"alice": (20 * GiB, 3.0), "bob": (50 * GiB, 2.0)}
 
 
 def seed_ledger(url: str, now: float | None = None) -> None:
@@ -115,6 +117,7 @@ def seed_ledger(url: str, now: float | None = None) -> None:
     n = 0
     for user, groups, role, image, (gpus, mode), runs in SEEDED:
         cpus, memory = ROLE_LIMITS[role]
+        home_size, home_peak = SEEDED_HOMES.get(user, (None, None))
         for ago, ran, reason, cpu, mem, gpu in runs:
             n += 1
             container = f"seed-{n}"
@@ -127,7 +130,7 @@ def seed_ledger(url: str, now: float | None = None) -> None:
             if reason == "failed":
                 ledger.close(SEEDED_HUB, container, "failed", "image missing", when=start + 60)
                 continue
-            ledger.started(SEEDED_HUB, container, f"id{n}", when=start)
+            ledger.started(SEEDED_HUB, container, f"id{n}", when=start, home_size=home_size)
             ledger.ready(SEEDED_HUB, container, when=start + 10)
             end = now if ran is None else start + ran * HOUR
             for k in range(1, 4):
@@ -135,7 +138,8 @@ def seed_ledger(url: str, now: float | None = None) -> None:
                     SEEDED_HUB, container, start + (end - start) * k / 4, cpu=cpu * k / 3,
                     memory=int(mem * GiB * k / 3),
                     gpu_util=None if gpu is None else gpu * k / 3,
-                    gpu_memory=None if gpu is None else int(gpu * 8 * GiB))])
+                    gpu_memory=None if gpu is None else int(gpu * 8 * GiB),
+                    home_used=None if home_peak is None else int(home_peak * GiB * k / 3))])
             if ran is not None:
                 ledger.close(SEEDED_HUB, container, reason, when=end)
     ledger.dispose()

@@ -217,7 +217,8 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             self._progress("Starting the container", 40)
             ip, port = await gpus.start_container(super().start, self.gpu_uuids,
                                                   self.object_name, choices)
-            await session.started(self.container_id)
+            await session.started(self.container_id,
+                                  self._spec.notebook.home_size if self._spec else None)
             runtime.claim(owner, self)
             self._progress("Container started; waiting for the notebook server", 60)
             # The hub's own readiness check backs off to seconds; polling here is faster.

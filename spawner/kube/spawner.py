@@ -476,5 +476,6 @@ class QuotaKubeSpawner(RoleChoicesMixin, QuotaConfig, KubeSpawner):
             self.log.info("Killed pod %s, will try starting singleuser pod again", name)
             return False
         uid = getattr(getattr(created, "metadata", None), "uid", None) or name
-        await (await self.session()).started(uid)
+        await (await self.session()).started(  # the claim's request
+            uid, self._spec.home_size if self._spec else None)
         return True

@@ -3,8 +3,8 @@
 ``Notebook`` is the decision: the role and its image, whose server it is, on
 which hub, and the GPUs it holds. What follows from it is computed here, once,
 for both backends: the GPU count and mode, the soft GPU memory cap and the cap
-as torch's allocator fraction. The backends add only their own settings:
-Docker's ``ContainerSpec`` (spawner/docker/container.py: the notebook user,
+as torch's allocator fraction, the home's size. The backends add only their own
+settings: Docker's ``ContainerSpec`` (spawner/docker/container.py: the notebook user,
 the network, the pids limit, the start boost) and Kubernetes' ``NotebookPod``
 (spawner/kube/notebook.py: uid and gid, the options, the home claim).
 """
@@ -48,6 +48,11 @@ class Notebook:
         if not self.gpu_count:
             return ""
         return gpu_mode_value(self.role.gpus, self.role.gpu_mode, self.role.gpu_share)
+
+    @property
+    def home_size(self) -> int | None:
+        """The home's size in bytes: the role's ``disk``; None: the home has no limit."""
+        return self.role.disk
 
     @property
     def gpu_memory_cap(self) -> int | None:

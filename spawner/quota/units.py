@@ -106,6 +106,13 @@ def format_human(num_bytes: float) -> str:
     return f"{shown} {unit}"
 
 
+def size_of(used: float | None, limit: float | None, unknown: str = "-") -> str:
+    """A size against its limit, for people: '3 GiB of 20 GiB'; ``unknown`` for what was
+    not measured ('- of 20 GiB'); without a limit, the size alone ('3 GiB', '-')."""
+    shown = unknown if used is None else format_human(used)
+    return shown if limit is None else f"{shown} of {format_human(limit)}"
+
+
 def human_duration(seconds: float) -> str:
     """'45s', '3m20s', '2h10m', '1d4h': the two largest units, for people."""
     seconds = max(0, math.floor(seconds + 0.5))  # half up: 0.5 s is "1s"

@@ -8,7 +8,7 @@ process's state:
 - the culler, the preemption and the budgets tell *why* a server is about to
   stop (``hint``) before they stop it; the hub's stop takes that reason;
 - the watchdog folds its samples into the open sessions (``fold``): sums for
-  the averages, and peaks.
+  the averages, and peaks (the home's use only as its peak).
 
 A session is found by its hub and container name: a server has at most one
 open session. SQLite (the default, beside the hub's database) runs in WAL
@@ -138,6 +138,7 @@ class Sample:
     gpu_util: float | None = None  # 0 to 1, the mean of its GPUs
     gpu_memory: int | None = None  # its own processes, bytes
     oom_kills: int = 0  # the cgroup's counter, cumulative
+    home_used: int | None = None  # bytes in its home, the quota's count
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -313,10 +314,12 @@ class Ledger:
                 gpu_reserved=gpu_reserved(count, mode), gpu_mem_limit=gpu_memory))
 
     def started(self, hub: str, container: str, container_id: str,
-                when: float | None = None) -> None:
+                when: float | None = None, home_size: int | None = None) -> None:
+        """The container (pod) runs, with a home of ``home_size`` bytes (None: no limit)."""
         with self.engine.begin() as connection:
             connection.execute(update(sessions).where(self._open_session(hub, container)).values(
-                started=time.time() if when is None else when, container_id=container_id))
+                started=time.time() if when is None else when, container_id=container_id,
+                home_size=home_size))
 
     def ready(self, hub: str, container: str, when: float | None = None) -> None:
         with self.engine.begin() as connection:
@@ -429,6 +432,7 @@ class Ledger:
                 gpu_mem_peak=peak(c.gpu_mem_peak, "gmem", "gpu_n"),
                 oom_kills=case((c.oom_kills < bindparam("oom"), bindparam("oom")),
                                else_=c.oom_kills),
+                home_peak=peak(c.home_peak, "home", "home_n"),
             )
         return cls._FOLD
 
@@ -446,7 +450,8 @@ class Ledger:
                 "cpu": s.cpu or 0.0, "cpu_n": int(s.cpu is not None),
                 "mem": s.memory or 0, "mem_n": int(s.memory is not None),
                 "util": s.gpu_util or 0.0, "gmem": s.gpu_memory or 0, "gpu_n": int(gpu),
-                "oom": s.oom_kills,
+                "oom": s.oom_kills, "home": s.home_used or 0,
+                "home_n": int(s.home_used is not None),
             })
         with self.engine.begin() as connection:
             done = connection.execute(self._fold_statement(), params)

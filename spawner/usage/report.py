@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine, and_, case, func, literal, or_, select
 
 from spawner.quota.model import QuotaTable, Role
-from spawner.quota.units import format_human, hours_text
+from spawner.quota.units import format_human, hours_text, size_of
 from spawner.usage.ledger import REASONS
 from spawner.usage.queries import in_window, seconds_in_window
 from spawner.usage.schema import session_groups, sessions
@@ -38,6 +38,9 @@ TOTAL = "(total)"
 MIN_SESSIONS = 5  # sessions with samples needed before any advice
 SERVE_SHARE = 0.9  # a smaller role must have served this share of them
 MEMORY_HEADROOM = 0.9  # a session's memory peak must fit in this share of the role's memory
+# ... and its home's peak in this share of the role's disk: the share at which the
+# watchdog warns of a full home. A home that reached it needed a bigger one.
+HOME_HEADROOM = 0.9
 
 _GIB = 2**30
 
@@ -55,6 +58,10 @@ class Row:
     cpu_used: float | None
     memory_gib_hours: float
     memory_used: float | None
+    # the largest home size of its sessions and the most any of their homes held, in
+    # bytes: one user's home at its largest and fullest; None: no size, never sampled
+    home_size: int | None = None
+    home_peak: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,11 @@ class Advice:
     suggestion: str | None  # the smaller role that would have served, or None
     served: int  # how many of `sessions` it (or, without one, the best smaller role) served
     text: str
+    home_sessions: int = 0  # of `sessions`, those whose home's use was sampled
+    home_peak: int | None = None  # the most their home held, bytes
+    home_size: int | None = None  # the home's size they had (the largest), bytes
+    home_suggestion: int | None = None  # a smaller home size that would have held it
+    home_bigger: bool = False  # the home reached HOME_HEADROOM of its size: it needs more
 
 
 @dataclass(frozen=True)
@@ -105,6 +117,12 @@ class _Sums:
     mem: float = 0.0  # byte-seconds
     mem_used: float = 0.0
     mem_sampled: float = 0.0
+    home_size: int | None = None  # the largest
+    home_peak: int | None = None
+
+    def _homes(self, size: int | None, peak: int | None) -> None:
+        self.home_size = _larger(self.home_size, size)
+        self.home_peak = _larger(self.home_peak, peak)
 
     def add(self, r: Any) -> None:
         self.sessions += r.n
@@ -118,6 +136,7 @@ class _Sums:
         self.mem += r.mem or 0.0
         self.mem_used += r.mem_used or 0.0
         self.mem_sampled += r.mem_sampled or 0.0
+        self._homes(r.home_size, r.home_peak)
 
     def merge(self, other: _Sums) -> None:
         self.sessions += other.sessions
@@ -126,6 +145,7 @@ class _Sums:
         for name in ("gpu", "gpu_used", "gpu_sampled", "cpu", "cpu_used", "cpu_sampled",
                      "mem", "mem_used", "mem_sampled"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self._homes(other.home_size, other.home_peak)
 
     def row(self, key: str) -> Row:
         def share(used: float, sampled: float) -> float | None:
@@ -136,7 +156,12 @@ class _Sums:
             gpu_hours=self.gpu / 3600, gpu_used=share(self.gpu_used, self.gpu_sampled),
             cpu_hours=self.cpu / 3600, cpu_used=share(self.cpu_used, self.cpu_sampled),
             memory_gib_hours=self.mem / _GIB / 3600,
-            memory_used=share(self.mem_used, self.mem_sampled))
+            memory_used=share(self.mem_used, self.mem_sampled),
+            home_size=self.home_size, home_peak=self.home_peak)
+
+
+def _larger(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 def _ordered(ended: dict[str, int]) -> dict[str, int]:
@@ -185,6 +210,8 @@ def _sum_columns(since: float, until: float, now: float) -> list[Any]:
         func.sum(mem_seconds).label("mem"),
         when(c.mem_samples > 0, c.mem_sum / c.mem_samples * seconds).label("mem_used"),
         when(c.mem_samples > 0, mem_seconds).label("mem_sampled"),
+        func.max(c.home_size).label("home_size"),
+        func.max(c.home_peak).label("home_peak"),
     ]
 
 
@@ -257,6 +284,8 @@ def _serves(role: Role) -> Any:
                         func.coalesce(c.gpu_util_peak, 0.0) * c.gpu_count <= role.gpus))
         if role.gpu_mode == "shared" and role.gpu_memory:
             fits.append(func.coalesce(c.gpu_mem_peak, 0) <= role.gpu_memory)
+    if role.disk:  # what the home held must fit in the smaller home, as memory does
+        fits.append(func.coalesce(c.home_peak, 0) <= HOME_HEADROOM * role.disk)
     return func.sum(case((and_(*fits), 1), else_=0))
 
 
@@ -275,6 +304,8 @@ def _advice(connection: Any, table: QuotaTable, since: float, until: float, now:
         func.max(c.gpu_reserved).label("gpu_reserved"), func.max(c.gpu_count).label("gpus"),
         func.max(case((c.gpu_samples > 0, c.gpu_mem_peak))).label("gpu_mem_peak"),
         func.max(case((c.gpu_samples > 0, c.gpu_util_peak))).label("gpu_util_peak"),
+        func.count(c.home_peak).label("home_n"), func.max(c.home_peak).label("home_peak"),
+        func.max(c.home_size).label("home_size"),
         *(_serves(table.roles[name]).label(f"s{i}") for i, name in enumerate(names)),
     ).where(sampled).group_by(c.user_name, c.role).order_by(c.user_name, c.role))
     found = list(connection.execute(query))
@@ -324,8 +355,9 @@ def _cpus(n: float) -> str:
     return f"{n:g} CPU" + ("" if n == 1 else "s")
 
 
-def _describe(role: Role, had_gpu: bool) -> str:
-    """'junior-researcher with 2 GiB and 1 CPU', with its GPU when that matters."""
+def _describe(role: Role, had_gpu: bool, had_home: bool = False) -> str:
+    """'junior-researcher with 2 GiB and 1 CPU', with its GPU and its home when they
+    matter."""
     parts = [format_human(role.memory), _cpus(role.cpus)]
     if role.gpus:
         gpu = f"{role.gpus} GPU" + ("" if role.gpus == 1 else "s")
@@ -336,6 +368,8 @@ def _describe(role: Role, had_gpu: bool) -> str:
         parts.append(gpu)
     elif had_gpu:
         parts.append("no GPU")
+    if had_home and role.disk:
+        parts.append(f"a {format_human(role.disk)} home")
     return f"{role.name} with {', '.join(parts[:-1])} and {parts[-1]}"
 
 
@@ -353,8 +387,36 @@ def _evidence(r: Any) -> str:
         else:
             text += (f", its GPU at most {r.gpu_util_peak or 0:.0%} busy with "
                      f"{format_human(r.gpu_mem_peak or 0)} of GPU memory")
+    if r.home_peak is not None:
+        text += f", its home at most {format_human(r.home_peak)}" + (
+            f" of {format_human(r.home_size)}" if r.home_size else ", with no size limit")
     plural = "session" if r.n == 1 else "sessions"
     return f"{text} over {r.n} {plural} as {r.role}"
+
+
+# The home sizes advice names: those people pick (docs/usage.md#right-sizing-advice).
+HOME_SIZES = (*(2**20 * m for m in (64, 128, 256, 512)),
+              *(_GIB * m * 10**e for e in range(5) for m in (1, 2, 5)))
+
+
+def home_size_for(peak: int) -> int | None:
+    """The smallest of ``HOME_SIZES`` whose ``HOME_HEADROOM`` holds ``peak``."""
+    return next((size for size in HOME_SIZES if peak <= HOME_HEADROOM * size), None)
+
+
+def _home_advice(r: Any) -> tuple[str, int | None, bool]:
+    """The home's part of the advice: (its words, a smaller size that would have held
+    it, whether it needs a bigger one). Nothing for fewer than ``MIN_SESSIONS``
+    sampled sessions, or a home without a size."""
+    if r.home_n < MIN_SESSIONS or r.home_peak is None or not r.home_size:
+        return "", None, False
+    if r.home_peak >= HOME_HEADROOM * r.home_size:
+        full = "full" if r.home_peak >= r.home_size else "nearly full"
+        return f"; its home was {full}: a bigger one is needed", None, True
+    smaller = home_size_for(r.home_peak)
+    if smaller is not None and smaller < r.home_size:
+        return f"; a home of {format_human(smaller)} would do", smaller, False
+    return "", None, False
 
 
 def _advise(r: Any, held: list[Role], served: dict[str, int]) -> Advice:
@@ -363,28 +425,37 @@ def _advise(r: Any, held: list[Role], served: dict[str, int]) -> Advice:
         role, r.cpu_limit, r.mem_limit, r.gpu_reserved)), key=_cost)
     suggestion: str | None = None
     count = 0
+    home_words, home_smaller, home_bigger = "", None, False
+    had_home = bool(r.home_n)
     if r.n < MIN_SESSIONS:
         text = f"{evidence}: too few to advise on ({MIN_SESSIONS} sessions with samples needed)."
-    elif not candidates:
-        text = f"{evidence}; {r.user_name} holds no smaller role."
     else:
-        good = [role for role in candidates if served[role.name] >= SERVE_SHARE * r.n - 1e-9]
-        if good:
-            best = good[0]
-            suggestion, count = best.name, served[best.name]
-            text = (f"{evidence}; {_describe(best, bool(r.gpus))} would have served "
-                    f"{count} of them.")
+        home_words, home_smaller, home_bigger = _home_advice(r)
+        if not candidates:
+            text = f"{evidence}; {r.user_name} holds no smaller role"
         else:
-            # the evidence: the smaller role that came closest, the largest on a tie
-            best = max(candidates, key=lambda role: (served[role.name], _cost(role)))
-            count = served[best.name]
-            text = (f"{evidence}; no smaller role would have served: "
-                    f"{_describe(best, bool(r.gpus))} would have served only {count} of them.")
+            good = [role for role in candidates
+                    if served[role.name] >= SERVE_SHARE * r.n - 1e-9]
+            if good:
+                best = good[0]
+                suggestion, count = best.name, served[best.name]
+                text = (f"{evidence}; {_describe(best, bool(r.gpus), had_home)} would have "
+                        f"served {count} of them")
+            else:
+                # the evidence: the smaller role that came closest, the largest on a tie
+                best = max(candidates, key=lambda role: (served[role.name], _cost(role)))
+                count = served[best.name]
+                text = (f"{evidence}; no smaller role would have served: "
+                        f"{_describe(best, bool(r.gpus), had_home)} would have served only "
+                        f"{count} of them")
+        text += home_words + "."
     return Advice(
         user=r.user_name, role=r.role, sessions=r.n, memory_peak=r.mem_peak,
         memory_limit=int(r.mem_limit), cpu_peak=r.cpu_peak, cpu_limit=float(r.cpu_limit),
         gpu_memory_peak=r.gpu_mem_peak, gpu_util_peak=r.gpu_util_peak,
-        suggestion=suggestion, served=count, text=text)
+        suggestion=suggestion, served=count, text=text, home_sessions=int(r.home_n or 0),
+        home_peak=r.home_peak, home_size=r.home_size, home_suggestion=home_smaller,
+        home_bigger=home_bigger)
 
 
 # --- GPU-hours per day, one user's sessions ----------------------------------------------
@@ -454,7 +525,7 @@ def user_sessions(engine: Engine, user: str, *, since: float, until: float,
         mean(c.cpu_sum, c.cpu_samples).label("cpu_avg"), c.cpu_peak,
         mean(c.mem_sum, c.mem_samples).label("mem_avg"), c.mem_peak,
         mean(c.gpu_util_sum, c.gpu_samples).label("gpu_util_avg"), c.gpu_util_peak,
-        c.gpu_mem_peak,
+        c.gpu_mem_peak, c.home_size, c.home_peak,
     ).where(c.user_name == user, _counted(since, until, now), _in_group(group))
         .order_by(c.requested.desc(), c.id.desc()).limit(limit))
     with engine.connect() as connection:
@@ -482,13 +553,13 @@ def _ended_text(ended: dict[str, int]) -> str:
 
 def _table(report: Report) -> str:
     header = (report.by.capitalize(), "Sessions", "GPU-h", "GPU used", "CPU-h", "CPU used",
-              "Mem GiB-h", "Mem used", "Ended")
+              "Mem GiB-h", "Mem used", "Home", "Ended")
     lines = []
     for row in [*report.rows, report.total]:
         lines.append((row.key or TOTAL, str(row.sessions), hours_text(row.gpu_hours),
                       _share(row.gpu_used), hours_text(row.cpu_hours), _share(row.cpu_used),
                       hours_text(row.memory_gib_hours), _share(row.memory_used),
-                      _ended_text(row.ended)))
+                      size_of(row.home_peak, row.home_size), _ended_text(row.ended)))
     widths = [max(len(line[i]) for line in (header, *lines)) for i in range(len(header))]
 
     def render(cells: Sequence[str]) -> str:
@@ -527,7 +598,8 @@ def csv_header(report: Report) -> list[str]:
     for row in [*report.rows, report.total]:
         reasons += [r for r in row.ended if r not in reasons]
     return [report.by, "sessions", *(f"ended_{r}" for r in reasons), "gpu_hours",
-            "gpu_used", "cpu_hours", "cpu_used", "memory_gib_hours", "memory_used"]
+            "gpu_used", "cpu_hours", "cpu_used", "memory_gib_hours", "memory_used",
+            "home_size", "home_peak"]
 
 
 def _csv(report: Report) -> str:
@@ -543,7 +615,8 @@ def _csv(report: Report) -> str:
                          *(row.ended.get(r, 0) for r in reasons),
                          *("" if v is None else repr(v) for v in (
                              row.gpu_hours, row.gpu_used, row.cpu_hours, row.cpu_used,
-                             row.memory_gib_hours, row.memory_used))])
+                             row.memory_gib_hours, row.memory_used, row.home_size,
+                             row.home_peak))])
     return out.getvalue()
 
 

@@ -64,6 +64,10 @@ sessions = Table(
     Column("gpu_mem_sum", Float, nullable=False, server_default="0"),
     Column("gpu_mem_peak", BigInteger),
     Column("oom_kills", Integer, nullable=False, server_default="0"),
+    # the home: the size it started with (NULL: no size limit), and the most it held in
+    # the watchdog's samples (NULL: never sampled)
+    Column("home_size", BigInteger),
+    Column("home_peak", BigInteger),
 )
 Index("ix_sessions_started", sessions.c.started)
 Index("ix_sessions_stopped", sessions.c.stopped)

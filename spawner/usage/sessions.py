@@ -2,7 +2,7 @@
 
 A session opens when a start is asked for (before any GPU wait, so the wait
 counts), gets the GPUs it holds, is started when the container or pod is
-created and ready when the server answers, and is closed with why it ended.
+created (with its home's size) and ready when the server answers, and is closed with why it ended.
 ``ServerSession`` is that lifecycle, once: QuotaSpawner (Docker) and
 QuotaKubeSpawner (Kubernetes) call it at those moments; each backend reads
 its own way why a server ended (spawner/usage/duties.py ``record_end`` from
@@ -60,9 +60,11 @@ class ServerSession:
             role.gpu_memory if shared else device_memory,
             count=None if uuids else role.gpus)
 
-    async def started(self, container_id: str) -> None:
-        """The container (its id) or pod (its uid) is created."""
-        await self.usage.started(self.hub, self.container, container_id)
+    async def started(self, container_id: str, home_size: int | None = None) -> None:
+        """The container (its id) or pod (its uid) is created, with a home of
+        ``home_size`` bytes (``Notebook.home_size``; None: no size limit)."""
+        await self.usage.started(self.hub, self.container, container_id,
+                                 home_size=home_size)
 
     async def ready(self) -> None:
         """The server answers."""

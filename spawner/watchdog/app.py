@@ -646,7 +646,8 @@ class QuotaWatchdog(Application):
 
 def usage_samples(snapshot: Snapshot) -> list[Sample]:
     """Each server's usage this cycle, as the ledger folds it: CPU and memory from its
-    cgroup, GPU utilisation as the mean of its GPUs', GPU memory of its own processes.
+    cgroup, GPU utilisation as the mean of its GPUs', GPU memory of its own processes,
+    its home's use.
     No GPU figures for a server whose GPUs are all another node's: its watchdog folds
     them, and this node's zeros would halve their means."""
     samples = []
@@ -660,7 +661,7 @@ def usage_samples(snapshot: Snapshot) -> list[Sample]:
             memory=sample.memory_working_set,
             gpu_util=sum(utils) / len(utils) if utils else None,
             gpu_memory=sum(sample.gpu_memory.values()) if gpus else None,
-            oom_kills=sample.oom_kills))
+            oom_kills=sample.oom_kills, home_used=sample.home_used))
     return samples
 
 

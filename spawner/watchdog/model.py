@@ -65,6 +65,7 @@ class ServerSample:
     memory_working_set: int | None = None  # usage minus inactive file cache, bytes
     cpu_used: float | None = None  # CPUs (cores) used over the cycle
     oom_kills: int = 0  # the cgroup's OOM-kill counter, cumulative
+    home_used: int | None = None  # bytes in its home (the cycle's one quota query)
 
 
 @dataclass

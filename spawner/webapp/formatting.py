@@ -28,6 +28,7 @@ from spawner.quota.units import (
     human_duration,
     valid_moment,
 )
+from spawner.quota.units import size_of as size_of_text
 
 UNKNOWN = "–"
 # FIRST STRONG ISOLATE and POP DIRECTIONAL ISOLATE (Unicode TR9): around a name in plain
@@ -48,6 +49,13 @@ def half_up(value: float) -> int:
 def size(num_bytes: Any) -> str:
     """'512 MiB', '1.5 GiB', '9.31 GiB', '80 GiB'; '–' when unknown."""
     return format_human(num_bytes) if _number(num_bytes) else UNKNOWN
+
+
+def size_of(used: Any, limit: Any) -> str:
+    """A size against its limit: '3 GiB of 20 GiB', '– of 20 GiB' (not measured); '3 GiB'
+    or '–' without a limit."""
+    return size_of_text(used if _number(used) else None,
+                        limit if _number(limit) else None, UNKNOWN)
 
 
 def duration(seconds: Any) -> str:
@@ -137,7 +145,7 @@ def _moment_filter(context: Context, epoch: Any, zone: bool = True) -> str:
 
 
 FILTERS: dict[str, Callable[..., str]] = {
-    "size": size, "duration": duration, "percent": percent, "hours": hours,
+    "size": size, "size_of": size_of, "duration": duration, "percent": percent, "hours": hours,
     "moment": _moment_filter, "iso": iso, "ago": ago, "isolate": isolate, "bdi": bdi,
     "bdi_names": bdi_names,
 }

@@ -103,6 +103,24 @@ async def test_a_start_is_a_session_with_the_role_and_its_gpus(monkeypatch, url,
     assert cluster.deleted == [spawner.pod_name]
 
 
+@pytest.mark.parametrize("role, size", [
+    ("sized", 20 * G),  # its disk
+    ("plain", 10 * G),  # no disk: the claim's request is kube_options' home_size
+])
+async def test_a_start_records_the_home_claims_size(monkeypatch, url, ledger, tmp_path, role,
+                                                    size):
+    quota = tmp_path / "quotas.yaml"
+    quota.write_text("images:\n  pytorch: {image: quota-spawner/pytorch:latest}\nroles:\n"
+                     "  sized: {cpus: 1, memory: 1G, images: [pytorch], disk: 20G}\n"
+                     "  plain: {cpus: 1, memory: 1G, images: [pytorch]}\n"
+                     "assignments:\n  default: [sized, plain]\n")
+    spawner, _ = spawner_on(monkeypatch, url, quota=quota)
+    spawner.user_options = {"profile": role}
+    await spawner.start()
+    (row,) = sessions(ledger)
+    assert (row["role"], row["home_size"], row["home_peak"]) == (role, size, None)
+
+
 async def test_a_shared_role_reserves_its_share(monkeypatch, url, ledger):
     spawner, _ = spawner_on(monkeypatch, url, user="bo", groups=("cs101",))
     spawner.user_options = {"profile": "gpu-lab"}

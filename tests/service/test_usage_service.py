@@ -233,6 +233,47 @@ async def test_a_users_page_for_whom_may_see_it(site):
     assert (await site.get("user?name=bob&period=30d", "admin")).code == 200
 
 
+def home_cells(page: str) -> dict[str, str]:
+    """Each row's home cell ("Total" for the total), as the browser shows it."""
+    found = re.findall(r'<tr class="(?:row" data-key="([^"]*)|total)">.*?<td class="home">'
+                       r'([^<]*)</td>', page, re.S)
+    return {html.unescape(key) or "Total": html.unescape(cell) for key, cell in found}
+
+
+async def test_the_homes_peak_of_size_on_the_pages_and_in_the_downloads(site):
+    r = await site.get("?period=30d", "admin")
+    page = r.body.decode()
+    assert "Home: peak of size" in page
+    assert home_cells(page) == {
+        "alice": "3 GiB of 20 GiB", "bob": "2 GiB of 50 GiB", "student1": "–",
+        HOSTILE_USER: "–", "mallory": "–", "dave": "–", "Total": "3 GiB of 50 GiB"}
+    # the advice covers the home: bob's stayed far under its 50 GiB
+    words = Text(page).words  # the names are isolated (<bdi>): a space around each
+    assert ("bob used at most 1.2 GiB of 32 GiB and 0.5 of 8 CPUs, its home at most 2 GiB of "
+            "50 GiB over 6 sessions as senior-engineer ; pipeline with 2 GiB and 1 CPU would "
+            "have served 6 of them; a home of 5 GiB would do.") in words
+    by_role = home_cells((await site.get("?period=30d&by=role", "admin")).body.decode())
+    assert (by_role["gpu-lab"], by_role["student"]) == ("3 GiB of 20 GiB", "–")
+    # one user's page: the summary and each session
+    page = (await site.get("user?name=alice&period=30d", "admin")).body.decode()
+    assert "the home held at most 3 GiB of 20 GiB." in Text(page).words
+    assert re.findall(r'<td class="home">([^<]*)</td>', page) == ["3 GiB of 20 GiB"] * 3
+    # the downloads: bytes
+    r = await site.get("report.csv?period=30d", "admin")
+    rows = {row["user"]: row for row in csv.DictReader(io.StringIO(r.body.decode()))}
+    assert (rows["alice"]["home_size"], rows["alice"]["home_peak"]) == (str(20 * 2**30),
+                                                                        str(3 * 2**30))
+    assert (rows["dave"]["home_size"], rows["dave"]["home_peak"]) == ("", "")
+    report = json.loads((await site.get("report.json?period=30d", "admin")).body)
+    assert {(row["key"], row["home_size"], row["home_peak"]) for row in report["rows"]
+            if row["key"] in ("bob", "dave")} == {("bob", 50 * 2**30, 2 * 2**30),
+                                                  ("dave", None, None)}
+    (advice,) = [a for a in report["advice"]
+                 if (a["user"], a["role"]) == ("bob", "senior-engineer")]
+    assert (advice["home_peak"], advice["home_size"], advice["home_suggestion"]) == (
+        2 * 2**30, 50 * 2**30, 5 * 2**30)
+
+
 @pytest.mark.parametrize("raw, sentence", [
     ("%ED%A0%80", "The 'name' in the address is not UTF-8 text; please check the link."),
     ("al%00ice", "The 'name' in the address holds a NUL character (U+0000) at character 3, "

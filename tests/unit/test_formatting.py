@@ -88,6 +88,12 @@ def test_sizes_keep_three_digits_and_never_an_exponent():
         "1024 TiB", "1048576 TiB", "-1.5 KiB"]
 
 
+def test_a_size_against_its_limit():
+    assert [formatting.size_of(used, limit) for used, limit in (
+        (3 * G, 20 * G), (None, 20 * G), (3 * G, None), (None, None), (0, NAN))] == [
+        "3 GiB of 20 GiB", "– of 20 GiB", "3 GiB", "–", "0 B"]
+
+
 def test_unknown_values_are_a_dash_and_odd_times_say_so():
     assert formatting.duration(None) == formatting.percent(NAN) == formatting.size(None) == "–"
     assert formatting.moment(None) == "–"

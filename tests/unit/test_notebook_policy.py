@@ -99,6 +99,13 @@ def test_both_backends_read_the_same_decision():
     assert docker.notebook.gpu_uuids == ("GPU-1",) and kube.notebook.gpu_uuids == ()
 
 
+def test_the_homes_size_is_the_roles_disk_on_both_backends():
+    sized = Role("student", cpus=0.5, memory=2 * G, images=("pytorch",), disk=20 * G)
+    for role, size in ((sized, 20 * G), (CPU, None)):  # no disk: the home has no limit
+        docker = ContainerSpec(role, "pytorch", IMAGE, "alice", "h", "1000", "quota-spawner")
+        assert docker.notebook.home_size == spec_for(role).notebook.home_size == size
+
+
 def test_a_container_spec_with_another_gpu_mode_is_refused():
     with pytest.raises(ValueError, match="gpu_mode 'exclusive' is not the role's 'shared:4'"):
         ContainerSpec(SHARED, "pytorch", IMAGE, "alice", "h", "1000", "quota-spawner",

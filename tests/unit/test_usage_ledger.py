@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 import pytest
 from alembic import command
@@ -25,7 +26,7 @@ from ledger_sessions import (
     row,
     usage,
 )
-from sqlalchemy import create_engine, text
+from sqlalchemy import column, create_engine, insert, inspect, table, text
 
 from spawner.usage.ledger import (
     REASONS,
@@ -49,7 +50,7 @@ FRESH = dict(
     started=None, ready=None, stopped=None, reason=None, hint=None, detail=None,
     last_seen=None, cpu_samples=0, cpu_sum=0.0, cpu_peak=None, mem_samples=0, mem_sum=0.0,
     mem_peak=None, gpu_samples=0, gpu_util_sum=0.0, gpu_util_peak=None, gpu_mem_sum=0.0,
-    gpu_mem_peak=None, oom_kills=0)
+    gpu_mem_peak=None, oom_kills=0, home_size=None, home_peak=None)
 
 
 # --- 1. schema and migrations -------------------------------------------------------------
@@ -84,7 +85,7 @@ def test_the_migrations_from_empty_build_exactly_the_schema(tmp_path):
         context = MigrationContext.configure(connection, opts={
             "version_table": VERSION_TABLE, "compare_type": True})
         assert compare_metadata(context, metadata) == []
-        assert current_revision(connection) == head_revision() == "0008"
+        assert current_revision(connection) == head_revision() == "0009"
         tables = set(connection.exec_driver_sql(
             "SELECT name FROM sqlite_master WHERE type='table'").scalars())
     assert tables == {"sessions", "session_groups", "table_versions", "role_requests",
@@ -138,7 +139,7 @@ def test_a_ledger_not_created_yet_is_not_ready_and_says_how_to_create_it(tmp_pat
         assert not path.parent.exists()
     else:
         assert str(raised.value) == (
-            f"the usage ledger at {url} is at revision none, not 0008; the hub creates or "
+            f"the usage ledger at {url} is at revision none, not 0009; the hub creates or "
             "upgrades it when it starts (or run: quota-spawner ledger upgrade)")
 
 
@@ -154,7 +155,7 @@ def test_the_ledger_is_created_beside_jupyterhubs_own_alembic_version(tmp_path):
     with ledger.engine.connect() as connection:
         assert connection.exec_driver_sql(
             "SELECT version_num FROM alembic_version").scalars().all() == ["4621fec11365"]
-        assert current_revision(connection) == "0008"
+        assert current_revision(connection) == "0009"
         tables = set(connection.exec_driver_sql(
             "SELECT name FROM sqlite_master WHERE type='table'").scalars())
     assert tables == {"alembic_version", "users", "sessions", "session_groups", "table_versions",
@@ -162,6 +163,70 @@ def test_the_ledger_is_created_beside_jupyterhubs_own_alembic_version(tmp_path):
                       VERSION_TABLE}
     assert open_session(ledger) == 1
     ledger.dispose()
+
+
+# Sessions as a 0.1.0 hub left them (revision 0008): one ended, sampled, in a group, and
+# one still running when the hub was upgraded.
+OLD_SESSIONS = [
+    dict(hub=HUB, user_name="ada", server_name="", container="jupyter-ada",
+         container_id="cid-ada", role="gpu", image="torch", gpus="GPU-a", gpu_count=1,
+         gpu_mode="exclusive", gpu_reserved=1.0, cpu_limit=4.0, mem_limit=16 * G,
+         gpu_mem_limit=80 * G, requested=100.0, started=110.0, ready=115.0, stopped=200.0,
+         reason="culled", hint="culled", detail=None, last_seen=195.0, cpu_samples=3,
+         cpu_sum=1.5, cpu_peak=0.9, mem_samples=3, mem_sum=6.0 * G, mem_peak=3 * G,
+         gpu_samples=3, gpu_util_sum=1.2, gpu_util_peak=0.6, gpu_mem_sum=3.0 * G,
+         gpu_mem_peak=2 * G, oom_kills=0),
+    dict(hub=HUB, user_name="bo", server_name="train", container="jupyter-bo",
+         container_id="cid-bo", role="cpu", image="py", gpus="", gpu_count=0, gpu_mode="",
+         gpu_reserved=0.0, cpu_limit=1.0, mem_limit=G, gpu_mem_limit=None, requested=150.0,
+         started=151.0, ready=152.0, stopped=None, reason=None, hint=None, detail=None,
+         last_seen=250.0, cpu_samples=1, cpu_sum=0.25, cpu_peak=None, mem_samples=1,
+         mem_sum=float(G // 2), mem_peak=G // 2, gpu_samples=0, gpu_util_sum=0.0,
+         gpu_util_peak=None, gpu_mem_sum=0.0, gpu_mem_peak=None, oom_kills=0),
+]
+
+
+def test_a_0008_ledger_keeps_its_sessions_and_their_homes_are_unknown(ledger_url):
+    engine = make_engine(ledger_url)
+    with engine.begin() as connection:
+        command.upgrade(_alembic_config(connection), "0008")
+        connection.execute(insert(table("sessions", *(column(k) for k in OLD_SESSIONS[0]))),
+                           OLD_SESSIONS)
+        connection.execute(insert(table("session_groups", column("session_id"),
+                                        column("group_name"))),
+                           [{"session_id": 1, "group_name": "cs101"},
+                            {"session_id": 2, "group_name": "lab"}])
+    engine.dispose()
+    ledger = Ledger(ledger_url, LOG)  # as the hub's start upgrades it
+    try:
+        with ledger.engine.connect() as connection:
+            assert current_revision(connection) == head_revision() == "0009"
+        # every value kept; no size and no peak known for the homes of before
+        assert all_rows(ledger) == [dict(s, id=i, home_size=None, home_peak=None)
+                                    for i, s in enumerate(OLD_SESSIONS, 1)]
+        assert group_rows(ledger) == [(1, "cs101"), (2, "lab")]
+        # the session that ran on through the upgrade takes the watchdog's home samples
+        assert ledger.fold([Sample(HUB, "jupyter-bo", 300.0, home_used=3 * G)]) == 1
+        assert (row(ledger, 2)["home_peak"], row(ledger, 2)["mem_samples"]) == (3 * G, 1)
+        assert ledger.close(HUB, "jupyter-bo", "stopped", when=310.0) == 2
+        if ledger.engine.url.get_backend_name() == "sqlite":  # copied aside first
+            assert Path(f"{ledger.engine.url.database}.0008.bak").is_file()
+    finally:
+        ledger.dispose()
+
+
+def test_going_back_to_0008_keeps_every_session_and_its_groups(ledger):
+    session = open_session(ledger, groups=["cs101", "lab"])
+    ledger.started(HUB, "jupyter-ada", "cid-ada", when=110.0, home_size=20 * G)
+    with ledger.engine.begin() as connection:
+        command.downgrade(_alembic_config(connection), "0008")
+    # the columns dropped in place: a copy of the table would cascade to session_groups
+    assert "home_size" not in {c["name"] for c in inspect(ledger.engine).get_columns("sessions")}
+    assert group_rows(ledger) == [(session, "cs101"), (session, "lab")]
+    with ledger.engine.begin() as connection:
+        command.upgrade(_alembic_config(connection), "head")
+    assert {k: row(ledger, session)[k] for k in ("container_id", "home_size", "home_peak")} == {
+        "container_id": "cid-ada", "home_size": None, "home_peak": None}
 
 
 def test_sqlite_runs_in_wal_mode_with_foreign_keys_and_a_busy_timeout(ledger):
@@ -213,6 +278,15 @@ def test_a_session_from_open_to_close_fills_every_column(ledger):
         started=110.0, ready=115.0, stopped=200.0, reason="stopped")
     assert ledger.open_session(HUB, "jupyter-ada") is None
     assert ledger.open_containers(HUB) == {}
+
+
+def test_the_start_records_the_homes_size_and_none_is_no_limit(ledger):
+    ada = open_session(ledger, "ada")
+    bo = open_session(ledger, "bo")
+    ledger.started(HUB, "jupyter-ada", "cid-ada", when=110.0, home_size=5 * 2**40)
+    ledger.started(HUB, "jupyter-bo", "cid-bo", when=110.0)  # a role without a disk
+    assert [(row(ledger, s)["home_size"], row(ledger, s)["home_peak"]) for s in (ada, bo)] == [
+        (5 * 2**40, None), (None, None)]  # 5 TiB: a BigInteger; no peak before a sample
 
 
 def test_a_shared_gpu_reserves_its_share(ledger):
@@ -451,6 +525,29 @@ def test_a_sample_with_no_values_only_says_it_was_seen(ledger):
         last_seen=205.0, cpu_samples=0, cpu_sum=0.0, cpu_peak=None, mem_samples=0, mem_sum=0.0,
         mem_peak=None, gpu_samples=0, gpu_util_sum=0.0, gpu_util_peak=None, gpu_mem_sum=0.0,
         gpu_mem_peak=None, oom_kills=0)
+
+
+def test_fold_keeps_the_most_each_home_held(ledger):
+    ada, bo, cy = (open_session(ledger, name) for name in ("ada", "bo", "cy"))
+    for name in ("ada", "bo", "cy"):
+        ran(ledger, f"jupyter-{name}", container_id=f"cid-{name}")
+    cycles = [  # ada's home's use grows, shrinks after a clean-up; bo's stays empty
+        (200.0, 3 * G, 0), (210.0, None, 0), (220.0, 7 * 2**40, 0), (230.0, 4 * G, None)]
+    for time_, ada_home, bo_home in cycles:
+        assert ledger.fold([
+            Sample(HUB, "jupyter-ada", time_, cpu=0.5, home_used=ada_home),
+            Sample(HUB, "jupyter-bo", time_, home_used=bo_home),
+            Sample(HUB, "jupyter-cy", time_, cpu=0.25)]) == 3
+    assert [row(ledger, s)["home_peak"] for s in (ada, bo, cy)] == [7 * 2**40, 0, None]
+    # the home's use is a peak only: it counts no sample of anything else
+    assert usage(ledger, bo) == dict(
+        last_seen=230.0, cpu_samples=0, cpu_sum=0.0, cpu_peak=None, mem_samples=0, mem_sum=0.0,
+        mem_peak=None, gpu_samples=0, gpu_util_sum=0.0, gpu_util_peak=None, gpu_mem_sum=0.0,
+        gpu_mem_peak=None, oom_kills=0)
+    assert usage(ledger, ada)["cpu_samples"] == 4
+    ledger.close(HUB, "jupyter-ada", "stopped", when=240.0)
+    ledger.fold([Sample(HUB, "jupyter-ada", 250.0, home_used=9 * 2**40)])  # after its close
+    assert row(ledger, ada)["home_peak"] == 7 * 2**40
 
 
 @pytest.mark.parametrize(("util", "memory", "expected"), [

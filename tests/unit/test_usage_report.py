@@ -4,6 +4,7 @@ the right-sizing advice on seeded sessions; the report and ledger commands."""
 import csv
 import io
 import json
+from dataclasses import asdict
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -19,6 +20,7 @@ from spawner.usage.report import (
     build_report,
     daily_gpu_hours,
     format_report,
+    home_size_for,
     month_start,
     parse_time,
     user_sessions,
@@ -42,8 +44,9 @@ def approx(value):
 
 
 def add(connection, user, role, *, started, stopped=None, requested=None, reason=None,
-        image="py", groups=(), cpu=None, mem=None, gpu=None, gpu_mem=None):
-    """One session. cpu, mem, gpu, gpu_mem: (samples, sum, peak) folded from samples."""
+        image="py", groups=(), cpu=None, mem=None, gpu=None, gpu_mem=None, home=(None, None)):
+    """One session. cpu, mem, gpu, gpu_mem: (samples, sum, peak) folded from samples;
+    home: (its size, its peak)."""
     cpu_limit, mem_limit, gpu_count, mode, reserved = LIMITS[role]
     values = dict(
         hub="", user_name=user, container=f"jupyter-{user}", role=role, image=image,
@@ -51,7 +54,7 @@ def add(connection, user, role, *, started, stopped=None, requested=None, reason
         gpu_mode=mode, gpu_reserved=reserved, cpu_limit=cpu_limit, mem_limit=mem_limit,
         requested=requested if requested is not None else started, started=started,
         ready=None if started is None else started + 5, stopped=stopped,
-        reason=reason if stopped is not None else None)
+        reason=reason if stopped is not None else None, home_size=home[0], home_peak=home[1])
     if cpu:
         values.update(cpu_samples=cpu[0], cpu_sum=cpu[1], cpu_peak=cpu[2])
     if mem:
@@ -73,14 +76,16 @@ def ledger(ledger_url):
     with ledger.engine.begin() as c:
         # 1: crosses the window's start: 10 h; CPU mean 0.5, memory mean 1 GiB
         add(c, "alice", "big", started=90 * H, stopped=110 * H, reason="culled",
-            groups=["cs101"], cpu=(10, 5.0, 0.8), mem=(10, 10 * G, int(1.5 * G)))
-        # 2: inside: 4 h; CPU mean 1, memory mean 2 GiB
+            groups=["cs101"], cpu=(10, 5.0, 0.8), mem=(10, 10 * G, int(1.5 * G)),
+            home=(10 * G, 3 * G))
+        # 2: inside: 4 h; CPU mean 1, memory mean 2 GiB; her home grew to 20 GiB
         add(c, "alice", "big", started=120 * H, stopped=124 * H, reason="stopped",
-            groups=["cs101"], cpu=(4, 4.0, 1.5), mem=(4, 8 * G, 3 * G))
-        # 3: still running: clipped at the window's end, 30 h; GPU mean 0.5
+            groups=["cs101"], cpu=(4, 4.0, 1.5), mem=(4, 8 * G, 3 * G), home=(20 * G, 5 * G))
+        # 3: still running: clipped at the window's end, 30 h; GPU mean 0.5; its home
+        # never sampled
         add(c, "bob", "gpu", started=170 * H, image="torch", groups=["cs101", "lab"],
             cpu=(10, 20.0, 3.0), mem=(10, 40 * G, 6 * G), gpu=(10, 5.0, 0.9),
-            gpu_mem=8 * G)
+            gpu_mem=8 * G, home=(20 * G, None))
         # 4: a quarter of a shared GPU for 20 h, never sampled
         add(c, "bob", "shared", started=140 * H, stopped=160 * H, reason="preempted",
             image="torch", groups=["lab"])
@@ -90,63 +95,73 @@ def ledger(ledger_url):
         # 6: a failed start asked for in the window: a session, no hours
         add(c, "carol", "big", started=None, requested=150 * H, stopped=150.1 * H,
             reason="failed", image="r")
-        # 7: starts exactly at the window's start: 2 h of a quarter GPU, never busy
+        # 7: starts exactly at the window's start: 2 h of a quarter GPU, never busy; a
+        # home without a size
         add(c, "erin", "shared", started=100 * H, stopped=102 * H, reason="oom",
             image="torch", groups=["lab"], cpu=(4, 2.0, 1.0), mem=(4, 8 * G, 3 * G),
-            gpu=(4, 0.0, 0.0), gpu_mem=0)
+            gpu=(4, 0.0, 0.0), gpu_mem=0, home=(None, G))
         # not in the window: before it, ending at its start, after it, a failed start before
         add(c, "dave", "big", started=50 * H, stopped=90 * H, reason="stopped",
             groups=["cs101"])
         add(c, "dave", "big", started=80 * H, stopped=100 * H, reason="stopped")
-        add(c, "dave", "big", started=200 * H, stopped=220 * H, reason="stopped")
+        add(c, "dave", "big", started=200 * H, stopped=220 * H, reason="stopped",
+            home=(50 * G, 40 * G))
         add(c, "dave", "big", started=None, requested=95 * H, stopped=96 * H,
             reason="failed")
     yield ledger
     ledger.dispose()
 
 
-def row(key, sessions, ended, gpu_hours, gpu_used, cpu_hours, cpu_used, mem_hours, mem_used):
+def row(key, sessions, ended, gpu_hours, gpu_used, cpu_hours, cpu_used, mem_hours, mem_used,
+        home=(None, None)):
     return Row(key=key, sessions=sessions, ended=ended, gpu_hours=gpu_hours,
                gpu_used=gpu_used, cpu_hours=cpu_hours, cpu_used=cpu_used,
-               memory_gib_hours=mem_hours, memory_used=mem_used)
+               memory_gib_hours=mem_hours, memory_used=mem_used, home_size=home[0],
+               home_peak=home[1])
 
 
 # Worked by hand from the fixture's comments: hours x limit; used = mean x hours over the
 # reserved hours of the sampled sessions.
 BY_USER = [
     row("alice", 2, {"stopped": 1, "culled": 1}, 0.0, None,
-        2 * 14, (0.5 * 10 + 1 * 4) / 28, 4 * 14, (1 * 10 + 2 * 4) / 56),
+        2 * 14, (0.5 * 10 + 1 * 4) / 28, 4 * 14, (1 * 10 + 2 * 4) / 56, (20 * G, 5 * G)),
     row("bob", 2, {"preempted": 1, "running": 1}, 1 * 30 + 0.25 * 20, 0.5 * 30 / 30,
-        4 * 30 + 2 * 20, 2 * 30 / (4 * 30), 16 * 30 + 8 * 20, 4 * 30 / (16 * 30)),
+        4 * 30 + 2 * 20, 2 * 30 / (4 * 30), 16 * 30 + 8 * 20, 4 * 30 / (16 * 30),
+        (20 * G, None)),
     row("carol", 2, {"failed": 1, "running": 1}, 0.0, None,
         2 * 10, 1.5 * 10 / 20, 4 * 10, 3 * 10 / 40),
-    row("erin", 1, {"oom": 1}, 0.25 * 2, 0.0, 2 * 2, 0.5 * 2 / 4, 8 * 2, 2 * 2 / 16),
+    row("erin", 1, {"oom": 1}, 0.25 * 2, 0.0, 2 * 2, 0.5 * 2 / 4, 8 * 2, 2 * 2 / 16,
+        (None, G)),
 ]
 TOTAL = row("", 7, {"stopped": 1, "culled": 1, "preempted": 1, "oom": 1, "failed": 1,
                     "running": 2},
             35.5, 15 / 30.5, 212.0, (9 + 60 + 15 + 1) / (28 + 120 + 20 + 4),
-            752.0, (18 + 120 + 30 + 4) / (56 + 480 + 40 + 16))
+            752.0, (18 + 120 + 30 + 4) / (56 + 480 + 40 + 16), (20 * G, 5 * G))
 BY_ROLE = [
     row("big", 4, {"stopped": 1, "culled": 1, "failed": 1, "running": 1}, 0.0, None,
-        48.0, (9 + 15) / 48, 96.0, (18 + 30) / 96),
-    row("gpu", 1, {"running": 1}, 30.0, 0.5, 120.0, 0.5, 480.0, 0.25),
-    row("shared", 2, {"preempted": 1, "oom": 1}, 5.5, 0.0, 44.0, 1 / 4, 176.0, 4 / 16),
+        48.0, (9 + 15) / 48, 96.0, (18 + 30) / 96, (20 * G, 5 * G)),
+    row("gpu", 1, {"running": 1}, 30.0, 0.5, 120.0, 0.5, 480.0, 0.25, (20 * G, None)),
+    row("shared", 2, {"preempted": 1, "oom": 1}, 5.5, 0.0, 44.0, 1 / 4, 176.0, 4 / 16,
+        (None, G)),
 ]
 BY_GROUP = [  # a session in two groups counts in both, and once in the total
     row("(no group)", 2, {"failed": 1, "running": 1}, 0.0, None, 20.0, 0.75, 40.0, 0.75),
     row("cs101", 3, {"stopped": 1, "culled": 1, "running": 1}, 30.0, 0.5,
-        148.0, (9 + 60) / 148, 536.0, (18 + 120) / 536),
+        148.0, (9 + 60) / 148, 536.0, (18 + 120) / 536, (20 * G, 5 * G)),
+    # the largest size (bob's) and the largest peak (erin's), of different homes
     row("lab", 3, {"preempted": 1, "oom": 1, "running": 1}, 35.5, 15 / 30.5,
-        164.0, (60 + 1) / (120 + 4), 656.0, (120 + 4) / (480 + 16)),
+        164.0, (60 + 1) / (120 + 4), 656.0, (120 + 4) / (480 + 16), (20 * G, G)),
 ]
 BY_IMAGE = [
-    row("py", 2, {"stopped": 1, "culled": 1}, 0.0, None, 28.0, 9 / 28, 56.0, 18 / 56),
+    row("py", 2, {"stopped": 1, "culled": 1}, 0.0, None, 28.0, 9 / 28, 56.0, 18 / 56,
+        (20 * G, 5 * G)),
     row("r", 2, {"failed": 1, "running": 1}, 0.0, None, 20.0, 0.75, 40.0, 0.75),
     row("torch", 3, {"preempted": 1, "oom": 1, "running": 1}, 35.5, 15 / 30.5,
-        164.0, 61 / 124, 656.0, 124 / 496),
+        164.0, 61 / 124, 656.0, 124 / 496, (20 * G, G)),
 ]
 EXPECTED = {"user": BY_USER, "role": BY_ROLE, "group": BY_GROUP, "image": BY_IMAGE}
 NUMBERS = ("gpu_hours", "gpu_used", "cpu_hours", "cpu_used", "memory_gib_hours", "memory_used")
+HOMES = ("home_size", "home_peak")  # bytes, exact
 
 
 def assert_row(found, expected):
@@ -159,6 +174,8 @@ def assert_row(found, expected):
         assert (got is None) == (want is None), (found.key, name, got)
         if want is not None:
             assert got == approx(want), (found.key, name)
+    assert [getattr(found, name) for name in HOMES] == [
+        getattr(expected, name) for name in HOMES], found.key
 
 
 @pytest.mark.parametrize("by", ["user", "role", "group", "image"])
@@ -201,13 +218,13 @@ def test_table_format(ledger):
     assert format_report(report, "table") == """\
 Usage from 1970-01-05 04:00 UTC to 1970-01-09 08:00 UTC, by user
 
-User     Sessions  GPU-h  GPU used  CPU-h  CPU used  Mem GiB-h  Mem used  Ended
-alice           2      0         -     28       32%         56       32%  1 stopped, 1 culled
-bob             2     35       50%    160       50%        640       25%  1 preempted, 1 running
-carol           2      0         -     20       75%         40       75%  1 failed, 1 running
-erin            1    0.5        0%      4       25%         16       25%  1 oom
--------------------------------------------------------------------------------
-(total)         7   35.5       49%    212       49%        752       29%  1 stopped, 1 culled, 1 preempted, 1 oom, 1 failed, 2 running
+User     Sessions  GPU-h  GPU used  CPU-h  CPU used  Mem GiB-h  Mem used             Home  Ended
+alice           2      0         -     28       32%         56       32%  5 GiB of 20 GiB  1 stopped, 1 culled
+bob             2     35       50%    160       50%        640       25%      - of 20 GiB  1 preempted, 1 running
+carol           2      0         -     20       75%         40       75%                -  1 failed, 1 running
+erin            1    0.5        0%      4       25%         16       25%            1 GiB  1 oom
+------------------------------------------------------------------------------------------------
+(total)         7   35.5       49%    212       49%        752       29%  5 GiB of 20 GiB  1 stopped, 1 culled, 1 preempted, 1 oom, 1 failed, 2 running
 """
 
 
@@ -217,7 +234,8 @@ def test_csv_format(ledger, by):
     rows = list(csv.DictReader(io.StringIO(format_report(report, "csv"))))
     reasons = ["stopped", "culled", "max-age", "preempted", "oom", "failed", "zombie",
                "budget", "lost", "running"]
-    assert list(rows[0]) == [by, "sessions", *(f"ended_{r}" for r in reasons), *NUMBERS]
+    assert list(rows[0]) == [by, "sessions", *(f"ended_{r}" for r in reasons), *NUMBERS,
+                             *HOMES]
     assert [r[by] for r in rows] == [r.key for r in EXPECTED[by]] + ["(total)"]
     for found, expected in zip(rows, [*EXPECTED[by], TOTAL], strict=True):
         assert int(found["sessions"]) == expected.sessions
@@ -229,6 +247,10 @@ def test_csv_format(ledger, by):
                 assert found[name] == ""
             else:
                 assert float(found[name]) == approx(want), (found[by], name)
+        # bytes as integers; empty: no size, never sampled
+        assert [found[name] for name in HOMES] == [
+            "" if getattr(expected, name) is None else str(getattr(expected, name))
+            for name in HOMES], found[by]
 
 
 @pytest.mark.parametrize("by", ["user", "role", "group", "image"])
@@ -279,12 +301,13 @@ def test_csv_cells_from_names_are_not_formulas(ledger_url, by):
 
 def test_csv_numbers_are_not_quoted_even_when_negative():
     numbers = Row(key="-x", sessions=1, ended={}, gpu_hours=-1.5, gpu_used=-0.25,
-                  cpu_hours=2.0, cpu_used=None, memory_gib_hours=-3.0, memory_used=0.5)
+                  cpu_hours=2.0, cpu_used=None, memory_gib_hours=-3.0, memory_used=0.5,
+                  home_size=None, home_peak=-7)
     report = Report(since=0.0, until=1.0, now=1.0, by="user", rows=[numbers],
                     total=numbers, advice=[])
     lines = format_report(report, "csv").splitlines()
     assert lines[1].startswith("'-x,1,")
-    assert lines[1].endswith(",-1.5,-0.25,2.0,,-3.0,0.5")
+    assert lines[1].endswith(",-1.5,-0.25,2.0,,-3.0,0.5,,-7")
 
 
 def test_table_keeps_the_size_of_short_sessions(ledger_url):
@@ -346,11 +369,13 @@ def test_user_sessions(ledger):
         "requested": 140 * H, "started": 140 * H, "ready": 140 * H + 5, "stopped": 160 * H,
         "reason": "preempted", "cpu_limit": 2.0, "mem_limit": 8 * G, "gpu_reserved": 0.25,
         "cpu_avg": None, "cpu_peak": None, "mem_avg": None, "mem_peak": None,
-        "gpu_util_avg": None, "gpu_util_peak": None, "gpu_mem_peak": None}
+        "gpu_util_avg": None, "gpu_util_peak": None, "gpu_mem_peak": None,
+        "home_size": None, "home_peak": None}
     assert (gpu["stopped"], gpu["reason"]) == (None, None)
     assert (gpu["cpu_avg"], gpu["cpu_peak"]) == (2.0, 3.0)
     assert (gpu["mem_avg"], gpu["mem_peak"]) == (4 * G, 6 * G)
     assert (gpu["gpu_util_avg"], gpu["gpu_util_peak"], gpu["gpu_mem_peak"]) == (0.5, 0.9, 8 * G)
+    assert (gpu["home_size"], gpu["home_peak"]) == (20 * G, None)
     latest = user_sessions(ledger.engine, "bob", since=SINCE, until=UNTIL, now=NOW, limit=1)
     assert [s["id"] for s in latest] == [3]
     failed = user_sessions(ledger.engine, "carol", since=SINCE, until=UNTIL, now=NOW)
@@ -497,6 +522,94 @@ def test_advice_in_every_format(advice_ledger):
     assert "advice" not in format_report(report, "csv")
     only = advice_of(advice_ledger, group="ml")
     assert sorted(only) == ["grace", "jack", "kate"]
+
+
+# --- the home in the advice -------------------------------------------------------------
+
+
+HOME_TABLE = QuotaTable(
+    path="quotas.yaml", images={},
+    roles={
+        "small": Role(name="small", cpus=1, memory=2 * G, images=("py",), disk=2 * G),
+        "big": Role(name="big", cpus=2, memory=4 * G, images=("py",), disk=20 * G),
+    },
+    groups={"cs101": ("small", "big")},
+)
+
+
+@pytest.fixture
+def home_ledger(ledger_url):
+    """Users of big (2 CPUs, 4 GiB, a 20 GiB home) whose memory and CPUs fit in small's
+    (a 2 GiB home); only their homes differ: (its size, the peaks of their sessions)."""
+    ledger = Ledger(ledger_url)
+    homes = {
+        "hana": (20 * G, [G] * 5),  # fits small's home, 90% of 2 GiB
+        "omar": (20 * G, [3 * G] * 5),  # fits only 5 GiB of home: small does not serve
+        "pia": (20 * G, [6 * G] * 4 + [20 * G]),  # full once is enough
+        "quin": (20 * G, [18.5 * G] * 5),  # past 90%: nearly full
+        "rolf": (20 * G, [12 * G] * 5),  # 12 GiB needs more than 10 GiB, less than 20
+        "sam": (20 * G, [G] * 4 + [None]),  # four homes sampled: too few for the home
+        "tess": (None, [3 * G] * 5),  # a home without a size: nothing to size
+        "uma": (20 * G, [G] * 3),  # too few sessions for any advice
+    }
+    with ledger.engine.begin() as c:
+        for user, (size, peaks) in homes.items():
+            for i, peak in enumerate(peaks):
+                add(c, user, "big", started=(10 + i) * H, stopped=(10.5 + i) * H,
+                    reason="stopped", groups=["cs101"], cpu=(6, 1.5, 0.5),
+                    mem=(6, 3.0 * G, G), home=(size, None if peak is None else int(peak)))
+    yield ledger
+    ledger.dispose()
+
+
+EVIDENCE = "used at most 1 GiB of 4 GiB and 0.5 of 2 CPUs, its home at most"
+SMALL = "small with 2 GiB, 1 CPU and a 2 GiB home"
+
+
+@pytest.mark.parametrize(("user", "text", "fields"), [
+    ("hana", f"hana {EVIDENCE} 1 GiB of 20 GiB over 5 sessions as big; {SMALL} would have "
+     "served 5 of them; a home of 2 GiB would do.",
+     dict(suggestion="small", served=5, home_suggestion=2 * G, home_bigger=False)),
+    ("omar", f"omar {EVIDENCE} 3 GiB of 20 GiB over 5 sessions as big; no smaller role "
+     f"would have served: {SMALL} would have served only 0 of them; a home of 5 GiB would do.",
+     dict(suggestion=None, served=0, home_suggestion=5 * G, home_bigger=False)),
+    ("pia", f"pia {EVIDENCE} 20 GiB of 20 GiB over 5 sessions as big; no smaller role "
+     f"would have served: {SMALL} would have served only 0 of them; its home was full: "
+     "a bigger one is needed.",
+     dict(suggestion=None, served=0, home_suggestion=None, home_bigger=True)),
+    ("quin", f"quin {EVIDENCE} 18.5 GiB of 20 GiB over 5 sessions as big; no smaller role "
+     f"would have served: {SMALL} would have served only 0 of them; its home was nearly "
+     "full: a bigger one is needed.",
+     dict(suggestion=None, served=0, home_suggestion=None, home_bigger=True)),
+    ("rolf", f"rolf {EVIDENCE} 12 GiB of 20 GiB over 5 sessions as big; no smaller role "
+     f"would have served: {SMALL} would have served only 0 of them.",
+     dict(suggestion=None, served=0, home_suggestion=None, home_bigger=False)),
+    ("sam", f"sam {EVIDENCE} 1 GiB of 20 GiB over 5 sessions as big; {SMALL} would have "
+     "served 5 of them.",
+     dict(suggestion="small", served=5, home_suggestion=None, home_bigger=False)),
+    ("tess", f"tess {EVIDENCE} 3 GiB, with no size limit over 5 sessions as big; no smaller "
+     f"role would have served: {SMALL} would have served only 0 of them.",
+     dict(suggestion=None, served=0, home_suggestion=None, home_bigger=False)),
+    ("uma", f"uma {EVIDENCE} 1 GiB of 20 GiB over 3 sessions as big: too few to advise on "
+     "(5 sessions with samples needed).",
+     dict(suggestion=None, served=0, home_suggestion=None, home_bigger=False)),
+])
+def test_advice_on_the_home(home_ledger, user, text, fields):
+    report = build_report(home_ledger.engine, since=0, until=100 * H, table=HOME_TABLE,
+                          now=100 * H)
+    found = {a.user: a for a in report.advice}[user]
+    assert found.text == text
+    assert {k: getattr(found, k) for k in fields} == fields
+    assert json.loads(format_report(report, "json"))["advice"][
+        report.advice.index(found)] == asdict(found)
+
+
+def test_the_home_sizes_the_advice_names():
+    assert [home_size_for(int(peak)) for peak in (
+        0, 57 * 2**20, 58 * 2**20, 0.9 * G, 0.91 * G, 1.8 * G, 4.5 * G, 9 * G, 9.1 * G,
+        450 * G, 451 * G)] == [
+        64 * 2**20, 64 * 2**20, 128 * 2**20, G, 2 * G, 2 * G, 5 * G, 10 * G, 20 * G,
+        500 * G, 1000 * G]
 
 
 # --- times and the commands ------------------------------------------------------------

@@ -63,6 +63,17 @@ async def test_a_docker_start_from_request_to_stop(ledger):
     assert (row["reason"], row["detail"], row["stopped"]) == (OOM, "killed for memory", 500.0)
 
 
+async def test_the_start_records_the_homes_size(ledger):
+    writer = LedgerWriter(ledger, LOG)
+    sized, unlimited = (ServerSession(writer, HUB, f"quota-{u}") for u in ("ada", "bo"))
+    await sized.open(Choice(CPU, PYTORCH), "ada", "", [])
+    await unlimited.open(Choice(CPU, PYTORCH), "bo", "", [])
+    await sized.started("c0ffee", 20 * G)
+    await unlimited.started("decaf")  # a role without a disk: no limit
+    assert [(r["container_id"], r["home_size"], r["home_peak"]) for r in rows(ledger)] == [
+        ("c0ffee", 20 * G, None), ("decaf", None, None)]
+
+
 async def test_a_kubernetes_start_records_the_count_the_device_plugin_gives(ledger):
     session = ServerSession(LedgerWriter(ledger, LOG), HUB, "jupyter-ada")
     await session.open(Choice(SHARED, PYTORCH), "ada", "train", [])

@@ -238,6 +238,19 @@ def test_the_watchdog_folds_its_samples_once_the_hub_made_the_ledger(url, caplog
     ledger.dispose()
 
 
+def test_the_watchdog_folds_each_homes_use_into_its_peak(ledger):
+    watchdog = QuotaWatchdog(hub_id=HUB, usage_db=ledger.url)
+    watchdog.log = LOG
+    ada, bo = open_session(ledger, "ada"), open_session(ledger, "bo")
+    ran(ledger, "jupyter-ada")
+    ran(ledger, "jupyter-bo", container_id="cid-bo")
+    for when, used in ((500.0, 3 * G), (505.0, 5 * G), (510.0, 4 * G)):
+        watchdog.record_usage(Snapshot(time=when, host="h", servers={
+            "id-ada": ServerSample(nb_server("jupyter-ada"), cpu_used=0.5, home_used=used),
+            "id-bo": ServerSample(nb_server("jupyter-bo"), cpu_used=0.5)}))  # not read
+    assert [row(ledger, s)["home_peak"] for s in (ada, bo)] == [5 * G, None]
+
+
 def test_the_watchdog_logs_a_missing_ledger_once(url, caplog):
     watchdog = QuotaWatchdog(hub_id=HUB, usage_db=url)
     watchdog.log = LOG
