@@ -22,6 +22,9 @@ GPUS_LABEL = LABEL_PREFIX + "gpus"  # the assigned UUIDs, comma-separated; "" fo
 GPU_MODE_LABEL = LABEL_PREFIX + "gpu-mode"  # "exclusive", "shared:<gpu_share>" or ""
 HUB_LABEL = LABEL_PREFIX + "hub"  # the hub id: which hub's pool the container belongs to
 NETWORK_LABEL = LABEL_PREFIX + "network"  # on the notebook network the hub creates
+# The home's size in bytes the server started with; "" when its role has no disk or disk
+# is not enforced (docs/disk.md).
+DISK_LABEL = LABEL_PREFIX + "disk"
 # On the notebook images, set by scripts/build-images.sh: what framework the
 # image holds ("PyTorch 2.14.1 · CUDA 13.0"); the spawn form shows it.
 FRAMEWORKS_LABEL = LABEL_PREFIX + "frameworks"
@@ -72,6 +75,17 @@ PREEMPT_NOTICE = PREEMPT_DIR + "/preemption.json"
 PREEMPT_PIDS_DIR = PREEMPT_DIR + "/pids"
 
 
+# --- files the watchdog writes for a running container -----------------------------
+
+# The home's use as the container sees it (docs/disk.md): btrfs's statfs does not show a
+# qgroup's limit, so the watchdog writes HOME_USE_NAME, {"version": HOME_USE_VERSION,
+# "used", "limit", "at", "mechanism", "full"}, into <state dir>/HOME_USE_FOLDER/<home
+# name>/ on the host, which the hub bind-mounts read-only into the container.
+HOME_USE_FOLDER = "home-use"
+HOME_USE_NAME = "home.json"
+HOME_USE_VERSION = 1
+
+
 # --- reading them back, inside the container -------------------------------------
 
 
@@ -86,6 +100,16 @@ def gpu_mode_value(gpus: int, mode: str, share: int) -> str:
 def labelled_gpus(labels: Mapping[str, str]) -> tuple[str, ...]:
     """The UUIDs the quota-spawner.gpus label (or annotation) names, in order."""
     return tuple(u for u in (labels.get(GPUS_LABEL) or "").split(",") if u)
+
+
+def labelled_disk(labels: Mapping[str, str]) -> int | None:
+    """The home's size the quota-spawner.disk label says, in bytes; None when it is empty
+    (no size), missing or not a positive whole number."""
+    try:
+        value = int(labels.get(DISK_LABEL) or "")
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 def reserved_cpus(env: Mapping[str, str], limit: float | None) -> float | None:
