@@ -28,7 +28,7 @@ ADVICE = {
         "Admins: when this filesystem is full, every home on it stops taking writes, "
         "whatever its size, and so does anything else on it. Free room (the homes of "
         "users who left), grow the filesystem, or keep the homes' sizes within it "
-        "(c.QuotaSpawner.disk_ratio and disk_reserve; docs/disk.md)."),
+        "(the hub's disk_ratio and disk_reserve; docs/disk.md)."),
 }
 
 
