@@ -13,17 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-from map_site import HOSTILE, Site, state_site, words
-from webapp_client import ADMIN, PageHubAuth
-from webapp_client import serve as serve_app
+from map_site import HOSTILE, database_site, state_site, words
 
 from spawner.homes.base import HomeUse, Space
-from spawner.usage.documents import HOMES, DatabaseDocuments
-from spawner.usage.ledger import Ledger
+from spawner.usage.documents import HOMES
 from spawner.watchdog.homes import disk_document
 from spawner.watchdog.model import DiskReading, Server, ServerSample, Snapshot
-from spawner.webapp import app as service
-from spawner.webapp.base import BaseHandler
 from spawner.webapp.gpus import user_link
 
 PREFIX = "/services/usage/"
@@ -131,15 +126,7 @@ async def test_a_hostile_user_name_is_text_isolated_in_its_line(site):
 
 
 async def test_two_nodes_from_the_database_each_with_their_homes(tmp_path, monkeypatch):
-    url = f"sqlite:///{tmp_path / 'usage.sqlite'}"
-    ledger = Ledger(url)
-    auth = PageHubAuth({"admin": ADMIN})
-    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
-    app = service.make_app(usage_db=url, service_prefix=PREFIX, state_dir="", hub_id="hub-1")
-    server, port = serve_app(app)
-    try:
-        site = Site(port, tmp_path)
-        rows = DatabaseDocuments(ledger.engine, "hub-1")
+    async with database_site(tmp_path, monkeypatch) as (site, rows):
         now = time.time()
         rows.write(HOMES, json.dumps(homes_read(now - 1, "gpu-b")), node="gpu-b")
         rows.write(HOMES, json.dumps(homes_read(now - 600, "gpu-a")), node="gpu-a")
@@ -153,7 +140,3 @@ async def test_two_nodes_from_the_database_each_with_their_homes(tmp_path, monke
         assert doc["disk"]["state"] == "fresh"
         assert [(n["node"], n["state"]) for n in doc["disk"]["nodes"]] == [
             ("gpu-a", "stale"), ("gpu-b", "fresh")]
-    finally:
-        server.stop()
-        app.settings["usage"].reader.close()
-        ledger.dispose()
