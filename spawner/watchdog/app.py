@@ -198,11 +198,11 @@ class QuotaWatchdog(Application):
         "", config=True,
         help="Send one test message to this channel URL, say whether it arrived, and exit.")
     home_root = Unicode(
-        os.environ.get("QUOTA_SPAWNER_HOME_ROOT", ""), config=True,
+        config=True,
         help="""The hub's homes' root (c.QuotaSpawner.home_root): each cycle every home's
         use is read with one quota query, for the home and filesystem alerts, the gauges,
-        each server's home.json and the host map (docs/disk.md). Empty: homes are not
-        read.""")
+        each server's home.json and the host map (docs/disk.md). Default:
+        $QUOTA_SPAWNER_HOME_ROOT. Empty: homes are not read.""")
     home_mechanism = CaselessStrEnum(
         list(HOME_MECHANISMS), "auto", config=True,
         help="The hub's c.QuotaSpawner.home_mechanism: auto, btrfs, xfs, ext4, image or "
@@ -248,6 +248,10 @@ class QuotaWatchdog(Application):
         # Only in a state folder the hub named: "." would be a guess at the hub's.
         state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", "")
         return str(Path(state) / EVENTS_FILE) if state else ""
+
+    @default("home_root")
+    def _home_root_default(self) -> str:
+        return os.environ.get("QUOTA_SPAWNER_HOME_ROOT", "")
 
     @default("home_mechanism")
     def _home_mechanism_default(self) -> str:

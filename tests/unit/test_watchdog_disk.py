@@ -15,6 +15,7 @@ import pytest
 
 from spawner.homes.base import HomeUse, Space
 from spawner.usage.documents import DiskUsage
+from spawner.watchdog.app import QuotaWatchdog
 from spawner.watchdog.homes import HomeUseFiles, disk_document
 from spawner.watchdog.metrics import PREFIX, WatchdogMetrics
 from spawner.watchdog.model import DiskReading, Server, ServerSample, Snapshot
@@ -27,6 +28,7 @@ from spawner.watchdog.rules import (
     IncidentBook,
     WatchdogRules,
 )
+from spawner.watchdog.service import watchdog_service
 
 MiB, GiB = 2**20, 2**30
 T = 1_800_000_000.0
@@ -345,3 +347,26 @@ def test_the_homes_document_lists_every_home_with_its_running_user():
     assert unread.sentence == ("Homes are btrfs subvolumes; their use cannot be read now "
                                "(btrfs qgroup show: exit 1)")
     assert disk_document(Snapshot(time=T, host="h"), 5.0, "n") is None
+
+
+# --- the settings ---------------------------------------------------------------------
+
+
+def test_the_hub_gives_its_managed_watchdog_its_homes_and_the_watchdog_reads_them(
+        monkeypatch, tmp_path):
+    service, _ = watchdog_service("http://hub", home_root="/srv/homes", home_mechanism="btrfs")
+    environment = service["environment"]
+    assert (environment["QUOTA_SPAWNER_HOME_ROOT"],
+            environment["QUOTA_SPAWNER_HOME_MECHANISM"]) == ("/srv/homes", "btrfs")
+    bare, _ = watchdog_service("http://hub", home_mechanism="btrfs")  # no root: nothing
+    assert not {"QUOTA_SPAWNER_HOME_ROOT", "QUOTA_SPAWNER_HOME_MECHANISM"} & set(
+        bare["environment"])
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("QUOTA_SPAWNER_STATE_DIR", str(tmp_path))
+    app = QuotaWatchdog()
+    assert (app.home_root, app.home_mechanism, app.home_use_dir) == (
+        "/srv/homes", "btrfs", str(tmp_path / "home-use"))
+    monkeypatch.delenv("QUOTA_SPAWNER_HOME_MECHANISM")
+    monkeypatch.delenv("QUOTA_SPAWNER_STATE_DIR")
+    assert (QuotaWatchdog().home_mechanism, QuotaWatchdog().home_use_dir) == ("auto", "")
