@@ -22,12 +22,12 @@ GPUS_LABEL = LABEL_PREFIX + "gpus"  # the assigned UUIDs, comma-separated; "" fo
 GPU_MODE_LABEL = LABEL_PREFIX + "gpu-mode"  # "exclusive", "shared:<gpu_share>" or ""
 HUB_LABEL = LABEL_PREFIX + "hub"  # the hub id: which hub's pool the container belongs to
 NETWORK_LABEL = LABEL_PREFIX + "network"  # on the notebook network the hub creates
-# The home's size in bytes the server started with; "" when its role has no disk or disk
-# is not enforced (docs/disk.md).
-DISK_LABEL = LABEL_PREFIX + "disk"
 # On the notebook images, set by scripts/build-images.sh: what framework the
 # image holds ("PyTorch 2.14.1 · CUDA 13.0"); the spawn form shows it.
 FRAMEWORKS_LABEL = LABEL_PREFIX + "frameworks"
+# The home's size in bytes the server started with; "" when its role has no disk or the
+# hub does not enforce disk (docs/disk.md). Docker writes it on every container.
+DISK_LABEL = LABEL_PREFIX + "disk"
 # What the spawner writes on every server it starts, in this order (Docker's labels,
 # a pod's annotations).
 CONTRACT_LABELS = (USER_LABEL, ROLE_LABEL, IMAGE_LABEL, GPUS_LABEL, GPU_MODE_LABEL, HUB_LABEL)
@@ -75,14 +75,16 @@ PREEMPT_NOTICE = PREEMPT_DIR + "/preemption.json"
 PREEMPT_PIDS_DIR = PREEMPT_DIR + "/pids"
 
 
-# --- files the watchdog writes for a running container -----------------------------
-
-# The home's use as the container sees it (docs/disk.md): btrfs's statfs does not show a
-# qgroup's limit, so the watchdog writes HOME_USE_NAME, {"version": HOME_USE_VERSION,
-# "used", "limit", "at", "mechanism", "full"}, into <state dir>/HOME_USE_FOLDER/<home
-# name>/ on the host, which the hub bind-mounts read-only into the container.
-HOME_USE_FOLDER = "home-use"
+# The home's use as the container sees it, where disk is enforced: the host folder
+# <state dir>/HOME_USE_STATE/<home name>/ is bind-mounted read-only at HOME_USE_DIR; the
+# watchdog (and the hub, at the start) writes HOME_USE_NAME there atomically:
+# {"version": 1, "used": bytes, "limit": bytes, "at": epoch seconds, "mechanism": "btrfs",
+#  "full": bool}. btrfs's statfs does not show qgroup limits, so the container cannot
+# read its own use.
+HOME_USE_STATE = "home-use"
+HOME_USE_DIR = "/run/quota-spawner"
 HOME_USE_NAME = "home.json"
+HOME_USE_PATH = HOME_USE_DIR + "/" + HOME_USE_NAME
 HOME_USE_VERSION = 1
 
 

@@ -48,7 +48,7 @@ from traitlets import CaselessStrEnum, Float, Integer, TraitError, Unicode, defa
 from traitlets.config import Application
 
 from spawner.common.outages import OutageLog
-from spawner.contract import HOME_USE_FOLDER
+from spawner.contract import HOME_USE_STATE
 from spawner.gpu.nvml import OK, Nvml, NvmlDevice, XidEvent, XidWatcher
 from spawner.homes.detect import CHOICES as HOME_MECHANISMS
 from spawner.policy.config import hub_id_from_secret_file
@@ -210,7 +210,7 @@ class QuotaWatchdog(Application):
     home_use_dir = Unicode(
         config=True,
         help=f"""Where each running server's home.json is written, in a folder per home
-        that the hub makes and mounts into the server. Default: {HOME_USE_FOLDER} in
+        that the hub makes and mounts into the server. Default: {HOME_USE_STATE} in
         $QUOTA_SPAWNER_STATE_DIR when set; empty: none.""")
     proc_root = Unicode("/proc", config=True, help="The host's /proc (mounted, in a container).")
     cgroup_root = Unicode("/sys/fs/cgroup", config=True, help="The host's cgroup tree.")
@@ -260,7 +260,7 @@ class QuotaWatchdog(Application):
     @default("home_use_dir")
     def _home_use_dir_default(self) -> str:
         state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", "")
-        return str(Path(state) / HOME_USE_FOLDER) if state else ""
+        return str(Path(state) / HOME_USE_STATE) if state else ""
 
     @default("gpu_usage_file")
     def _gpu_usage_file_default(self) -> str:
