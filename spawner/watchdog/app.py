@@ -349,15 +349,19 @@ class QuotaWatchdog(Application):
         gpus = self.read_gpus(servers, elsewhere)
         by_container = gpu_memory_by_container(gpus.values(), Path(self.proc_root))
         samples = {}
+        homes = disk.homes if disk is not None and disk.homes is not None else {}
         for server in servers:
             usage = self.cgroups.read(server)
+            home = self.homes.home_of(server.user) if self.homes is not None else None
+            use = homes.get(home) if home is not None else None
             samples[server.container_id] = ServerSample(
                 server=server,
                 gpu_memory=by_container.get(server.container_id, {}),
                 memory_working_set=usage.working_set,
                 cpu_used=self.cpu.rate(server.container_id, usage.cpu_seconds, tick),
                 oom_kills=usage.oom_kills or 0,
-                home=self.homes.home_of(server.user) if self.homes is not None else None,
+                home_used=use.used if use is not None else None,
+                home=home,
             )
         self.cpu.prune(samples)
         self.cgroups.prune(samples)

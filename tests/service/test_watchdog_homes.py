@@ -32,7 +32,7 @@ from spawner.contract import (
 )
 from spawner.homes.detect import open_homes
 from spawner.usage.documents import DiskUsage, FolderDocuments
-from spawner.watchdog.app import QuotaWatchdog
+from spawner.watchdog.app import QuotaWatchdog, usage_samples
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -134,6 +134,11 @@ async def test_a_cycle_reads_the_homes_writes_home_json_and_tells_a_full_home_on
             assert 60 * MiB <= seen["used"] < 61 * MiB and seen["full"] is False
             inside = containers[0].exec_run(["cat", "/run/quota-spawner/home.json"])
             assert json.loads(inside.output) == seen  # the rename is seen through the mount
+            # the same query gives each server's sample its home's use, for the ledger's peak
+            samples = {s.container: s.home_used for s in usage_samples(
+                await asyncio.to_thread(app.collect))}
+            assert samples[containers[0].name] == seen["used"]
+            assert samples[containers[1].name] < MiB
             # sent at once, each on its way: in either order
             home, filesystem = sorted(messages(http, "/admins"), key=lambda m: m[1])
             assert home == (f"[warning] {alice}'s home at 94% of its size",
