@@ -25,6 +25,9 @@ NETWORK_LABEL = LABEL_PREFIX + "network"  # on the notebook network the hub crea
 # On the notebook images, set by scripts/build-images.sh: what framework the
 # image holds ("PyTorch 2.14.1 · CUDA 13.0"); the spawn form shows it.
 FRAMEWORKS_LABEL = LABEL_PREFIX + "frameworks"
+# The home's size in bytes the server started with; "" when its role has no disk or the
+# hub does not enforce disk (docs/disk.md). Docker writes it on every container.
+DISK_LABEL = LABEL_PREFIX + "disk"
 # What the spawner writes on every server it starts, in this order (Docker's labels,
 # a pod's annotations).
 CONTRACT_LABELS = (USER_LABEL, ROLE_LABEL, IMAGE_LABEL, GPUS_LABEL, GPU_MODE_LABEL, HUB_LABEL)
@@ -72,6 +75,19 @@ PREEMPT_NOTICE = PREEMPT_DIR + "/preemption.json"
 PREEMPT_PIDS_DIR = PREEMPT_DIR + "/pids"
 
 
+# The home's use as the container sees it, where disk is enforced: the host folder
+# <state dir>/HOME_USE_STATE/<home name>/ is bind-mounted read-only at HOME_USE_DIR; the
+# watchdog (and the hub, at the start) writes HOME_USE_NAME there atomically:
+# {"version": 1, "used": bytes, "limit": bytes, "at": epoch seconds, "mechanism": "btrfs",
+#  "full": bool}. btrfs's statfs does not show qgroup limits, so the container cannot
+# read its own use.
+HOME_USE_STATE = "home-use"
+HOME_USE_DIR = "/run/quota-spawner"
+HOME_USE_NAME = "home.json"
+HOME_USE_PATH = HOME_USE_DIR + "/" + HOME_USE_NAME
+HOME_USE_VERSION = 1
+
+
 # --- reading them back, inside the container -------------------------------------
 
 
@@ -86,6 +102,16 @@ def gpu_mode_value(gpus: int, mode: str, share: int) -> str:
 def labelled_gpus(labels: Mapping[str, str]) -> tuple[str, ...]:
     """The UUIDs the quota-spawner.gpus label (or annotation) names, in order."""
     return tuple(u for u in (labels.get(GPUS_LABEL) or "").split(",") if u)
+
+
+def labelled_disk(labels: Mapping[str, str]) -> int | None:
+    """The home's size the quota-spawner.disk label says, in bytes; None when it is empty
+    (no size), missing or not a positive whole number."""
+    try:
+        value = int(labels.get(DISK_LABEL) or "")
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
 
 def reserved_cpus(env: Mapping[str, str], limit: float | None) -> float | None:

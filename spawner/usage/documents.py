@@ -14,7 +14,9 @@ each change, keyed by the hub's id, the document's kind and the node that wrote 
 - ``PREEMPTIONS``: the preemptions in their grace (docker/evictor.py), ``Preemptions``
   below, read back by a restarted hub;
 - ``BUDGET_MEMORY``: the budget notices already told this period (usage/budgets.py),
-  ``BudgetMemory`` below, so a restarted hub tells nothing twice.
+  ``BudgetMemory`` below, so a restarted hub tells nothing twice;
+- ``HOMES``: a watchdog's reading of the users' homes on its node (watchdog/homes.py),
+  ``DiskUsage`` below, one per node, for the host map and the class dashboard.
 
 Each kind is one class (``SharedDocument``): its ``KIND``, the ``VERSION`` of its shape,
 defined once, and its JSON both ways, ``to_json`` for its writer and ``from_json`` for
@@ -57,7 +59,8 @@ GPUS = Kind("gpus", "quota-spawner-gpus.json")
 GPU_USAGE = Kind("gpu-usage", "quota-spawner-gpu-usage.json")
 PREEMPTIONS = Kind("preemptions", "quota-spawner-preemptions.json")
 BUDGET_MEMORY = Kind("budget-memory", "quota-spawner-budgets.json")
-KINDS = (GPUS, GPU_USAGE, PREEMPTIONS, BUDGET_MEMORY)
+HOMES = Kind("homes", "quota-spawner-homes.json")
+KINDS = (GPUS, GPU_USAGE, PREEMPTIONS, BUDGET_MEMORY, HOMES)
 
 
 @dataclass(frozen=True)
@@ -105,14 +108,17 @@ class FolderDocuments:
         return [found] if found is not None else []
 
 
-def write_atomically(path: str | os.PathLike[str], text: str) -> None:
+def write_atomically(path: str | os.PathLike[str], text: str, mode: int | None = None) -> None:
     """Write ``path`` whole: a temporary file beside it, renamed over it, so a reader
-    sees the old text or the new, never half of one. Raises OSError."""
+    sees the old text or the new, never half of one; ``mode``: its permissions (else
+    0600, the owner's alone). Raises OSError."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
                                prefix=".quota-spawner.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+            if mode is not None:
+                os.fchmod(f.fileno(), mode)
         os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):
@@ -194,6 +200,21 @@ def json_object(text: str | None) -> dict[str, Any] | None:
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
+
+
+# How fresh a watchdog's document is: one rule for each of its kinds (its GPU readings, its
+# homes), judged by the cycle's time the document carries and the watchdog's interval.
+STALE_CYCLES = 3  # a watchdog's readings older than this many of its intervals are stale
+# ... and at least this old: they carry their cycle's start and are written at the
+# cycle's end, so with a short interval a slow cycle would flicker between fresh and stale
+MIN_STALE_AGE = 10.0
+DEFAULT_INTERVAL = 5.0  # the watchdog's default, when its readings do not say
+
+
+def stale_after(interval: float) -> float:
+    """How old a watchdog's readings may be, at ``interval`` between its cycles, and
+    still be fresh."""
+    return max(STALE_CYCLES * interval, MIN_STALE_AGE)
 
 
 class SharedDocument:
@@ -324,3 +345,112 @@ class BudgetMemory(SharedDocument):
             return None
         told = [Told.from_json(t) for t in data["told"]]
         return cls(tuple(t for t in told if t is not None)) if None not in told else None
+
+
+# --- a watchdog's homes ------------------------------------------------------------------
+
+
+def _bytes(value: Any) -> int | None:
+    """A count of bytes: a whole JSON number of 0 or more, else None (unknown)."""
+    return int(value) if number(value) and value >= 0 and value == int(value) else None
+
+
+@dataclass(frozen=True)
+class HomeReading:
+    """One home in a ``homes`` document: its folder's ``name``, the ``user`` whose running
+    server the watchdog saw it for (None: no server of it runs on the node), what it
+    holds and its size (``limit``; None: no size), in bytes."""
+
+    name: str
+    used: int | None
+    limit: int | None
+    user: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"user": self.user, "name": self.name, "used": self.used, "limit": self.limit}
+
+    @classmethod
+    def from_json(cls, data: Any) -> HomeReading | None:
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str) \
+                or not data["name"]:
+            return None
+        return cls(data["name"], _bytes(data.get("used")), _bytes(data.get("limit")),
+                   text_or_none(data.get("user")))
+
+
+@dataclass(frozen=True)
+class Filesystem:
+    """The filesystem that holds a node's homes, in bytes: its ``size``, what is ``used``
+    and ``free`` (what a user may still write), and what the homes' sizes ``reserved``
+    together (their sum; it may exceed the size, with an overcommit ratio)."""
+
+    path: str | None = None
+    size: int | None = None
+    used: int | None = None
+    free: int | None = None
+    reserved: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "size": self.size, "used": self.used, "free": self.free,
+                "reserved": self.reserved}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Filesystem | None:
+        if not isinstance(data, dict):
+            return None
+        return cls(text_or_none(data.get("path")),
+                   *(_bytes(data.get(k)) for k in ("size", "used", "free", "reserved")))
+
+
+@dataclass(frozen=True)
+class DiskUsage(SharedDocument):
+    """``HOMES``: one node's homes in one watchdog cycle (watchdog/homes.py), for the host
+    map and the class dashboard. ``{"version": 1, "node", "at" (the cycle's start, epoch
+    seconds), "interval", "mechanism" (btrfs, xfs, ext4, image or none), "enforced",
+    "sentence" (the mechanism's, as the hub logs it), "filesystem": {"path", "size",
+    "used", "free", "reserved"} (null where the homes have no folder of their own),
+    "homes": [{"user", "name", "used", "limit"}]}``, bytes throughout; fields are only
+    ever added."""
+
+    KIND = HOMES
+    VERSION = 1
+
+    node: str
+    at: float
+    interval: float = DEFAULT_INTERVAL
+    mechanism: str | None = None
+    enforced: bool = False
+    sentence: str = ""
+    filesystem: Filesystem | None = None
+    homes: tuple[HomeReading, ...] = ()
+
+    def state(self, now: float) -> str:
+        """"fresh" or "stale", by the rule of every watchdog's document (``stale_after``)."""
+        return "fresh" if now - self.at < stale_after(self.interval) else "stale"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.VERSION, "node": self.node, "at": self.at,
+                "interval": self.interval, "mechanism": self.mechanism,
+                "enforced": self.enforced, "sentence": self.sentence,
+                "filesystem": self.filesystem.to_json() if self.filesystem else None,
+                "homes": [h.to_json() for h in self.homes]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> DiskUsage | None:
+        """The homes in ``data``; None when they are not this version's or have no time.
+        Parts that are not what they should be read as unknown; an odd home is left out."""
+        if isinstance(data, DiskUsage):
+            return data
+        if not isinstance(data, dict) or data.get("version") != cls.VERSION \
+                or not number(data.get("at")):
+            return None
+        interval, homes = data.get("interval"), data.get("homes")
+        found = [HomeReading.from_json(h) for h in homes] if isinstance(homes, list) else []
+        return cls(
+            node=text_or_none(data.get("node")) or "", at=data["at"],
+            interval=interval if number(interval) and interval > 0 else DEFAULT_INTERVAL,
+            mechanism=text_or_none(data.get("mechanism")),
+            enforced=data.get("enforced") is True,
+            sentence=text_or_none(data.get("sentence")) or "",
+            filesystem=Filesystem.from_json(data.get("filesystem")),
+            homes=tuple(sorted((h for h in found if h is not None), key=lambda h: h.name)))

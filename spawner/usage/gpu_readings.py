@@ -39,25 +39,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from spawner.usage.documents import (
+    DEFAULT_INTERVAL,
     GPU_USAGE,
     Documents,
     SharedDocument,
     number,
     number_or_none,
+    stale_after,
     text_or_none,
 )
-
-STALE_CYCLES = 3  # a watchdog's readings older than this many of its intervals are stale
-# ... and at least this old: they carry their cycle's start and are written at the
-# cycle's end, so with a short interval a slow cycle would flicker between fresh and stale
-MIN_STALE_AGE = 10.0
-DEFAULT_INTERVAL = 5.0  # the watchdog's default, when its readings do not say
-
-
-def stale_after(interval: float) -> float:
-    """How old a watchdog's readings may be, at ``interval`` between its cycles, and
-    still be fresh."""
-    return max(STALE_CYCLES * interval, MIN_STALE_AGE)
 
 
 def _index(value: Any) -> int:

@@ -7,7 +7,9 @@ Each cycle (``interval``, 5 s by default):
    ``pods.py``), NVML on the host (``spawner.gpu.nvml``), each GPU process
    mapped to its container by PID and each container's cgroup (``host.py``),
    as one ``Snapshot``, each GPU a ``GpuSample`` (spawner/usage/gpu_readings.py), which
-   is also what this node's ``gpu-usage`` document carries to the host map;
+   is also what this node's ``gpu-usage`` document carries to the host map; with a
+   homes' root, every home's use in one quota query and the filesystem's room
+   (``homes.py``);
 2. on the loop: the hub's users (``hub_api.py``), for routing and for
    zombies; the rules (``rules.py``) turn the snapshot into events, and the
    hub's event log (``hub_events.py``) adds its preemptions;
@@ -19,7 +21,8 @@ Each cycle (``interval``, 5 s by default):
    the gauges (``metrics.py``) and dcgm-exporter's job mapping are updated,
    and the incidents saved;
 4. in a thread: each server's sample is folded into its session in the
-   usage ledger (``spawner.usage.ledger``), when there is one.
+   usage ledger (``spawner.usage.ledger``), when there is one; and each running
+   server's ``home.json`` and this node's ``homes`` document are written (``homes.py``).
 
 SIGINT or SIGTERM (how the hub stops its services) ends the loop after its
 cycle: one line in the log, exit status 0.
@@ -45,9 +48,17 @@ from traitlets import CaselessStrEnum, Float, Integer, TraitError, Unicode, defa
 from traitlets.config import Application
 
 from spawner.common.outages import OutageLog
+from spawner.contract import HOME_USE_STATE
 from spawner.gpu.nvml import OK, Nvml, NvmlDevice, XidEvent, XidWatcher
+from spawner.homes.detect import CHOICES as HOME_MECHANISMS
 from spawner.policy.config import hub_id_from_secret_file
-from spawner.usage.documents import GPU_USAGE, DatabaseDocuments, write_atomically
+from spawner.usage.documents import (
+    GPU_USAGE,
+    DatabaseDocuments,
+    Documents,
+    FolderDocuments,
+    write_atomically,
+)
 from spawner.usage.event_log import EVENTS_FILE
 from spawner.usage.events import HubEvent, Preemption
 from spawner.usage.gpu_readings import (
@@ -61,6 +72,7 @@ from spawner.usage.gpu_readings import (
 )
 from spawner.usage.ledger import Ledger, Sample, default_url
 from spawner.watchdog.containers import Containers, EngineClient, EngineUnreachable, OomEvents
+from spawner.watchdog.homes import HomeUseFiles, HomeWatch, disk_document
 from spawner.watchdog.host import CgroupReader, CpuMeter, gpu_memory_by_container
 from spawner.watchdog.hub_api import HubDirectory
 from spawner.watchdog.hub_events import (
@@ -108,8 +120,14 @@ class QuotaWatchdog(Application):
         self._gpu_usage_lapse = OutageLog()  # the GPU readings cannot be saved
         self._engine_lapse = OutageLog()  # the engine cannot be reached
         self._elsewhere_lapse = OutageLog()  # the other nodes' readings cannot be read
+        self._home_files_lapse = OutageLog()  # the homes' home.json cannot be written
+        self._homes_lapse = OutageLog()  # the homes document cannot be saved
         self._left: set[str] = set()  # the GPUs left to other nodes' watchdogs, as told
         self._started: float | None = None  # when ``run`` began watching
+        self._sending: set[asyncio.Task[Any]] = set()  # messages on their way
+        self._saved = ""  # the incident book as last saved
+        self.homes: HomeWatch | None = None  # with a homes' root
+        self.home_files: HomeUseFiles | None = None
 
     config_file = Unicode(
         os.environ.get("QUOTA_SPAWNER_WATCHDOG_CONFIG", ""), config=True,
@@ -179,6 +197,21 @@ class QuotaWatchdog(Application):
     test_channel = Unicode(
         "", config=True,
         help="Send one test message to this channel URL, say whether it arrived, and exit.")
+    home_root = Unicode(
+        config=True,
+        help="""The hub's homes' root (c.QuotaSpawner.home_root): each cycle every home's
+        use is read with one quota query, for the home and filesystem alerts, the gauges,
+        each server's home.json and the host map (docs/disk.md). Default:
+        $QUOTA_SPAWNER_HOME_ROOT. Empty: homes are not read.""")
+    home_mechanism = CaselessStrEnum(
+        list(HOME_MECHANISMS), "auto", config=True,
+        help="The hub's c.QuotaSpawner.home_mechanism: auto, btrfs, xfs, ext4, image or "
+             "none.")
+    home_use_dir = Unicode(
+        config=True,
+        help=f"""Where each running server's home.json is written, in a folder per home
+        that the hub makes and mounts into the server. Default: {HOME_USE_STATE} in
+        $QUOTA_SPAWNER_STATE_DIR when set; empty: none.""")
     proc_root = Unicode("/proc", config=True, help="The host's /proc (mounted, in a container).")
     cgroup_root = Unicode("/sys/fs/cgroup", config=True, help="The host's cgroup tree.")
 
@@ -216,6 +249,19 @@ class QuotaWatchdog(Application):
         state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", "")
         return str(Path(state) / EVENTS_FILE) if state else ""
 
+    @default("home_root")
+    def _home_root_default(self) -> str:
+        return os.environ.get("QUOTA_SPAWNER_HOME_ROOT", "")
+
+    @default("home_mechanism")
+    def _home_mechanism_default(self) -> str:
+        return os.environ.get("QUOTA_SPAWNER_HOME_MECHANISM", "") or "auto"
+
+    @default("home_use_dir")
+    def _home_use_dir_default(self) -> str:
+        state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", "")
+        return str(Path(state) / HOME_USE_STATE) if state else ""
+
     @default("gpu_usage_file")
     def _gpu_usage_file_default(self) -> str:
         if self.usage_db and self.usage_db != "none":
@@ -238,6 +284,7 @@ class QuotaWatchdog(Application):
             self.rules = WatchdogRules(parent=self)
             self.rules.check()  # a clear threshold above its high one: refused at start
             self.notifier = Notifier(parent=self, log=self.log)
+            mechanism = self.home_mechanism  # a wrong name from the environment: refused
         except (TraitError, ValueError) as error:
             # a setting an admin wrote: one sentence that names it, not a traceback
             where = f"in {self.config_file} or on the command line" if self.config_file \
@@ -267,6 +314,10 @@ class QuotaWatchdog(Application):
         self.hub = HubDirectory(self.hub_api_url, self.api_token, self.log)
         self.metrics = WatchdogMetrics()
         self.book = IncidentBook.load(Path(self.state_file), self.log)
+        if self.home_root:  # opened at the first cycle, in its thread
+            self.homes = HomeWatch(self.home_root, mechanism, self.log)
+            if self.home_use_dir:
+                self.home_files = HomeUseFiles(self.home_use_dir, self.log)
 
     def pods(self) -> Pods:
         """This node's notebook pods, as the servers and their OOM kills."""
@@ -293,18 +344,24 @@ class QuotaWatchdog(Application):
         """Everything this cycle reads (blocking: NVML, the engine, /proc and cgroups)."""
         now, tick = time.time(), time.monotonic()
         servers = self.containers.servers()
+        disk = self.homes.read() if self.homes is not None else None
         elsewhere = self.gpus_elsewhere(now)
         gpus = self.read_gpus(servers, elsewhere)
         by_container = gpu_memory_by_container(gpus.values(), Path(self.proc_root))
         samples = {}
+        homes = disk.homes if disk is not None and disk.homes is not None else {}
         for server in servers:
             usage = self.cgroups.read(server)
+            home = self.homes.home_of(server.user) if self.homes is not None else None
+            use = homes.get(home) if home is not None else None
             samples[server.container_id] = ServerSample(
                 server=server,
                 gpu_memory=by_container.get(server.container_id, {}),
                 memory_working_set=usage.working_set,
                 cpu_used=self.cpu.rate(server.container_id, usage.cpu_seconds, tick),
                 oom_kills=usage.oom_kills or 0,
+                home_used=use.used if use is not None else None,
+                home=home,
             )
         self.cpu.prune(samples)
         self.cgroups.prune(samples)
@@ -312,7 +369,8 @@ class QuotaWatchdog(Application):
         return Snapshot(time=now, host=self.host_name, gpus=gpus, servers=samples,
                         engine_cpus=engine[0] if engine else None,
                         engine_memory=engine[1] if engine else None,
-                        elsewhere={u: n for u, n in elsewhere.items() if u not in gpus})
+                        elsewhere={u: n for u, n in elsewhere.items() if u not in gpus},
+                        disk=disk)
 
     def read_gpus(self, servers: list[Server],
                   elsewhere: dict[str, str] | None = None) -> dict[str, GpuSample]:
@@ -415,6 +473,8 @@ class QuotaWatchdog(Application):
             await asyncio.to_thread(self.record_usage, snapshot)
         if self.gpu_usage_file or (self.usage_db and self.usage_db != "none"):
             await asyncio.to_thread(self.write_gpu_usage, snapshot)
+        if self.homes is not None:
+            await asyncio.to_thread(self.publish_homes, snapshot)
         saved = json.dumps(self.book.to_json(), sort_keys=True)
         if saved != self._saved:  # most cycles change nothing: no write
             await asyncio.to_thread(self.book.save, Path(self.state_file))
@@ -521,6 +581,40 @@ class QuotaWatchdog(Application):
             return
         self._gpu_usage_lapse.works(self.log, "This cycle's GPU readings are saved again")
 
+    def homes_documents(self) -> Documents | None:
+        """Where this node's ``homes`` document goes: the ledger's database, else the state
+        folder's file (a watchdog without a ledger, beside its hub); None for neither."""
+        if self.usage_db and self.usage_db != "none":
+            return DatabaseDocuments(self._ledger_now().engine, self.hub_id)
+        state = os.environ.get("QUOTA_SPAWNER_STATE_DIR", "")
+        return FolderDocuments(state) if state else None
+
+    def publish_homes(self, snapshot: Snapshot) -> None:
+        """Each running server's home.json, and this node's ``homes`` document (blocking);
+        a failure of either is logged once, until it works again."""
+        if self.home_files is not None:
+            try:
+                self.home_files.write(snapshot)
+            except OSError as error:
+                self._home_files_lapse.failed(self.log, error, "Cannot write the homes' use "
+                                              "for their servers (%s); trying again each "
+                                              "cycle", error)
+            else:
+                self._home_files_lapse.works(self.log, "The homes' use is written for their "
+                                             "servers again")
+        document = disk_document(snapshot, self.interval, self.node)
+        if document is None:
+            return
+        try:
+            documents = self.homes_documents()
+            if documents is not None:
+                document.write(documents, node=self.node)
+        except Exception as error:  # a database that is down or not made yet, a full disk
+            self._homes_lapse.failed(self.log, error, "Cannot save this cycle's homes for "
+                                     "the host map (%s); trying again each cycle", error)
+            return
+        self._homes_lapse.works(self.log, "This cycle's homes are saved again")
+
     async def notify_in_order(self, events: list[Event]) -> None:
         for event in events:  # notify never raises: one failure does not stop the rest
             await self.notify(event)
@@ -560,8 +654,6 @@ class QuotaWatchdog(Application):
         """Cycle until ``stop`` is set (never, without one), then let the messages on
         their way finish for up to ``STOP_GRACE`` seconds."""
         stop = stop or asyncio.Event()
-        self._sending: set[asyncio.Task[Any]] = set()
-        self._saved = ""
         self.oom_events.start()
         if self.metrics_port:
             serve_metrics(self.metrics, self.metrics_ip, self.metrics_port, self.metrics_token)

@@ -33,11 +33,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from spawner.watchdog.model import HostFigures, Server, Snapshot
+from spawner.watchdog.model import HostFigures, Server, Snapshot, home_size, homes_of
 from spawner.watchdog.rules import gpu_memory_limit
 
 PREFIX = "quota_spawner_"
 SERVER_LABELS = ("user", "role", "image", "server")
+HOME_LABELS = ("user", "role", "home")  # a home: its user's, a running server's role, its folder
 GPU_LABELS = ("gpu_uuid", "gpu_index")
 SERVER_GPU_LABELS = SERVER_LABELS + GPU_LABELS
 # QuotaWatchdog.metrics_port's default; deploy/prometheus/scrape.yml uses it.
@@ -81,6 +82,16 @@ SNAPSHOT_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
                                       "together", ()),
     "host_cpu_capacity_cpus": ("CPUs of the engine (docker info NCPU)", ()),
     "host_memory_capacity_bytes": ("Memory of the engine (docker info MemTotal)", ()),
+    # the users' homes (docs/disk.md), when the watchdog reads them
+    "home_used_bytes": ("What a running server's home holds, as its quota counts it",
+                        HOME_LABELS),
+    "home_limit_bytes": ("The home's size: its server's quota-spawner.disk, else its quota's "
+                         "limit", HOME_LABELS),
+    "homes_filesystem_size_bytes": ("Size of the filesystem that holds the homes", ()),
+    "homes_filesystem_used_bytes": ("Used on the filesystem that holds the homes", ()),
+    "homes_filesystem_free_bytes": ("Free on the filesystem that holds the homes, for users "
+                                    "(statvfs f_bavail)", ()),
+    "homes_reserved_bytes": ("The homes' sizes together, every home's on the filesystem", ()),
 }
 # Counters (exposed as …_total): the cgroup's own cumulative OOM-kill counter, and the
 # XID errors NVML reported on each GPU since the watchdog started. Both start at 0 with
@@ -173,6 +184,19 @@ class _SnapshotCollector:
         add("host_memory_working_set_bytes", [], host.memory_used)
         add("host_cpu_capacity_cpus", [], snapshot.engine_cpus)
         add("host_memory_capacity_bytes", [], snapshot.engine_memory)
+        disk = snapshot.disk
+        if disk is not None and disk.homes is not None:
+            for home, server in homes_of(snapshot).items():
+                use = disk.homes.get(home)
+                if use is not None:
+                    labels = [server.user, server.role, home]
+                    add("home_used_bytes", labels, use.used)
+                    add("home_limit_bytes", labels, home_size(server, use))
+            add("homes_reserved_bytes", [], disk.reserved if disk.enforced else None)
+        if disk is not None and disk.space is not None:
+            add("homes_filesystem_size_bytes", [], disk.space.size)
+            add("homes_filesystem_used_bytes", [], disk.space.used)
+            add("homes_filesystem_free_bytes", [], disk.space.free)
         with self._lock:
             self._families = list(families.values())
 

@@ -1,6 +1,7 @@
-"""What one watchdog cycle sees: the notebook servers of this host and their usage, and
-the host's GPUs, each a ``GpuSample`` (spawner/usage/gpu_readings.py, the one shape of a
-GPU reading, which the cycle's ``gpu-usage`` document carries to the host map)."""
+"""What one watchdog cycle sees: the notebook servers of this host and their usage, the
+host's GPUs, each a ``GpuSample`` (spawner/usage/gpu_readings.py, the one shape of a
+GPU reading, which the cycle's ``gpu-usage`` document carries to the host map), and the
+users' homes (``DiskReading``, homes.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from spawner.contract import (
     IMAGE_LABEL,
     ROLE_LABEL,
     USER_LABEL,
+    labelled_disk,
     labelled_gpus,
 )
+from spawner.homes.base import HomeUse, Space
 from spawner.usage.gpu_readings import GpuSample
 
 
@@ -39,17 +42,19 @@ class Server:
     gpu_memory_limit: int | None = None  # GPU_MEMORY_LIMIT (shared roles), bytes
     pid: int = 0  # the main process's PID on the host
     started: float | None = None  # when the container started, epoch seconds
+    disk: int | None = None  # quota-spawner.disk: its home's size at its start, bytes
 
     @classmethod
     def from_labels(cls, labels: Mapping[str, str], **found: Any) -> Server:
-        """Who, which role, image, hub and GPU mode from the contract's labels (a
+        """Who, which role, image, hub, GPU mode and home size from the contract's labels (a
         container's, or a pod's annotations), and ``found``: what the engine or the node
         says. The GPUs the labels name, else ``found["gpus"]``."""
         fallback = tuple(found.pop("gpus", ()))
         return cls(user=labels[USER_LABEL], role=labels.get(ROLE_LABEL, ""),
                    image=labels.get(IMAGE_LABEL, ""), hub_id=labels.get(HUB_LABEL, ""),
                    gpu_mode=labels.get(GPU_MODE_LABEL, ""),
-                   gpus=labelled_gpus(labels) or fallback, **found)
+                   gpus=labelled_gpus(labels) or fallback, disk=labelled_disk(labels),
+                   **found)
 
     @property
     def shared_gpu(self) -> bool:
@@ -66,6 +71,46 @@ class ServerSample:
     cpu_used: float | None = None  # CPUs (cores) used over the cycle
     oom_kills: int = 0  # the cgroup's OOM-kill counter, cumulative
     home_used: int | None = None  # bytes in its home (the cycle's one quota query)
+    home: str | None = None  # its user's home's name, when the watchdog reads the homes
+
+
+@dataclass(frozen=True)
+class DiskReading:
+    """The users' homes on this host in one cycle (homes.py): the mechanism that keeps
+    them (its sentence, as the hub logs it), every home's use by name (one quota query;
+    empty where disk is not enforced, None when it could not be read this cycle) and
+    the filesystem that holds them (None where unknown). ``enforced`` None: the homes
+    could not be opened (``error`` says why)."""
+
+    mechanism: str
+    enforced: bool | None
+    sentence: str = ""
+    homes: dict[str, HomeUse] | None = None
+    space: Space | None = None
+    error: str = ""
+
+    @property
+    def reserved(self) -> int | None:
+        """What the homes' sizes reserve of the filesystem together: their limits' sum."""
+        if self.homes is None:
+            return None
+        return sum(h.limit for h in self.homes.values() if h.limit is not None)
+
+
+def home_size(server: Server, use: HomeUse | None) -> int | None:
+    """A home's size: what its server's quota-spawner.disk label says it started with, else
+    the limit its quota enforces; None: no size."""
+    return server.disk or (use.limit if use is not None else None)
+
+
+def homes_of(snapshot: Snapshot) -> dict[str, Server]:
+    """Each home a running server uses, by name, with one of its servers (the first by
+    container name: a user's several servers share one home)."""
+    found: dict[str, Server] = {}
+    for sample in sorted(snapshot.servers.values(), key=lambda s: s.server.name):
+        if sample.home is not None:
+            found.setdefault(sample.home, sample.server)
+    return found
 
 
 @dataclass
@@ -81,6 +126,7 @@ class Snapshot:
     # GPUs left to the other nodes' watchdogs that hold them (UUID -> node): not in
     # ``gpus``, as this host's NVML does not list them
     elsewhere: dict[str, str] = field(default_factory=dict)
+    disk: DiskReading | None = None  # the homes; None when the watchdog does not read them
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ from traitlets.config import LoggingConfigurable
 
 from spawner.quota.units import format_human
 from spawner.usage.events import BudgetEvent, HubEvent, RoleRequestAsked
+from spawner.watchdog import disk_words
+from spawner.watchdog.disk_words import DISK_RULES, HOME_DISK
 from spawner.watchdog.hub_words import Words, word
 from spawner.watchdog.limits import MessageLimits, Window
 from spawner.watchdog.rules import (
@@ -165,6 +167,8 @@ def _headline(incident: Incident, told: Words | None, numbers: bool = True) -> s
     of = " of its limit" if pct else " high"
     gpu = _gpu_name(incident)
     rule = incident.rule
+    if rule in DISK_RULES:
+        return disk_words.subject(incident, numbers)
     if rule == "gpu_memory":
         return f"{user}'s GPU memory{pct}{of}" if user else f"GPU memory{pct}{of}"
     if rule == "memory":
@@ -258,6 +262,8 @@ ADVICE = {
 def _advice(incident: Incident, told: Words | None) -> str | None:
     if told is not None:
         return told.advice
+    if incident.rule in DISK_RULES:
+        return disk_words.advice(incident)
     if incident.rule == "gpu_lost" and _index(incident) is None:
         return ADVICE["gpu_unseen"]
     return ADVICE.get(incident.rule)
@@ -416,6 +422,9 @@ def routes(channel: Mapping[str, Any], incident: Incident, groups: list[str],
         # their instructors are); its decision or withdrawal to the user
         if isinstance(event, RoleRequestAsked):
             return bool(set(groups) & set(channel.get("groups") or ()))
+        return server.user in (channel.get("users") or ())
+    if incident.rule == HOME_DISK:
+        # a home is its user's: told to them and the admins
         return server.user in (channel.get("users") or ())
     if incident.rule == BUDGET:
         # a budget is its user's, or its group's: not a concern of the user's other

@@ -33,8 +33,17 @@ from traitlets import Float, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from spawner.quota.units import format_human
+from spawner.watchdog import disk_words
+from spawner.watchdog.disk_words import DISK_RULES, HOME_DISK, HOMES_FILESYSTEM
 from spawner.watchdog.limits import MessageLimits
-from spawner.watchdog.model import GpuSample, Server, ServerSample, Snapshot
+from spawner.watchdog.model import (
+    GpuSample,
+    Server,
+    ServerSample,
+    Snapshot,
+    home_size,
+    homes_of,
+)
 from spawner.watchdog.text import name as plain_name
 
 # --- the rules -------------------------------------------------------------------
@@ -46,8 +55,10 @@ GPU_LOST = "gpu_lost"  # NVML cannot read a GPU
 XID = "xid"  # NVML reported an XID error on a GPU
 GPU_IDLE = "gpu_idle"  # a GPU held by a server shows no utilisation
 ZOMBIE = "zombie"  # a container of this hub holds GPUs that no server claims
+# HOME_DISK (a user's home near its size) and HOMES_FILESYSTEM (the filesystem that holds
+# the homes nearly full) are worded in disk_words.py.
 # The rules that read the host and keep incidents (and an open-incidents gauge each).
-RULES = (GPU_MEMORY, MEMORY, OOM, GPU_LOST, XID, GPU_IDLE, ZOMBIE)
+RULES = (GPU_MEMORY, MEMORY, OOM, GPU_LOST, XID, GPU_IDLE, ZOMBIE, *DISK_RULES)
 # Rules that tell what the hub's event log says (hub_events.py): no incident to keep.
 PREEMPTION = "preemption"  # the hub stops a server to free its GPUs for a higher priority
 BUDGET = "budget"  # a GPU-hour budget of a running server's user nears its end or is spent
@@ -110,6 +121,34 @@ class WatchdogRules(Configurable):
         help="""Utilisation (0 to 1) at or below which a held GPU counts as idle. A GPU
         whose utilisation NVML cannot read counts as neither idle nor busy.""",
     )
+    home_disk_high = Float(
+        0.90, config=True,
+        help="""A user's home's use, as a fraction of its size (the role's disk), at or
+        above which the user and the admins are told, once it lasts home_disk_hold
+        seconds.""",
+    )
+    home_disk_clear = Float(
+        0.85, config=True, help="The fraction at or below which a home's alert ends.",
+    )
+    home_disk_hold = Float(
+        60.0, config=True,
+        help="Seconds a home must stay at or above home_disk_high before the alert.",
+    )
+    homes_filesystem_high = Float(
+        0.90, config=True,
+        help="""The filesystem that holds the homes, used as a fraction of what it holds
+        and has free (as df counts it), at or above which the admins are told, once it
+        lasts homes_filesystem_hold seconds.""",
+    )
+    homes_filesystem_clear = Float(
+        0.85, config=True,
+        help="The fraction at or below which the homes' filesystem's alert ends.",
+    )
+    homes_filesystem_hold = Float(
+        60.0, config=True,
+        help="Seconds the homes' filesystem must stay at or above homes_filesystem_high "
+             "before the alert.",
+    )
     zombie_hold = Float(
         0.0, config=True,
         help="""Seconds a container of this hub may hold GPUs unclaimed by any server
@@ -125,14 +164,16 @@ class WatchdogRules(Configurable):
         incidents end with a resolved message.""",
     )
 
-    @validate("gpu_memory_high", "gpu_memory_clear", "memory_high", "memory_clear")
+    @validate("gpu_memory_high", "gpu_memory_clear", "memory_high", "memory_clear",
+              "home_disk_high", "home_disk_clear", "homes_filesystem_high",
+              "homes_filesystem_clear")
     def _positive_fraction(self, proposal: Any) -> float:
         if not proposal.value > 0:
             raise TraitError(f"{proposal.trait.name} must be above 0, not {proposal.value}")
         return proposal.value
 
     @validate("gpu_memory_hold", "memory_hold", "idle_gpu_hold", "zombie_hold", "reminder",
-              "idle_gpu_utilization")
+              "idle_gpu_utilization", "home_disk_hold", "homes_filesystem_hold")
     def _not_negative(self, proposal: Any) -> float:
         if not proposal.value >= 0:
             raise TraitError(f"{proposal.trait.name} must be 0 or more, not {proposal.value}")
@@ -148,7 +189,7 @@ class WatchdogRules(Configurable):
 
     def check(self) -> None:
         """ValueError when a clear threshold is above its high one (traits are set one by one)."""
-        for name in ("gpu_memory", "memory"):
+        for name in ("gpu_memory", "memory", HOME_DISK, HOMES_FILESYSTEM):
             high, clear = getattr(self, f"{name}_high"), getattr(self, f"{name}_clear")
             if clear > high:
                 raise ValueError(f"{name}_clear ({clear:g}) must not be above "
@@ -176,6 +217,7 @@ class Incident:
     since: float  # the first crossing, epoch seconds
     gpu_uuid: str | None = None
     gpu_index: int | None = None
+    home: str | None = None  # the home's folder name (rule home_disk)
     value: float | None = None  # bytes, a count, a utilisation or an XID, by rule
     limit: float | None = None
     percent: float | None = None  # value against limit, 0 to 100 (or more)
@@ -303,6 +345,10 @@ class IncidentBook:
                                                 "reads it; it is that node's GPU, not this host's"))
                 elif incident.rule == GPU_LOST:
                     pass  # a lost GPU lasts until it reads again, even if NVML no longer lists it
+                elif incident.rule in DISK_RULES:
+                    ended = _disk_gone(incident, snapshot)
+                    if ended:
+                        events.append(self._resolve(key, now, ended))
                 else:
                     events.append(self._resolve(key, now, _gone_reason(incident.rule)))
             elif reading.state == "clear":
@@ -523,6 +569,19 @@ def _same_server(a: Server | None, b: Server | None) -> bool:
     return (a.container_id if a else None) == (b.container_id if b else None)
 
 
+def _disk_gone(incident: Incident, snapshot: Snapshot) -> str:
+    """Why a disk incident without a reading this cycle ends; "" while it lasts: a home
+    whose user has no server running stays full until they free it, and a cycle that
+    cannot read the homes changes nothing."""
+    disk = snapshot.disk
+    if disk is None or (incident.rule == HOME_DISK and disk.enforced is False):
+        return "the homes are no longer watched"
+    if incident.rule == HOME_DISK and disk.homes is not None \
+            and incident.home not in disk.homes:
+        return disk_words.HOME_GONE
+    return ""
+
+
 def _gone_reason(rule: str) -> str:
     if rule == ZOMBIE:
         return "the container no longer holds GPUs unclaimed"
@@ -571,6 +630,11 @@ def _readings(snapshot: Snapshot, rules: WatchdogRules) -> Iterable[_Reading]:
     if rules.enabled(ZOMBIE):
         for zombie in snapshot.zombies:
             yield _zombie(snapshot, zombie, rules)
+    if snapshot.disk is not None:
+        if rules.enabled(HOME_DISK):
+            yield from _home_disk(snapshot, rules)
+        if rules.enabled(HOMES_FILESYSTEM):
+            yield from _homes_filesystem(snapshot, rules)
 
 
 def _gpu_memory(snapshot: Snapshot, sample: ServerSample,
@@ -671,3 +735,44 @@ def _zombie(snapshot: Snapshot, zombie: Server, rules: WatchdogRules) -> _Readin
         since=snapshot.time, value=len(zombie.gpus), host=snapshot.host,
         what=f"The container {zombie.name} holds {gpus} but no server of the hub claims it.")
     return _Reading("high", incident, rules.zombie_hold)
+
+
+def _home_disk(snapshot: Snapshot, rules: WatchdogRules) -> Iterable[_Reading]:
+    """Each running server's home against its size; unknown while the homes cannot be
+    read. A home without a size (its role has none) is not judged."""
+    disk = snapshot.disk
+    if disk is None or disk.enforced is False:
+        return
+    for home, server in homes_of(snapshot).items():
+        use = disk.homes.get(home) if disk.homes is not None else None
+        size = home_size(server, use)
+        if disk.homes is not None and (use is None or not size):
+            continue  # not a home of a size: nothing to judge
+        used = use.used if use is not None else None
+        state, fraction = _threshold(used, size, rules.home_disk_high, rules.home_disk_clear)
+        percent = None if fraction is None else fraction * 100
+        incident = Incident(
+            key=f"{HOME_DISK}:{home}", rule=HOME_DISK, severity="warning", server=server,
+            since=snapshot.time, home=home, value=used, limit=size, percent=percent,
+            host=snapshot.host, what=disk_words.home_what(used, size, percent))
+        yield _Reading(state, incident, rules.home_disk_hold, disk_words.home_cleared(percent))
+
+
+def _homes_filesystem(snapshot: Snapshot, rules: WatchdogRules) -> Iterable[_Reading]:
+    """The filesystem that holds the homes, used against what it holds and has free, as
+    df counts it (its reserved blocks are no one's); none while it cannot be read."""
+    disk = snapshot.disk
+    space = disk.space if disk is not None else None
+    if disk is None or space is None:
+        return
+    state, fraction = _threshold(space.used, space.used + space.free,
+                                 rules.homes_filesystem_high, rules.homes_filesystem_clear)
+    percent = None if fraction is None else fraction * 100
+    incident = Incident(
+        key=HOMES_FILESYSTEM, rule=HOMES_FILESYSTEM, severity="warning", server=None,
+        since=snapshot.time, value=space.used, limit=space.used + space.free,
+        percent=percent, host=snapshot.host,
+        what=disk_words.filesystem_what(str(space.path), space.used, space.free,
+                                        disk.reserved, percent))
+    yield _Reading(state, incident, rules.homes_filesystem_hold,
+                   disk_words.filesystem_cleared(percent))

@@ -21,7 +21,7 @@ PASSED_ON = ("DOCKER_HOST", "QUOTA_SPAWNER_HUB_ID", "QUOTA_SPAWNER_METRICS_TOKEN
 def watchdog_service(
     public_url: str, config_file: str = "", name: str = "gpu-watchdog",
     state_dir: str = "", secret_file: str = "", prefix: str = "quota", events_file: str = "",
-    usage_db: str = "", hub_id: str = "",
+    usage_db: str = "", hub_id: str = "", home_root: str = "", home_mechanism: str = "",
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The managed service and its RBAC role, for c.JupyterHub.services / load_roles.
 
@@ -31,7 +31,8 @@ def watchdog_service(
     cookie_secret_file) and ``prefix`` let it derive the hub's id, as the
     spawner does, when QUOTA_SPAWNER_HUB_ID is not set, and ``hub_id`` is the id the
     config sets (c.QuotaSpawner.hub_id). ``usage_db``: the usage ledger its samples are
-    folded into.
+    folded into. ``home_root`` and ``home_mechanism``: the hub's homes (its
+    c.QuotaSpawner.home_root and home_mechanism), whose use it reads (docs/disk.md).
     """
     environment = {k: os.environ[k] for k in PASSED_ON if os.environ.get(k)}
     environment["JUPYTERHUB_PUBLIC_URL"] = public_url
@@ -41,6 +42,10 @@ def watchdog_service(
         environment["QUOTA_SPAWNER_EVENTS_FILE"] = events_file
     if usage_db:
         environment["QUOTA_SPAWNER_USAGE_DB"] = usage_db
+    if home_root:
+        environment["QUOTA_SPAWNER_HOME_ROOT"] = home_root
+        if home_mechanism:
+            environment["QUOTA_SPAWNER_HOME_MECHANISM"] = home_mechanism
     environment.update(hub_id_environment(hub_id or environment.get("QUOTA_SPAWNER_HUB_ID", ""),
                                            secret_file, prefix))
     if config_file:

@@ -5,7 +5,8 @@ Pages under the service's prefix:
 
 - ``GET classes``: the visitor's classes, each a link to its dashboard;
 - ``GET classes/<group>``: the dashboard: each member's server state, role and image,
-  last activity, CPU, memory and GPU memory; open a member's server, stop one or all,
+  last activity, CPU, memory, GPU memory and home (its use of its size, where a watchdog
+  reads the homes); open a member's server, stop one or all,
   pre-warm now or at a time, the pre-warm schedules. It is drawn here only, from the same
   snapshot as the API's; ``static/classes.js`` asks the API for it again every
   ``REFRESH_SECONDS``, as HTML, patches its live parts into the page in place
@@ -15,7 +16,9 @@ The JSON API:
 
 - ``GET api/classes``: the visitor's classes (an instructor's groups; admins: every group);
 - ``GET api/classes/<g>``: each member's server state, role, image, last activity, CPU
-  and memory (the usage ledger's open session) and GPU memory (the watchdog's file),
+  and memory (the usage ledger's open session), GPU memory (the watchdog's file) and
+  home (``home_used``, ``home_limit``: the watchdogs' homes documents, ``disk`` their
+  state),
   the role and image pairs every member may start (the pre-warm picker), those only
   some hold with who lacks them, and the class's pre-warm schedules; asked with
   ``Accept: text/html`` only, the dashboard as its page draws it (base.py's ``reply_html``);
@@ -50,8 +53,11 @@ from markupsafe import Markup
 from tornado import web
 
 from spawner.common.hub_client import HubRefused
+from spawner.homes.errors import HomeError
+from spawner.homes.names import home_name
 from spawner.quota.model import QuotaTable
 from spawner.usage import schedules
+from spawner.usage.documents import DiskUsage, HomeReading
 from spawner.usage.gpu_readings import GpuUsage, read_usage, usage_state
 from spawner.usage.queries import open_sessions
 from spawner.webapp import inputs
@@ -140,10 +146,40 @@ def gpu_memory_by_user(usage: GpuUsage | dict[str, Any] | None, now: float) -> d
     return found
 
 
+def homes_of(homes: Sequence[DiskUsage | dict[str, Any]], names: Sequence[str],
+             now: float) -> tuple[str, dict[str, HomeReading]]:
+    """The members' homes from the watchdogs' homes documents (or their JSON), and their
+    state: "fresh" when some node's are (only those are read), "stale" when none is,
+    "missing" without any. A member's home is the one a server of theirs runs on, else
+    the one named as the hub names their home by default (spawner/homes/names.py)."""
+    found = [u for u in map(DiskUsage.from_json, homes) if u is not None]
+    fresh = sorted((u for u in found if u.state(now) == "fresh"), key=lambda u: u.node)
+    state = "fresh" if fresh else "stale" if found else "missing"
+    by_user: dict[str, HomeReading] = {}
+    by_name: dict[str, HomeReading] = {}
+    for usage in fresh:
+        for home in usage.homes:
+            if home.user is not None:
+                by_user.setdefault(home.user, home)
+            by_name.setdefault(home.name, home)
+    members = {}
+    for member in names:
+        try:
+            named = by_name.get(home_name(member))
+        except HomeError:  # a name no home can have
+            named = None
+        home = by_user.get(member) or named
+        if home is not None:
+            members[member] = home
+    return state, members
+
+
 def member_row(user: dict[str, Any], used: Mapping[str, dict[str, Any]],
-               gpu: Mapping[str, int], gpu_fresh: bool, hub_base: str = "/") -> dict[str, Any]:
+               gpu: Mapping[str, int], gpu_fresh: bool, hub_base: str = "/",
+               home: HomeReading | None = None) -> dict[str, Any]:
     """One member of a class, for the dashboard: the hub's server model merged with the
-    ledger's session and the watchdog's GPU memory (None where not known)."""
+    ledger's session, the watchdog's GPU memory and the member's home (None where not
+    known)."""
     name = str(user["name"])
     server = default_server(user) or {}
     options = server.get("user_options") or {}
@@ -168,6 +204,8 @@ def member_row(user: dict[str, Any], used: Mapping[str, dict[str, Any]],
         "gpu_count": session.get("gpu_count"),
         "gpu_memory": gpu.get(name, 0 if gpu_fresh else None) if state != "stopped" else None,
         "last_seen": session.get("last_seen"),
+        "home_used": home.used if home is not None else None,
+        "home_limit": home.limit if home is not None else None,
     }
 
 
@@ -188,6 +226,14 @@ def memory_text(row: dict[str, Any]) -> str:
     return size(row["memory"]) + (f" of {size(limit)}" if limit else "")
 
 
+def home_text(row: dict[str, Any]) -> str:
+    """'3 GiB of 20 GiB', '3 GiB' for a home without a size, or '–'."""
+    if row.get("home_used") is None:
+        return "–"
+    limit = row.get("home_limit")
+    return size(row["home_used"]) + (f" of {size(limit)}" if limit else "")
+
+
 def role_text(row: dict[str, Any]) -> str:
     """'role · image', each name isolated (a <bdi>): the table's names, as written."""
     if not row.get("role"):
@@ -206,7 +252,8 @@ def dashboard(prefix: str, group: str, found: dict[str, Any], access: Access,
         title=f"Class {isolate(group)}", group=group, data=found, admin=access.everything,
         classes_link=prefix + "classes", api=class_link(prefix + "api/", group), xsrf=xsrf,
         refresh_ms=REFRESH_SECONDS * 1000, cpu_text=cpu_text, memory_text=memory_text,
-        role_text=role_text, choice_value=lambda c: json.dumps([c["role"], c["image"]]))
+        home_text=home_text, role_text=role_text,
+        choice_value=lambda c: json.dumps([c["role"], c["image"]]))
 
 
 # --- the dashboard's snapshot ------------------------------------------------------------------
@@ -221,7 +268,7 @@ async def snapshot(setup: Setup, token: str, group: str) -> dict[str, Any]:
     member_names = [str(u["name"]) for u in found]
     now = time.time()
     table = await reader.call(load_table, setup.quota_store)
-    usage = await reader.call(lambda: read_usage(setup.documents(), now))
+    usage, homes = await reader.call(lambda: _documents(setup, now))
     try:
         used = await reader.run(open_sessions, member_names)
         planned = await reader.run(schedules.of_group, group)
@@ -229,17 +276,25 @@ async def snapshot(setup: Setup, token: str, group: str) -> dict[str, Any]:
         used, planned = {}, []
     gpu = gpu_memory_by_user(usage, now)
     fresh = usage_state(usage, now)
+    disk, home = homes_of(homes, member_names, now)
     return {
         "group": group,
-        "members": [member_row(u, used, gpu, fresh == "fresh", setup.hub_base)
-                    for u in found],
+        "members": [member_row(u, used, gpu, fresh == "fresh", setup.hub_base,
+                               home.get(str(u["name"]))) for u in found],
         "choices": common_choices(table, found) if table else [],
         "partial_choices": partial_choices(table, found) if table else [],
         "table_missing": table is None,
         "gpu_usage": fresh,
+        "disk": disk,
         "schedules": planned,
         "now": now,
     }
+
+
+def _documents(setup: Setup, now: float) -> tuple[GpuUsage | None, list[DiskUsage]]:
+    """The watchdogs' readings, merged, and their homes documents (blocking)."""
+    documents = setup.documents()
+    return read_usage(documents, now), DiskUsage.read_all(documents)
 
 
 # --- the visitor -------------------------------------------------------------------------------

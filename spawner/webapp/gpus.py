@@ -13,10 +13,11 @@ the hub's pool snapshot with the watchdog's numbers behind both.
 - ``GET {prefix}api/gpus``: the same as JSON (``map_document``); asked with
   ``Accept: text/html`` only, the page's drawing of it (base.py's ``reply_html``).
 
-Two documents feed it (usage/documents.py), read on the service's worker threads, never on
-the event loop: the hub's pool snapshot (``PoolSnapshot``, gpu/snapshot.py) and the
-watchdogs' readings (``GpuUsage``, usage/gpu_readings.py, every node's merged into one),
-each read as its class's ``from_json`` reads it. ``gpu_map`` returns one row per GPU:
+Three documents feed it (usage/documents.py), read on the service's worker threads, never
+on the event loop: the hub's pool snapshot (``PoolSnapshot``, gpu/snapshot.py), the
+watchdogs' readings (``GpuUsage``, usage/gpu_readings.py, every node's merged into one)
+and their homes (``DiskUsage``, one per node), each read as its class's ``from_json``
+reads it. ``gpu_map`` returns one row per GPU:
 the pool's, in its order, then any other GPU the watchdog sees on the host. Each row has
 the pool's fields (``uuid``, ``index``, ``name``, ``memory``, ``state``, ``free_slots``,
 ``reserved_for``, ``in_pool``) and:
@@ -39,6 +40,12 @@ watchdog's figures when fresh (``usage`` says "fresh", "stale" or "missing", as 
 GPU): ``used`` (the servers' CPUs and memory working set, together), ``engine`` (what
 the engine has) and each server's ``cpu_used`` and ``memory_used``.
 
+``disk_view`` gives the disk: for each node whose watchdog reads the homes, how fresh its
+figures are, the mechanism's sentence, the filesystem that holds the homes (its size,
+what is used and free, what the homes' sizes reserve of it) and each home (its user
+where a server of theirs runs there, what it holds, its size, its share), the figures
+only while fresh.
+
 Admins only (``admin`` true in the hub's OAuth user model): the map names every user
 holding a GPU or room on the host, across classes, so the usage page's viewers and
 instructors are refused, on the page and at the API. Holders' names are chosen by
@@ -56,7 +63,15 @@ from tornado import web
 
 from spawner.gpu.queue import ORDER, STRATEGIES, STRICT_FIFO
 from spawner.gpu.snapshot import OFF, ON, PoolGpu, PoolSnapshot, Waiting
-from spawner.usage.documents import GPU_USAGE, GPUS, Documents, number
+from spawner.usage.documents import (
+    GPU_USAGE,
+    GPUS,
+    HOMES,
+    DiskUsage,
+    Documents,
+    HomeReading,
+    number,
+)
 from spawner.usage.gpu_readings import (
     GpuSample,
     GpuUsage,
@@ -66,7 +81,7 @@ from spawner.usage.gpu_readings import (
     usage_state,
 )
 from spawner.webapp.base import LIVE_SCRIPT, ApiHandler, BaseHandler, PageHandler
-from spawner.webapp.formatting import duration, half_up, isolate, size
+from spawner.webapp.formatting import duration, half_up, isolate, percent, size
 
 POLL_SECONDS = 2.0
 ADMINS_ONLY = ("The host map is for admins only: it names everyone who holds a GPU or "
@@ -76,8 +91,11 @@ NO_STATE = ("This service was given neither the ledger's database (QUOTA_SPAWNER
             "watchdogs publish what the host map shows.")
 # where the map's documents are, in the sentences that say one is missing
 IN_DATABASE = ("the hub's snapshot in the ledger's database",
-               "the watchdogs' readings in the ledger's database")
-IN_FOLDER = (f"{GPUS.file} in the state folder", f"{GPU_USAGE.file} in the state folder")
+               "the watchdogs' readings in the ledger's database",
+               "the watchdogs' homes in the ledger's database")
+IN_FOLDER = (f"{GPUS.file} in the state folder", f"{GPU_USAGE.file} in the state folder",
+             f"{HOMES.file} in the state folder")
+NEARLY_FULL = 0.90  # a home's share at or above which the map marks it, as the watchdog tells
 FAILED = ("The host map could not be read because of an error; the service's log has the "
           "details.")
 
@@ -189,6 +207,38 @@ def host_view(pool: PoolSnapshot | dict[str, Any] | None,
     }
 
 
+def disk_view(homes: list[DiskUsage | dict[str, Any]], now: float) -> dict[str, Any]:
+    """The homes and their filesystems, one entry per node by name (module doc); each
+    node's document as read (``DiskUsage``), or as its JSON. ``state``: "fresh" when some
+    node's figures are, "stale" when none is, "missing" without any."""
+    nodes = []
+    for usage in sorted((u for u in map(DiskUsage.from_json, homes) if u is not None),
+                        key=lambda u: u.node):
+        state = usage.state(now)
+        fresh = state == "fresh"
+        filesystem = usage.filesystem if fresh else None
+        nodes.append({
+            "node": usage.node, "state": state, "time": usage.at,
+            "age": max(0.0, now - usage.at), "interval": usage.interval,
+            "stale_after": stale_after(usage.interval), "mechanism": usage.mechanism,
+            "enforced": usage.enforced, "sentence": usage.sentence,
+            "filesystem": filesystem.to_json() if filesystem is not None else None,
+            "homes": [home_row(h) for h in usage.homes] if fresh else [],
+        })
+    state = "missing" if not nodes else "fresh" if any(
+        n["state"] == "fresh" for n in nodes) else "stale"
+    return {"state": state, "nodes": nodes}
+
+
+def home_row(home: HomeReading) -> dict[str, Any]:
+    """One home as the map and the API show it: what its document says, and its
+    ``share`` of its size (None without a size), ``full`` and ``nearly_full``."""
+    share = home.used / home.limit if home.used is not None and home.limit else None
+    return {**home.to_json(), "share": share,
+            "full": share is not None and share >= 1,
+            "nearly_full": share is not None and NEARLY_FULL <= share < 1}
+
+
 def _index_key(sample: GpuSample) -> tuple[int, str]:
     return (sample.index if sample.index >= 0 else 1 << 30,
             str(sample.index if sample.index >= 0 else None))
@@ -199,10 +249,12 @@ def _index_key(sample: GpuSample) -> tuple[int, str]:
 
 def map_document(pool: PoolSnapshot | dict[str, Any] | None,
                  usage: GpuUsage | dict[str, Any] | None, now: float,
-                 has_state_dir: bool = True) -> dict[str, Any]:
-    """What the page shows, as JSON: the merged rows, the queue, both documents'
-    freshness and a summary; each document as read, or as its JSON. Times are epoch
-    seconds, memory bytes, utilisation 0 to 1."""
+                 has_state_dir: bool = True,
+                 homes: list[DiskUsage | dict[str, Any]] | None = None) -> dict[str, Any]:
+    """What the page shows, as JSON: the merged rows, the queue, the documents'
+    freshness and a summary, and the disk (``homes``: every node's homes document); each
+    document as read, or as its JSON. Times are epoch seconds, memory and disk bytes,
+    utilisation 0 to 1."""
     found = PoolSnapshot.from_json(pool)
     watched = GpuUsage.from_json(usage)
     rows = gpu_map(found, watched, now)
@@ -244,6 +296,7 @@ def map_document(pool: PoolSnapshot | dict[str, Any] | None,
             "other": len(rows) - len(in_pool),
         },
         "host": host_view(found, watched, now),
+        "disk": disk_view(homes or [], now),
         "gpus": rows,
         "queue_strategy": strategy if strategy in STRATEGIES else None,  # None: an older hub
         "queue_fair": found.queue_fair if found is not None else False,
@@ -256,7 +309,8 @@ def read_map(documents: Documents | None, now: float) -> dict[str, Any]:
     thread)."""
     if documents is None:
         return map_document(None, None, now, has_state_dir=False)
-    return map_document(PoolSnapshot.read(documents), read_usage(documents, now), now)
+    return map_document(PoolSnapshot.read(documents), read_usage(documents, now), now,
+                        homes=DiskUsage.read_all(documents))
 
 
 def _ticket(ticket: Waiting) -> dict[str, Any]:
@@ -283,6 +337,43 @@ def nodes_text(nodes: list[dict[str, Any]]) -> str:
         f", {duration(n['age'])} old)" if n["state"] == "stale" and n["age"] is not None
         else ")") for n in nodes]
     return f"Readings from {len(nodes)} watchdogs: {', '.join(parts)}."
+
+
+def disk_text(node: dict[str, Any]) -> str:
+    """A node's first line of the disk: how fresh, and the homes' marks."""
+    where = f"{node['node']}: the" if node["node"] else "The"
+    if node["state"] == "stale":
+        return (f"{where} watchdog's figures of the homes are {duration(node['age'])} old, too "
+                f"old to trust (more than {duration(node['stale_after'])}): the homes' use "
+                "and the filesystem are left out until it reads them again. Is the watchdog "
+                "running?")
+    homes = node["homes"]
+    full = sum(h["full"] for h in homes)
+    nearly = sum(h["nearly_full"] for h in homes)
+    marks = "".join(
+        f"; {count} {what}" for count, what in ((full, "full"), (nearly, "nearly full (90% "
+                                                 "or more of its size)")) if count)
+    return (f"{where} watchdog's figures of the homes are {duration(node['age'])} old (it "
+            f"reads them every {duration(node['interval'])}). {plural(len(homes), 'home')}"
+            f"{marks}.")
+
+
+def reserved_text(filesystem: dict[str, Any]) -> str:
+    """'2.5 TiB (125% of the filesystem)', or '–'."""
+    reserved, size_of = filesystem.get("reserved"), filesystem.get("size")
+    if not number(reserved):
+        return "–"
+    return size(reserved) + (f" ({percent(reserved / size_of)} of the filesystem)"
+                             if number(size_of) and size_of else "")
+
+
+def home_text(home: dict[str, Any]) -> str:
+    """'3 GiB of 20 GiB (15%)', '3 GiB (no size)', or '–'."""
+    if not number(home.get("used")):
+        return "–"
+    if not number(home.get("limit")):
+        return f"{size(home['used'])} (no size)"
+    return f"{size(home['used'])} of {size(home['limit'])} ({percent(home['share'])})"
 
 
 def cpus_text(value: Any) -> str:
@@ -408,14 +499,16 @@ class GpuMap(BaseHandler):
 
     def drawing(self, doc: dict[str, Any]) -> dict[str, Any]:
         """The values gpus.html draws ``doc`` with."""
-        gpus_where, usage_where = IN_DATABASE if self.setup.database else IN_FOLDER
+        gpus_where, usage_where, homes_where = IN_DATABASE if self.setup.database \
+            else IN_FOLDER
         users = holder_users(doc)
         indexes = {r["uuid"]: str(r["index"]) for r in doc["gpus"]
                    if isinstance(r.get("uuid"), str) and r.get("index") is not None}
         return dict(
             title="Host map", doc=doc, now=doc["generated_at"],
             no_state=NO_STATE, gpus_file=gpus_where, usage_file=usage_where,
-            nodes_text=nodes_text,
+            homes_file=homes_where, nodes_text=nodes_text, disk_text=disk_text,
+            reserved_text=reserved_text, home_text=home_text,
             plural=plural, mode_text=mode_text, cpus_text=cpus_text,
             amount_text=amount_text, attr_number=attr_number, host_text=host_text,
             room_text=room_text, waiting_for_text=waiting_for_text, gpus_text=gpus_text,

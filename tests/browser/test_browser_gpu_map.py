@@ -12,12 +12,14 @@ they use (the watchdog's cgroup figures), and each server's room; one GPU held
 exclusively (idle: the fake GPU shows 0% utilisation) and one shared by two servers,
 each holder's GPU memory; a GPU start waiting in the queue, and a CPU-only start waiting
 for room on the host. The page follows a server's stop, the queue's end and a GPU coming
-free without a reload, and keyboard focus stays where it was. An instructor and a plain
+free without a reload, and keyboard focus stays where it was. Its disk section shows a
+watchdog's homes document and follows a home filling up. An instructor and a plain
 user are refused, on the page and at the API.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -29,6 +31,7 @@ from hubs import GPU_HUB_GPUS, GPU_HUB_ID, on_hub, stop_every_server
 
 from harness import Hub, WatchdogProcess, container_for, install_fake_nvml, write_fake_gpus
 from spawner.host.admission import HostCapacity
+from spawner.usage.documents import HOMES
 from spawner.webapp.formatting import size
 from spawner.webapp.gpus import ADMINS_ONLY, cpus_text
 
@@ -330,3 +333,43 @@ def test_a_holder_named_with_a_bidi_override_reads_in_order(setup, browser, visi
     finally:
         drawn.context.close()
         hub.stop_server(BIDI_NAME)
+
+
+def homes_document(used: int) -> str:
+    """A watchdog's homes, as one without home_root in this module does not write them:
+    gm-disk's home holds ``used`` of 20 GiB, on a filesystem of 100 GiB that the homes'
+    sizes reserve 60 GiB of (a long interval: fresh for minutes)."""
+    return json.dumps({
+        "version": 1, "node": "gpu-host-1", "at": time.time(), "interval": 60,
+        "mechanism": "btrfs", "enforced": True,
+        "sentence": "Homes are btrfs subvolumes under /srv/homes, each limited by a qgroup",
+        "filesystem": {"path": "/srv/homes", "size": 100 * GiB, "used": 40 * GiB,
+                       "free": 55 * GiB, "reserved": 60 * GiB},
+        "homes": [{"user": "gm-disk", "name": "gm-disk", "used": used, "limit": 20 * GiB},
+                  {"user": None, "name": "gm-old", "used": GiB, "limit": 40 * GiB}]})
+
+
+def test_the_disk_shows_the_homes_and_follows_one_filling_up(setup, visit):
+    hub = setup[0]
+    path = hub.workdir / HOMES.file  # the state folder's, where the usage service reads it
+    path.write_text(homes_document(5 * GiB))
+    try:
+        v = visit()
+        v.log_in("admin")
+        v.open_service_page("gpus")
+        disk = v.page.locator('section[aria-labelledby="disk-label"]')
+        expect(disk.locator("h2")).to_have_text("Disk")
+        expect(disk.locator('tr[data-key="filesystem:gpu-host-1"]')).to_contain_text(
+            "60 GiB (60% of the filesystem)")
+        home = disk.locator('tr[data-key="home:gpu-host-1:gm-disk"]')
+        expect(home).to_contain_text("5 GiB of 20 GiB (25%)")
+        expect(home.locator("a")).to_have_text("gm-disk")
+        expect(v.page.locator("#updated")).to_contain_text("Live", timeout=WAIT)
+        path.write_text(homes_document(19 * GiB))  # filled up: patched in, no reload
+        expect(home).to_contain_text("19 GiB of 20 GiB (95%)", timeout=WAIT)
+        expect(home).to_contain_text("Nearly full")
+        expect(disk).to_contain_text("1 nearly full (90% or more of its size)")
+        v.shot("gpu-map-disk")
+        v.check_stayed_home()
+    finally:
+        path.unlink(missing_ok=True)

@@ -1,7 +1,8 @@
 """The admins' host map served in the test's process from a state folder of its own, where
-a test writes the hub's pool file and the watchdog's usage file (``state_site``), and read
-as a visitor would (``row_of``, ``words``); the hostile names its pages must keep as
-text. For tests/service/test_gpus.py and test_gpus_host.py."""
+a test writes the hub's pool file and the watchdog's usage file (``state_site``), or from
+the ledger's database alone, as a service on another machine (``database_site``), and
+read as a visitor would (``row_of``, ``words``); the hostile names its pages must keep as
+text. For tests/service/test_gpus.py, test_gpus_host.py and test_gpus_disk.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from contextlib import asynccontextmanager
 from webapp_client import ADMIN, INSTRUCTOR, PLAIN, PREFIX, VIEWER, PageHubAuth, PageSite, Text
 from webapp_client import serve as serve_app
 
+from spawner.usage.documents import DatabaseDocuments
 from spawner.usage.ledger import Ledger
 from spawner.webapp import app as service
 from spawner.webapp.base import BaseHandler
@@ -53,6 +55,25 @@ async def state_site(tmp_path, monkeypatch) -> AsyncIterator[Site]:
     finally:
         server.stop()
         app.settings["usage"].reader.close()
+
+
+@asynccontextmanager
+async def database_site(tmp_path, monkeypatch,
+                        hub: str = "hub-1") -> AsyncIterator[tuple[Site, DatabaseDocuments]]:
+    """The service with only the ledger's URL and hub ``hub``'s id, no state folder; and the
+    rows of that hub's documents, where a test writes them."""
+    url = f"sqlite:///{tmp_path / 'usage.sqlite'}"
+    ledger = Ledger(url)
+    auth = PageHubAuth({"admin": ADMIN})
+    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
+    app = service.make_app(usage_db=url, service_prefix=PREFIX, state_dir="", hub_id=hub)
+    server, port = serve_app(app)
+    try:
+        yield Site(port, tmp_path), DatabaseDocuments(ledger.engine, hub)
+    finally:
+        server.stop()
+        app.settings["usage"].reader.close()
+        ledger.dispose()
 
 
 def row_of(page: str, uuid: str) -> str:

@@ -31,6 +31,7 @@ from webapp_client import (
 
 from spawner.hubconfig.rbac import CLASS_OAUTH_SCOPES, USAGE_SCOPE, class_service_scopes
 from spawner.usage import schedules
+from spawner.usage.documents import HOMES
 from spawner.usage.ledger import Ledger
 from spawner.usage.schema import sessions
 from spawner.webapp import app as service
@@ -744,3 +745,64 @@ async def test_a_schedule_stored_at_an_absurd_time_never_breaks_the_page(site):
         f"{site.base}api/classes/cs101/schedules/{planned['id']}", method="DELETE",
         headers={"X-Test-User": "prof-ada"}, raise_error=False)
     assert r.code == 200 and json.loads(r.body)["state"] == "cancelled"
+
+
+# --- the members' homes ------------------------------------------------------------------
+
+
+def write_homes(folder: Path, at: float) -> None:
+    """A watchdog's homes document, as a watchdog without a ledger writes it into the state
+    folder: alice's server runs on her home (18 of 20 GiB); student1's home is there
+    without a server (1 of 5 GiB); student2 has none yet."""
+    (folder / HOMES.file).write_text(json.dumps({
+        "version": 1, "node": "gpu-host-1", "at": at, "interval": 5, "mechanism": "btrfs",
+        "enforced": True, "sentence": "Homes are btrfs subvolumes", "filesystem": None,
+        "homes": [{"user": "alice", "name": "alice", "used": 18 << 30, "limit": 20 << 30},
+                  {"user": None, "name": "student1", "used": 1 << 30, "limit": 5 << 30}]}))
+
+
+async def test_each_members_home_is_shown_with_its_size_server_running_or_not(api, tmp_path):
+    code, found = await api.call("GET", "/cs101")
+    assert found["disk"] == "missing"  # no watchdog reads the homes: nothing to show
+    assert {m["name"]: m["home_used"] for m in found["members"]} == {
+        "alice": None, "student1": None, "student2": None}
+    write_homes(tmp_path, time.time())
+    code, found = await api.call("GET", "/cs101")
+    assert code == 200 and found["disk"] == "fresh"
+    homes = {m["name"]: (m["home_used"], m["home_limit"]) for m in found["members"]}
+    assert homes == {"alice": (18 << 30, 20 << 30), "student1": (1 << 30, 5 << 30),
+                     "student2": (None, None)}
+    write_homes(tmp_path, time.time() - 600)  # the watchdog stopped reading them
+    code, found = await api.call("GET", "/cs101")
+    assert found["disk"] == "stale" and found["members"][0]["home_used"] is None
+
+
+async def test_the_dashboard_shows_each_members_home(site, tmp_path):
+    page = (await site.get("classes/cs101", "prof-ada")).body.decode()
+    assert '<th scope="col">Home</th>' in page and cell(row(page, "alice"), "home") == "–"
+    write_homes(tmp_path, time.time())
+    page = (await site.get("classes/cs101", "prof-ada")).body.decode()
+    assert cell(row(page, "alice"), "home") == "18 GiB of 20 GiB"
+    assert cell(row(page, "student1"), "home") == "1 GiB of 5 GiB"
+    assert cell(row(page, "student2"), "home") == "–"
+    assert 'id="home-note"' not in page
+    write_homes(tmp_path, time.time() - 600)
+    page = (await site.get("classes/cs101", "prof-ada")).body.decode()
+    assert "Homes are not shown: the watchdog's figures of the homes are stale." in \
+        " ".join(page.split())
+    assert cell(row(page, "alice"), "home") == "–"
+
+
+def test_a_members_home_is_the_one_their_server_runs_on_else_the_one_named_for_them():
+    now = 1000.0
+    document = {"version": 1, "node": "n", "at": now, "homes": [
+        {"user": "Ann", "name": "custom-ann", "used": 1, "limit": 2},  # an admin's own naming
+        {"user": None, "name": "-4f-27-42rien", "used": 3, "limit": None},  # O'Brien's
+        {"user": None, "name": "ann", "used": 9, "limit": 9}]}
+    state, homes = classes.homes_of([document], ["Ann", "O'Brien", "nobody", ".."], now)
+    assert state == "fresh"
+    assert {name: (h.used, h.limit) for name, h in homes.items()} == {
+        "Ann": (1, 2), "O'Brien": (3, None)}
+    assert classes.home_text({"home_used": 3 << 30, "home_limit": None}) == "3 GiB"
+    assert classes.homes_of([document], ["Ann"], now + 600)[0] == "stale"
+    assert classes.homes_of([{"version": 2}], ["Ann"], now) == ("missing", {})

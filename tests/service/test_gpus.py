@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from map_site import HOSTILE, HOSTILE_ROLE, Site, row_of, state_site, words
+from map_site import HOSTILE, HOSTILE_ROLE, Site, database_site, row_of, state_site, words
 from map_states import G, busy_pool, idle_book, watched
 from webapp_client import ADMIN, PageHubAuth, attribute, drawn
 from webapp_client import serve as serve_app
@@ -21,7 +21,6 @@ from webapp_client import serve as serve_app
 from spawner.gpu.pool import Server
 from spawner.gpu.snapshot import pool_snapshot
 from spawner.usage.documents import GPU_USAGE, GPUS, DatabaseDocuments
-from spawner.usage.ledger import Ledger
 from spawner.watchdog.app import gpu_usage_snapshot
 from spawner.webapp import app as service
 from spawner.webapp import gpus as gpu_page
@@ -282,15 +281,7 @@ async def test_the_map_reads_the_database_with_no_state_folder(tmp_path, monkeyp
     """A service on another machine: only the ledger's URL. The hub's pool and two
     watchdogs' readings (two nodes, each its own GPUs) are rows of the database; the rows
     of another hub are not shown."""
-    url = f"sqlite:///{tmp_path / 'usage.sqlite'}"
-    ledger = Ledger(url)
-    auth = PageHubAuth({"admin": ADMIN})
-    monkeypatch.setattr(BaseHandler, "hub_auth", property(lambda self: auth))
-    app = service.make_app(usage_db=url, service_prefix=PREFIX, state_dir="", hub_id="hub-1")
-    server, port = serve_app(app)
-    try:
-        site = Site(port, tmp_path)
-        rows = DatabaseDocuments(ledger.engine, "hub-1")
+    async with database_site(tmp_path, monkeypatch) as (site, rows):
         pool = await busy_pool()
         now = time.time()
         rows.write(GPUS, json.dumps(pool_snapshot(pool, now)))
@@ -301,7 +292,7 @@ async def test_the_map_reads_the_database_with_no_state_folder(tmp_path, monkeyp
                   "gpus": {k: v for k, v in usage["gpus"].items() if k != "GPU-0"}}
         rows.write(GPU_USAGE, json.dumps(node_a), node="gpu-a")
         rows.write(GPU_USAGE, json.dumps(node_b), node="gpu-b")
-        DatabaseDocuments(ledger.engine, "hub-2").write(
+        DatabaseDocuments(rows.engine, "hub-2").write(
             GPUS, json.dumps({**pool_snapshot(pool, now), "hub": "hub-2", "gpus": []}))
         doc = json.loads((await site.get("api/gpus", "admin")).body)
         assert doc["state_dir"] is True and doc["pool"]["hub"] == "hub-1"
@@ -320,10 +311,6 @@ async def test_the_map_reads_the_database_with_no_state_folder(tmp_path, monkeyp
         page = words((await site.get("gpus", "admin")).body.decode())
         assert "gpu-a (fresh), gpu-b (stale, 10m old)." in page
         pool.leave("quota-dave", "test")
-    finally:
-        server.stop()
-        app.settings["usage"].reader.close()
-        ledger.dispose()
 
 
 async def test_the_state_folder_comes_from_the_environment(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ from spawner.gpu.inventory import declared_inventory
 from spawner.gpu.nvml import LOST, HostProcess, NvmlDevice, XidEvent
 from spawner.gpu.pool import GpuPool, Server
 from spawner.gpu.snapshot import PoolSnapshot, hub_room, pool_snapshot
+from spawner.homes.base import HomeUse, Space
 from spawner.host.admission import HostBook, HostCapacity
 from spawner.quota.model import GpuCapacity, Role
 from spawner.usage.documents import (
@@ -30,7 +31,10 @@ from spawner.usage.documents import (
     PREEMPTIONS,
     BudgetMemory,
     DatabaseDocuments,
+    DiskUsage,
+    Filesystem,
     FolderDocuments,
+    HomeReading,
     Preemptions,
     SharedDocument,
     Told,
@@ -38,15 +42,16 @@ from spawner.usage.documents import (
 from spawner.usage.event_log import EventLog
 from spawner.usage.gpu_readings import GpuSample, GpuUsage, read_usage
 from spawner.watchdog.app import gpu_usage_snapshot, reading_of
+from spawner.watchdog.homes import disk_document
+from spawner.watchdog.model import DiskReading, ServerSample, Snapshot
 from spawner.watchdog.model import Server as WatchedServer
-from spawner.watchdog.model import ServerSample, Snapshot
 from spawner.watchdog.rules import GPU_IDLE, Incident, IncidentBook
 from spawner.webapp.gpus import map_document
 
 G = 2**30
 T = 1_700_000_000.0
 PACKAGE = Path(__file__).resolve().parents[2] / "spawner"
-CLASSES = (PoolSnapshot, GpuUsage, Preemptions, BudgetMemory)
+CLASSES = (PoolSnapshot, GpuUsage, Preemptions, BudgetMemory, DiskUsage)
 ODD_TEXTS = (None, "", '{"version": 1, "gpus": [', "[1, 2]", '"text"', "null",
              '{"version": 99, "time": 1, "gpus": [], "told": []}')
 
@@ -82,6 +87,20 @@ def watched() -> Snapshot:
                     gpus={d.uuid: reading_of(d, xids) for d in (device, lost)},
                     servers={"c1": ServerSample(ALICE, gpu_memory={"GPU-0": G},
                                                 memory_working_set=G, cpu_used=0.5)})
+
+
+def homes_read() -> DiskUsage:
+    """A cycle's homes as the watchdog reads them: alice's server runs on hers, with the
+    size of its label; bob's home is there without a server."""
+    server = WatchedServer(container_id="c1", name="quota-alice", user="alice", role="solo",
+                           image="py", hub_id="hub-1", disk=20 * G)
+    disk = DiskReading("btrfs", True, "Homes are btrfs subvolumes under /srv/homes, each "
+                       "limited by a qgroup",
+                       {"alice": HomeUse("alice", 3 * G, 20 * G), "bob": HomeUse("bob", G, None)},
+                       Space(Path("/srv/homes"), 100 * G, 30 * G, 70 * G))
+    snapshot = Snapshot(time=T, host="gpu-host-1", disk=disk,
+                        servers={"c1": ServerSample(server, home="alice")})
+    return disk_document(snapshot, 5.0, "node-a")
 
 
 def idle_book() -> IncidentBook:
@@ -137,6 +156,21 @@ def test_a_watchdogs_reading_is_one_shape_from_nvml_to_the_page():
     assert (row["uuid"], row["utilization"], row["memory_used"]) == ("GPU-0", 0.0, G)
 
 
+def test_a_watchdogs_homes_read_back_as_it_wrote_them():
+    written = homes_read()
+    read = DiskUsage.from_text(written.to_text())
+    assert read == written and DiskUsage.from_json(read.to_json()) == read
+    assert read.homes == (HomeReading("alice", 3 * G, 20 * G, "alice"),
+                          HomeReading("bob", G, None, None))
+    assert read.filesystem == Filesystem("/srv/homes", 100 * G, 30 * G, 70 * G, 20 * G)
+    assert (read.node, read.at, read.mechanism, read.enforced) == ("node-a", T, "btrfs", True)
+    assert read.state(T + 14.9) == "fresh" and read.state(T + 15) == "stale"
+    # a later watchdog only adds fields: this one reads what it knows of them
+    added = {**written.to_json(), "inodes": 7,
+             "homes": [{**h.to_json(), "files": 3} for h in written.homes]}
+    assert DiskUsage.from_json(added) == written
+
+
 def test_the_preemptions_and_the_budget_memory_read_back():
     record = preemption()
     pending = Preemptions((record,))
@@ -158,7 +192,8 @@ async def test_each_document_is_written_and_read_where_its_kind_is_kept(cls, led
     found = {PoolSnapshot: PoolSnapshot.from_json(pool_snapshot(pool, T)),
              GpuUsage: GpuUsage.from_json(gpu_usage_snapshot(watched(), idle_book(), 5.0)),
              Preemptions: Preemptions((preemption(),)),
-             BudgetMemory: BudgetMemory((Told("budget-spent", "user:a", 1, T, "a", T + 1),))
+             BudgetMemory: BudgetMemory((Told("budget-spent", "user:a", 1, T, "a", T + 1),)),
+             DiskUsage: homes_read(),
              }[cls]
     for documents in (DatabaseDocuments(ledger.engine, "hub-1"), FolderDocuments(str(tmp_path))):
         found.write(documents)
@@ -276,6 +311,19 @@ def test_odd_parts_read_as_unknown_and_never_fail():
     assert PoolSnapshot.from_json({"version": 1, "gpus": "three"}).gpus is None
     assert Preemptions.from_json([{"container": ""}, "x", {"container": "quota-a"}]) == \
         Preemptions(({"container": "quota-a"},))
+    homes = DiskUsage.from_json({
+        "version": 1, "at": T, "node": 3, "interval": -5, "mechanism": ["btrfs"],
+        "enforced": "yes", "sentence": None, "filesystem": {"path": 1, "size": "100G",
+                                                              "free": -1, "used": 1.5},
+        "homes": [{"name": "a", "used": "1G", "limit": True, "user": 7}, {"name": ""},
+                  {"used": 1}, "b", {"name": "c", "used": 5, "limit": None}]})
+    assert (homes.node, homes.interval, homes.mechanism, homes.enforced, homes.sentence) == (
+        "", 5.0, None, False, "")
+    assert homes.filesystem == Filesystem()
+    assert homes.homes == (HomeReading("a", None, None, None), HomeReading("c", 5, None))
+    assert DiskUsage.from_json({"version": 1, "at": T, "homes": "all",
+                                "filesystem": "x"}) == DiskUsage("", T)
+    assert DiskUsage.from_json({"version": 1, "node": "n", "homes": []}) is None  # no time
     told = {"event": "budget-warning", "budget": "b", "gpu_hours": 1, "period": T,
             "user": "u", "resets_at": T}
     assert BudgetMemory.from_json({"version": 1, "told": [told]}) is not None
@@ -310,7 +358,7 @@ def test_each_documents_version_is_defined_once_in_its_class():
     assert all(issubclass(c, SharedDocument) and isinstance(c.__dict__.get("VERSION"), int)
                for c in CLASSES)
     names = {c.__name__ for c in CLASSES} | {k for k in ("GPUS", "GPU_USAGE", "PREEMPTIONS",
-                                                          "BUDGET_MEMORY")}
+                                                          "BUDGET_MEMORY", "HOMES")}
     word = re.compile(r"\b(" + "|".join(names) + r")\b")
     found = []
     for path, text in sources().items():

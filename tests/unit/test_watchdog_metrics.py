@@ -442,6 +442,13 @@ def test_alert_rules_mirror_the_watchdog_defaults():
     assert thresholds(idle["expr"]) == [defaults.idle_gpu_utilization]
     assert seconds(idle.get("for")) == defaults.idle_gpu_hold
     assert seconds(rules["QuotaSpawnerZombieHoldsGpus"].get("for")) == defaults.zombie_hold
+    home = rules["QuotaSpawnerHomeNearlyFull"]
+    assert thresholds(home["expr"]) == [defaults.home_disk_high, defaults.home_disk_clear]
+    assert seconds(home.get("for")) == defaults.home_disk_hold
+    homes = rules["QuotaSpawnerHomesFilesystemNearlyFull"]
+    assert thresholds(homes["expr"]) == [defaults.homes_filesystem_high,
+                                         defaults.homes_filesystem_clear]
+    assert seconds(homes.get("for")) == defaults.homes_filesystem_hold
     for instant in ("QuotaSpawnerGpuLost", "QuotaSpawnerOomKill", "QuotaSpawnerGpuXid"):
         assert seconds(rules[instant].get("for")) == 0, instant
     # every rule of the watchdog has its alert, under the same name
@@ -481,7 +488,9 @@ def test_dashboard_references_only_defined_metrics():
     for short in ("server_gpu_memory_used_bytes", "server_gpu_memory_limit_bytes",
                   "server_gpu_utilization_ratio", "server_memory_working_set_bytes",
                   "server_memory_limit_bytes", "server_cpu_used_cpus", "server_cpu_quota_cpus",
-                  "gpu_holders", "watchdog_open_incidents"):
+                  "gpu_holders", "watchdog_open_incidents", "home_used_bytes",
+                  "home_limit_bytes", "homes_filesystem_size_bytes",
+                  "homes_filesystem_free_bytes", "homes_reserved_bytes"):
         assert m.PREFIX + short in used, short
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
