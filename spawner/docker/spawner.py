@@ -227,8 +227,9 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             self._progress("Starting the container", 40)
             ip, port = await gpus.start_container(super().start, self.gpu_uuids,
                                                   self.object_name, choices)
+            # the home's size where the hub keeps it (the disk label's); else no limit
             await session.started(self.container_id,
-                                  self._spec.notebook.home_size if self._spec else None)
+                                  self._home.size if self._home is not None else None)
             runtime.claim(owner, self)
             self._progress("Container started; waiting for the notebook server", 60)
             # The hub's own readiness check backs off to seconds; polling here is faster.

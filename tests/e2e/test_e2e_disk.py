@@ -27,7 +27,7 @@ import pytest
 import requests
 from hubs import own_hub
 from loopfs import WRITER, btrfs_filesystem, need_root, scratch_folder
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import create_engine, select
 
 from harness import container_for, run_in_kernel
 from spawner.contract import DISK_LABEL, DISK_LIMIT, HOME_OVER_SIZE, HOME_USE_FILE
@@ -114,12 +114,13 @@ def env_of(container) -> dict[str, str]:
     return dict(e.partition("=")[::2] for e in container.attrs["Config"]["Env"])
 
 
-def ledger_sessions(hub, user: str) -> int:
+def ledger_sessions(hub, user: str) -> list[int | None]:
+    """The home size of each of the user's sessions in the hub's usage ledger."""
     engine = create_engine(hub.usage_db)
     try:
         with engine.connect() as db:
-            return db.execute(select(func.count()).select_from(sessions).where(
-                sessions.c.user_name == user)).scalar_one()
+            return list(db.execute(select(sessions.c.home_size).where(
+                sessions.c.user_name == user).order_by(sessions.c.id)).scalars())
     finally:
         engine.dispose()
 
@@ -155,7 +156,7 @@ def test_writes_stop_at_the_size_and_nobody_else_notices(disk, docker_client):
     bob = container_for(docker_client, "bob")
     assert write(bob, "/home/jovyan/data", 8 * MiB) == (8 * MiB, "")
     assert hub.api("GET", "/users/alice").status_code == 200
-    assert ledger_sessions(hub, "alice") == 1 and ledger_sessions(hub, "bob") == 1
+    assert ledger_sessions(hub, "alice") == ledger_sessions(hub, "bob") == [SMALL]
 
 
 def test_an_override_cannot_put_another_volume_at_the_home(disk, docker_client):
@@ -189,6 +190,7 @@ def test_a_bigger_role_grows_the_home_at_the_next_start(disk, docker_client):
     assert "Home of alice (alice): Home grown from 64 MiB to 128 MiB" in hub.log()
     alice = container_for(docker_client, "alice")
     assert alice.labels[DISK_LABEL] == str(BIG)
+    assert ledger_sessions(hub, "alice") == [SMALL, BIG]  # each session's home size
     assert write(alice, "/home/jovyan/more", 40 * MiB) == (40 * MiB, "")
 
 
