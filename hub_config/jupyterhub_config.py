@@ -183,13 +183,11 @@ if WATCHDOG != "0":
         c.JupyterHub.bind_url, config_file=env("WATCHDOG_CONFIG", str(HERE / "watchdog_config.py")),
         state_dir=str(STATE), secret_file=c.JupyterHub.cookie_secret_file,
         prefix=c.QuotaSpawner.prefix if "prefix" in c.QuotaSpawner else "quota",
-        usage_db=USAGE_DB, hub_id=HUB_ID)
-    # the homes whose use it reads and warns of, as the hub keeps them: the watchdog's
-    # home_root and home_mechanism default to $QUOTA_SPAWNER_HOME_ROOT and _HOME_MECHANISM
-    for setting in ("home_root", "home_mechanism"):
-        if setting in c.QuotaSpawner:
-            watchdog["environment"][f"QUOTA_SPAWNER_{setting.upper()}"] = str(
-                c.QuotaSpawner[setting])
+        usage_db=USAGE_DB, hub_id=HUB_ID,
+        # the homes whose use it reads and warns of, as the hub keeps them
+        home_root=c.QuotaSpawner.home_root if "home_root" in c.QuotaSpawner else "",
+        home_mechanism=c.QuotaSpawner.home_mechanism if "home_mechanism" in c.QuotaSpawner
+        else "")
     if WATCHDOG == "external":
         if len(env("WATCHDOG_TOKEN", "")) < 32:
             sys.exit("QUOTA_SPAWNER_WATCHDOG=external needs QUOTA_SPAWNER_WATCHDOG_TOKEN, "

@@ -20,6 +20,7 @@ touches the filesystem runs in a thread.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from collections.abc import Callable
@@ -27,19 +28,22 @@ from typing import TYPE_CHECKING
 
 from tornado import web
 
+from spawner.contract import HOME_USE_NAME, HOME_USE_STATE, HOME_USE_VERSION
 from spawner.docker.home_body import HomeBind
 from spawner.docker.hub_homes import disk_capacity
 from spawner.homes.base import Home, HomeStore
 from spawner.homes.errors import HomeError
-from spawner.homes.use_file import home_use_document, make_use_folder, write_home_use
 from spawner.host.disk import DiskShortfall, disk_shortfall
 from spawner.policy import refusals
 from spawner.policy.hub import Log
 from spawner.quota.model import Role
 from spawner.quota.units import format_human
+from spawner.usage.documents import write_atomically
 
 if TYPE_CHECKING:
     from spawner.docker.runtime import HubRuntime
+
+FOLDER_MODE = 0o755  # root's; the container's user reads it through the read-only bind
 
 
 class DiskFull(Exception):
@@ -127,9 +131,17 @@ class HomeStart:
                 runtime.disk_pending.pop(name, None)
 
     def _use_folder(self, homes: HomeStore, home: Home) -> str:
-        """The home's use folder, with a first home.json (blocks)."""
-        folder = make_use_folder(os.path.abspath(self.runtime.settings.folder), home.name)
+        """The home's use folder, ``<state dir>/home-use/<home name>/``, made readable by
+        the container, with a first home.json, as the watchdog then writes it (blocks)."""
+        folder = os.path.join(os.path.abspath(self.runtime.settings.folder), HOME_USE_STATE,
+                              home.name)
+        for path in (os.path.dirname(folder), folder):
+            os.makedirs(path, FOLDER_MODE, exist_ok=True)
+            os.chmod(path, FOLDER_MODE)  # whatever the umask made of it
         used = home.used if home.used is not None else 0
-        write_home_use(folder, home_use_document(used, home.limit, homes.mechanism,
-                                                 time.time()))
-        return str(folder)
+        facts = {"version": HOME_USE_VERSION, "used": used, "limit": home.limit,
+                 "mechanism": homes.mechanism, "at": time.time(),
+                 "full": home.limit is not None and used >= home.limit}
+        write_atomically(os.path.join(folder, HOME_USE_NAME),
+                         json.dumps(facts, sort_keys=True), mode=0o644)
+        return folder
