@@ -10,8 +10,8 @@ and disk cannot be filled around it:
   cgroup (checked on cgroup v1 and v2), each as large as the role's memory, as
   Kubernetes sizes a memory-backed emptyDir: what a user puts there, they take from
   their memory;
-- the folder with the home's use (``home.json``, written by docker/homes.py at the start and by the watchdog) is bound
-  read-only at HOME_USE_DIR.
+- the folder with the home's use (``home.json``, written by docker/homes.py at the
+  start and by the watchdog) is bound read-only at HOME_USE_DIR.
 
 ``apply_home`` writes that on top of the body (any other mount at the home or at
 HOME_USE_DIR goes: an override's volume there would lift the limit), and
