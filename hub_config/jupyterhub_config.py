@@ -104,6 +104,17 @@ c.QuotaSpawner.usage_db = USAGE_DB
 c.QuotaSpawner.http_timeout = 60
 c.QuotaSpawner.poll_interval = int(env("POLL_INTERVAL", "10"))
 c.Spawner.default_url = "/lab"
+# Homes of each role's size (docs/disk.md): HOME_ROOT is the folder that keeps them, on
+# a filesystem the mechanism can limit (btrfs with quotas, XFS or ext4 with prjquota, or
+# any with HOME_MECHANISM=image). Unset: homes are Docker volumes, without a size. The
+# hub says at start which mechanism keeps them; the watchdog reads their use.
+HOME_SETTINGS = {"home_root": "HOME_ROOT", "home_mechanism": "HOME_MECHANISM",
+                 "home_image_dir": "HOME_IMAGE_DIR", "disk_reserve": "DISK_RESERVE"}
+for setting, name in HOME_SETTINGS.items():
+    if env(name, ""):
+        setattr(c.QuotaSpawner, setting, env(name, ""))
+if env("DISK_RATIO", ""):
+    c.QuotaSpawner.disk_ratio = float(env("DISK_RATIO", ""))
 # GPUs: discovered with NVML on this host. A hub that cannot see them (in a
 # container, say) declares them: a JSON list of {"uuid", "name", "memory"},
 # or just comma-separated UUIDs. See docs/gpus.md.
@@ -172,7 +183,11 @@ if WATCHDOG != "0":
         c.JupyterHub.bind_url, config_file=env("WATCHDOG_CONFIG", str(HERE / "watchdog_config.py")),
         state_dir=str(STATE), secret_file=c.JupyterHub.cookie_secret_file,
         prefix=c.QuotaSpawner.prefix if "prefix" in c.QuotaSpawner else "quota",
-        usage_db=USAGE_DB, hub_id=HUB_ID)
+        usage_db=USAGE_DB, hub_id=HUB_ID,
+        # the homes whose use it reads and warns of, as the hub keeps them
+        home_root=c.QuotaSpawner.home_root if "home_root" in c.QuotaSpawner else "",
+        home_mechanism=c.QuotaSpawner.home_mechanism if "home_mechanism" in c.QuotaSpawner
+        else "")
     if WATCHDOG == "external":
         if len(env("WATCHDOG_TOKEN", "")) < 32:
             sys.exit("QUOTA_SPAWNER_WATCHDOG=external needs QUOTA_SPAWNER_WATCHDOG_TOKEN, "

@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from typing import Any
 
 from spawner import __version__
+from spawner.homes.detect import CHOICES as HOME_MECHANISMS
 from spawner.host.admission import CPU_RATIO, MEMORY_RATIO, HostCapacity
+from spawner.host.disk import DISK_RATIO
 from spawner.host.fit import describe_fit, never_fit
 from spawner.quota.form import describe_limits
 from spawner.quota.loader import load_quota_table, table_duration
@@ -98,6 +101,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
         if isinstance(host, str):
             print(f"quota-spawner validate: {host}", file=sys.stderr)
             return 2
+    homes = _homes(args) if args.engine else None
+    if homes is not None:
+        print(homes.sentence)  # what the hub's log says at its start
+        if homes.homes is None:
+            status = 1
     for path in args.files:
         try:
             table = load_quota_table(path, gpus)
@@ -108,6 +116,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         else:
             # a role that can never start on the host is a problem, as the editor says
             problems = never_fit(table, host) if host is not None else []
+            problems += _homes_never_fit(path, table, homes)
             for problem in problems:
                 print(problem)
             if problems:
@@ -140,6 +149,25 @@ def _host_capacity(args: argparse.Namespace) -> HostCapacity | str:
         return HostCapacity(args.host_cpus, args.host_memory, **settings)
     except ValueError as e:
         return str(e)
+
+
+def _homes(args: argparse.Namespace) -> Any:
+    """The homes as a hub with these settings opens them (docker/hub_homes.py)."""
+    from spawner.docker.hub_homes import open_hub_homes
+
+    return open_hub_homes(args.home_root, args.home_mechanism, args.home_image_dir,
+                          args.disk_ratio, args.disk_reserve)
+
+
+def _homes_never_fit(path: str, table: QuotaTable, homes: Any) -> list[str]:
+    """Each role whose home is larger than the homes' filesystem may ever promise."""
+    if homes is None or homes.capacity is None:
+        return []
+    share = homes.capacity.share
+    return [f"{path}: role {role.name!r}: its home of {format_size(role.disk)} is more than "
+            f"the homes' filesystem may promise all homes ({format_size(share)}), so it can "
+            "never start here" for role in table.roles.values()
+            if role.disk is not None and role.disk > share]
 
 
 def _table_or_problems(path: str) -> QuotaTable | None:
@@ -400,6 +428,25 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--reserve-memory", type=size_argument, metavar="SIZE",
                           help="memory kept for the hub, proxy and system (a tenth of the "
                                "host's, at least 1G)")
+    validate.add_argument("--home-root", metavar="DIR",
+                          default=os.environ.get("QUOTA_SPAWNER_HOME_ROOT", ""),
+                          help="with --engine: the hub's home_root ($QUOTA_SPAWNER_HOME_ROOT); "
+                               "say how the homes are kept, as the hub's log does")
+    validate.add_argument("--home-mechanism", metavar="NAME", choices=HOME_MECHANISMS,
+                          default=os.environ.get("QUOTA_SPAWNER_HOME_MECHANISM", "auto"),
+                          help="the hub's home_mechanism ($QUOTA_SPAWNER_HOME_MECHANISM; "
+                               f"{', '.join(HOME_MECHANISMS)})")
+    validate.add_argument("--home-image-dir", metavar="DIR",
+                          default=os.environ.get("QUOTA_SPAWNER_HOME_IMAGE_DIR", ""),
+                          help="the hub's home_image_dir ($QUOTA_SPAWNER_HOME_IMAGE_DIR)")
+    validate.add_argument("--disk-ratio", type=number_argument, metavar="R",
+                          default=os.environ.get("QUOTA_SPAWNER_DISK_RATIO", DISK_RATIO),
+                          help="the homes' overcommit ($QUOTA_SPAWNER_DISK_RATIO; "
+                               f"{DISK_RATIO:g})")
+    validate.add_argument("--disk-reserve", metavar="SIZE",
+                          default=os.environ.get("QUOTA_SPAWNER_DISK_RESERVE", ""),
+                          help="room kept free on the homes' filesystem "
+                               "($QUOTA_SPAWNER_DISK_RESERVE; a tenth, at most 100G)")
     validate.add_argument("--cpu-ratio", type=number_argument, metavar="R", default=CPU_RATIO,
                           help=f"CPU overcommit ({CPU_RATIO:g})")
     validate.add_argument("--memory-ratio", type=number_argument, metavar="R",

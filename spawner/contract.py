@@ -58,9 +58,23 @@ JAX_PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
 TF_ALLOW_GROWTH = "TF_FORCE_GPU_ALLOW_GROWTH"
 CAP_VARIABLES = (GPU_MEMORY_LIMIT, PADDLE_MEMORY_LIMIT_MB, PADDLE_ALLOCATOR,
                  JAX_MEMORY_FRACTION, JAX_PREALLOCATE, TF_ALLOW_GROWTH)
+# The home's size, where the hub enforces disk (docs/disk.md#what-a-user-sees): set only
+# then, with the file the container reads its home's use from, and, where the home held
+# its size or more at the start (a smaller role), the sentence that says so.
+DISK_LIMIT = "DISK_LIMIT"  # bytes, beside CPU_LIMIT and MEM_LIMIT
+HOME_USE_FILE = "HOME_USE_FILE"  # names HOME_USE_PATH
+HOME_OVER_SIZE = "HOME_OVER_SIZE"
+DISK_ENV = (DISK_LIMIT, HOME_USE_FILE, HOME_OVER_SIZE)
+# Where a home has a size, the files every Jupyter start writes live outside it, so a
+# full home never keeps the server or a kernel from starting: the runtime files, and
+# IPython's folder, which the kernel spec lookup and every kernel create. Jupyter's own
+# variables: set by the hub only there, and an admin may set them elsewhere.
+JUPYTER_RUNTIME_DIR = "JUPYTER_RUNTIME_DIR"
+IPYTHONDIR = "IPYTHONDIR"
+OFF_HOME = {JUPYTER_RUNTIME_DIR: "/tmp/jupyter-runtime", IPYTHONDIR: "/tmp/ipython"}
 # Every variable the spawner owns: an admin may not set any of them.
 CONTRACT_ENV = (CPU_LIMIT, MEM_LIMIT, QUOTA_ROLE, *THREAD_ENV, *NVIDIA_DEVICE_ENV,
-                *CAP_VARIABLES)
+                *CAP_VARIABLES, *DISK_ENV)
 
 
 # --- files the hub writes into a running container -------------------------------

@@ -6,6 +6,7 @@ started from hub_config/jupyterhub_config.py with a few test overrides.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,8 @@ import docker
 import requests
 from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import make_url
+from tornado.httpclient import HTTPRequest
+from tornado.websocket import websocket_connect
 
 from spawner.usage import event_store
 from spawner.usage.event_log import EVENTS_FILE, read_events
@@ -341,6 +345,48 @@ def progress_messages(hub: Hub, name: str, until: str, timeout: float = 5) -> li
         except requests.RequestException:
             pass
     return found
+
+
+def run_in_kernel(hub: Hub, name: str, code: str, timeout: float = 60) -> str:
+    """Start a real kernel in NAME's server and run CODE in it; its stdout."""
+    token = hub.user_token(name)
+    base = f"{hub.url}/user/{name}/api/kernels"
+    r = requests.post(base, json={"name": "python3"},
+                      headers={"Authorization": f"token {token}"}, timeout=60)
+    assert r.status_code == 201, r.text
+    kernel = r.json()["id"]
+    ws_url = base.replace("http://", "ws://") + f"/{kernel}/channels"
+
+    async def run() -> str:
+        conn = await websocket_connect(
+            HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
+        msg_id = uuid.uuid4().hex
+        await conn.write_message(json.dumps({
+            "header": {"msg_id": msg_id, "username": name, "session": uuid.uuid4().hex,
+                       "msg_type": "execute_request", "version": "5.3"},
+            "parent_header": {}, "metadata": {}, "channel": "shell",
+            "content": {"code": code, "silent": False, "store_history": False,
+                        "user_expressions": {}, "allow_stdin": False,
+                        "stop_on_error": True}}))
+        out = []
+        replied = idle = False  # the reply (shell) may come before the output (iopub)
+        while not (replied and idle):
+            text = await asyncio.wait_for(conn.read_message(), timeout)
+            assert text is not None, "the kernel's websocket closed"
+            msg = json.loads(text)
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if msg["msg_type"] == "stream":
+                out.append(msg["content"]["text"])
+            if msg["msg_type"] == "error":
+                raise AssertionError("\n".join(msg["content"]["traceback"]))
+            replied = replied or msg["msg_type"] == "execute_reply"
+            idle = idle or (msg["msg_type"] == "status"
+                            and msg["content"].get("execution_state") == "idle")
+        conn.close()
+        return "".join(out)
+
+    return asyncio.run(run())
 
 
 def spawn_outcome(hub: Hub, name: str, timeout: float) -> str:

@@ -137,6 +137,8 @@ PY
     # jpserver_extensions, so the rest needs the plain config file.
     mkdir -p "$DELTA$VENV/etc/jupyter" "$DELTA$VENV/share/jupyter/lab/settings"
     cp "$HERE/jupyter_server_config.json" "$DELTA$VENV/etc/jupyter/jupyter_server_config.json"
+    # and what depends on the server's environment (a home with a size: docs/disk.md)
+    cp "$HERE/jupyter_server_config.py" "$DELTA$VENV/etc/jupyter/jupyter_server_config.py"
     cp "$HERE/lab-overrides.json" "$DELTA$VENV/share/jupyter/lab/settings/overrides.json"
 
     # Checked, not required: a broken package import shows up here as a

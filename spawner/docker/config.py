@@ -26,7 +26,9 @@ from traitlets import (
 )
 
 from spawner.gpu.queue import BEST_EFFORT_FIFO, STRATEGIES
+from spawner.homes.detect import CHOICES as HOME_MECHANISMS
 from spawner.host.admission import CPU_RATIO, MEMORY_RATIO
+from spawner.host.disk import DISK_RATIO
 from spawner.policy.config import QuotaConfig
 
 
@@ -60,7 +62,8 @@ class QuotaSpawnerConfig(QuotaConfig):
         config=True,
         help="The user (uid or uid:gid) the notebook runs as; never root.",
     )
-    home_dir = Unicode("/home/jovyan", config=True, help="Where the home volume is mounted.")
+    home_dir = Unicode("/home/jovyan", config=True,
+                       help="Where the home (its volume, or its folder of a size) is mounted.")
     extra_labels = Dict(
         config=True, help="More container labels. The quota-spawner.* labels are refused."
     )
@@ -135,6 +138,38 @@ class QuotaSpawnerConfig(QuotaConfig):
     memory_overcommit = Float(
         MEMORY_RATIO, config=True,
         help="How many times the notebooks' memory may be reserved; 1: never overcommitted.",
+    )
+    home_root = Unicode(
+        "", config=True,
+        help="""The folder under which each user's home is kept, with the size of its
+        role's 'disk' (docs/disk.md), bind-mounted as the home. Empty: homes stay Docker
+        volumes, and disk is not enforced. The hub says at start which mechanism keeps
+        the homes, or why disk is not enforced.""",
+    )
+    home_mechanism = CaselessStrEnum(
+        list(HOME_MECHANISMS), default_value="auto", config=True,
+        help="""What keeps the homes under home_root at their size: "auto" (btrfs with
+        quotas, or XFS or ext4 mounted with prjquota, whichever holds home_root; else not
+        enforced), "btrfs", "xfs", "ext4", "image" (an ext4 image per home on a loop
+        device, on any filesystem), or "none". A mechanism named here that cannot work
+        on this host refuses every start of a role with disk, with the reason in the log
+        (docs/disk.md#which-one-a-host-uses).""",
+    )
+    home_image_dir = Unicode(
+        "", config=True,
+        help="With home_mechanism \"image\": the folder of the images; empty: "
+             "<home_root>/.images.",
+    )
+    disk_ratio = Float(
+        DISK_RATIO, config=True,
+        help="""How many times the homes' filesystem (less disk_reserve) may be promised
+        to homes: each home reserves its size from when it is made, running or not. 1:
+        never overcommitted (docs/disk.md#admission).""",
+    )
+    disk_reserve = Unicode(
+        "", config=True,
+        help="Room kept free on the homes' filesystem for the system (and the hub's state "
+             "where it shares it), like 50G; empty: a tenth of it, at most 100G.",
     )
     cpu_boost = Bool(
         True,

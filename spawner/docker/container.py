@@ -37,6 +37,13 @@ from docker.errors import DockerException
 from docker.utils import parse_bytes
 
 from spawner.contract import LABEL_PREFIX, TORCH_ALLOC_CONF
+from spawner.docker.home_body import (
+    HomeBind,
+    apply_home,
+    disk_environment,
+    disk_label,
+    home_problems,
+)
 from spawner.docker.mounts import BindSource, bind_sources, socket_problems
 from spawner.policy import environment as policy_environment
 from spawner.policy import labels as policy_labels
@@ -94,6 +101,10 @@ class ContainerSpec:
     torch_reads_fraction: bool = False
     # The notebooks' parent cgroup (docker/parent_cgroup.py); "" where the hub could not set it up.
     cgroup_parent: str = ""
+    # The home of the role's size where disk is enforced (docker/home_body.py), bound at
+    # home_dir (the hub config's, not an override's); None: the Docker volume, as ever.
+    home: HomeBind | None = None
+    home_dir: str = "/home/jovyan"
 
     def __post_init__(self) -> None:
         if self.gpu_mode not in ("", self.notebook.gpu_mode):
@@ -126,13 +137,14 @@ class ContainerSpec:
 
 
 def labels(spec: ContainerSpec) -> dict[str, str]:
-    """The quota-spawner.* labels: the record of who runs what with which GPUs."""
-    return policy_labels.labels(spec.notebook)
+    """The quota-spawner.* labels: the record of who runs what with which GPUs, and the
+    home's size."""
+    return {**policy_labels.labels(spec.notebook), **disk_label(spec.home)}
 
 
 def environment(spec: ContainerSpec) -> dict[str, str]:
-    """The contract variables: limits for jupyter-resource-usage, threads, GPUs."""
-    return policy_environment.environment(spec.notebook)
+    """The contract variables: limits for jupyter-resource-usage, threads, GPUs, disk."""
+    return {**policy_environment.environment(spec.notebook), **disk_environment(spec.home)}
 
 
 def device_requests(spec: ContainerSpec) -> list[dict[str, Any]]:
@@ -197,6 +209,7 @@ def apply_quota(body: dict[str, Any], spec: ContainerSpec) -> dict[str, Any]:
     body["User"] = spec.notebook_user
     body["Image"] = spec.image
     body.pop("Runtime", None)  # only HostConfig.Runtime counts, and it is checked
+    apply_home(body, spec.home, spec.home_dir, spec.role.memory)
     return body
 
 
@@ -492,6 +505,7 @@ def violations(
                                 f"{address or 'every address'}: the notebook port is published "
                                 "on loopback only (DockerSpawner.host_ip)")
     problems += socket_problems(bind_sources(host) if binds is None else binds)
+    problems += home_problems(body, spec.home, spec.home_dir, role.memory)
 
     ids = _uid_gid(str(body.get("User") or ""))
     if ids is None or is_root(*ids):

@@ -17,7 +17,9 @@ claims its container in it), and built once, as every hub object is, in this ord
    ``events_file`` names one) and the shared documents, then the GPU pool
    (allocation and the wait queue), the host's capacity (admission) and the
    notebooks' parent cgroup, in a thread (docker/parent_cgroup.py; the log says whether
-   it is in effect);
+   it is in effect), and the users' homes (spawner/homes, opened in a thread; the log
+   says in one sentence which mechanism keeps them at their size, or why disk is not
+   enforced);
 5. the reconciler (the pool in step with the containers' labels, zombies) and
    the evictor (preemptions, and stopping a server the hub's way), which first
    calls off the preemptions a previous hub process left in their grace;
@@ -34,18 +36,24 @@ inventory and the probe's finding are in the hub's log before anyone spawns.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import json
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from spawner.docker.engine import FrameworkLabels, NvidiaRuntime, check_engine_info
 from spawner.docker.evictor import Evictor
+from spawner.docker.hub_homes import open_hub_homes
 from spawner.docker.parent_cgroup import ParentCgroup, ParentCgroupError, is_local, set_up
 from spawner.docker.reconcile import Claims, Reconciler
 from spawner.gpu.inventory import Inventory
 from spawner.gpu.pool import GpuPool, hub_inventory
+from spawner.homes.base import HomeStore
+from spawner.homes.errors import HomeError
 from spawner.host.admission import HostBook, HostCapacity
+from spawner.host.disk import DISK_RATIO
 from spawner.policy.hub import HubSettings, Log, QuotaHub
 from spawner.policy.stopping import HubServer
 from spawner.quota.model import GpuCapacity, QuotaTableError
@@ -75,6 +83,11 @@ class Settings(HubSettings):
     cpu_overcommit: float
     memory_overcommit: float
     notebooks_cgroup: bool
+    home_root: str = ""
+    home_mechanism: str = "auto"
+    home_image_dir: str = ""
+    disk_ratio: float = DISK_RATIO
+    disk_reserve: str = ""
 
     def host_capacity(self, info: dict[str, Any]) -> HostCapacity:
         """The notebooks' share of the engine's host, from ``docker info`` and these
@@ -120,9 +133,17 @@ class HubRuntime(QuotaHub):
     evictor: Evictor
     nvidia: NvidiaRuntime | None  # whether the engine can give GPUs; None without GPUs
     parent_cgroup: ParentCgroup | None  # the notebooks'; None where it could not be set up
+    # the users' homes (spawner/homes); None where they could not be opened, and then
+    # homes_problem says why (a start of a role with disk is refused)
+    homes: HomeStore | None
+    homes_problem: str
 
     def __init__(self, settings: Settings, log: Log):
         super().__init__(settings, log)
+        self.homes, self.homes_problem = None, ""
+        # admission of homes: one decision at a time; the sizes being made meanwhile
+        self.disk_lock = threading.Lock()
+        self.disk_pending: dict[str, int] = {}
         # the servers of this hub: from each spawner's load_state on, before the build
         self.claims = Claims()
         self.frameworks = FrameworkLabels()  # the images' contents, for the form and caps
@@ -149,6 +170,7 @@ class HubRuntime(QuotaHub):
         self.pool.set_host(HostBook(capacity) if capacity and settings.host_admission
                            else None)
         self.parent_cgroup = await self._parent_cgroup(capacity)
+        await self._open_homes(source)
         self.reconciler = Reconciler(
             self.pool, self.docker_client, log, sync_interval=settings.gpu_sync_interval,
             zombie_grace=settings.zombie_grace_period, claims=self.claims, usage=self.usage)
@@ -227,6 +249,25 @@ class HubRuntime(QuotaHub):
             return None
         self.log.info("Notebooks' memory fenced: %s", cgroup.describe())
         return cgroup
+
+    async def _open_homes(self, source: Any) -> None:
+        """The users' homes, opened in a thread; the one sentence in the log says which
+        mechanism keeps them at their size, or why disk is not enforced."""
+        s = self.settings
+        opened = await asyncio.to_thread(
+            open_hub_homes, s.home_root, s.home_mechanism, s.home_image_dir, s.disk_ratio,
+            s.disk_reserve, getattr(source, "escape", None))
+        self.log.log(opened.level, "%s", opened.sentence)
+        self.homes = opened.homes
+        self.homes_problem = opened.sentence if opened.homes is None else ""
+        if opened.homes is not None and opened.homes.mechanism == "image":
+            atexit.register(self._release_homes, opened.homes)  # the hub mounted them
+
+    def _release_homes(self, homes: HomeStore) -> None:
+        try:
+            homes.release()
+        except HomeError as e:
+            self.log.warning("At the hub's end: %s", e)
 
     async def _engine_info(self) -> dict[str, Any] | None:
         try:

@@ -31,6 +31,8 @@ from spawner.docker.container import (
 )
 from spawner.docker.engine import set_cpu_quota, socket_probe_problems, volume_info
 from spawner.docker.gpus import GpuStart, start_time_for
+from spawner.docker.home_body import HomeBind
+from spawner.docker.homes import HomeStart
 from spawner.docker.mounts import bind_sources
 from spawner.docker.network import HostNetworkMixin, wait_for_port, warn_host_network
 from spawner.docker.runtime import HubRuntime
@@ -61,6 +63,10 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         self._spec: ContainerSpec | None = None  # this start's, until the boost ends
         # The hub's network, as its config set it; an override or hook may not move one server.
         self._hub_network = self.network_name
+        # Where the home is mounted, as the hub's config set it: the home of a size goes
+        # there, and nothing else may (docker/home_body.py).
+        self._hub_home_dir = self.home_dir
+        self._home: HomeBind | None = None  # this start's home of a size, if it has one
         self._start_timeout = self.start_timeout  # as configured; a queued start gets more
         if self.network_name == "host":
             warn_host_network(self.log)
@@ -88,6 +94,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             start_cpus=self.start_cpus(engine_cpus),
             torch_reads_fraction=torch_reads_fraction(frameworks),
             cgroup_parent=runtime.parent_cgroup.parent if runtime.parent_cgroup is not None else "",
+            home=self._home, home_dir=self._hub_home_dir,
         )
 
     async def create_object(self) -> dict[str, Any]:
@@ -209,16 +216,20 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         await session.open(choice, self.user.name, self.name,
                            [g.name for g in self.user.groups], requested=requested)
         gpus = GpuStart(runtime, self.user.name, self.log_name, self.log, self._progress)
-        self.gpu_uuids, self._gpu_memory = (), None
+        self.gpu_uuids, self._gpu_memory, self._home = (), None, None
         try:
+            # the home of the role's size, admitted and made ready before anything else
+            self._home = await HomeStart(runtime, self.user.name, self.log_name, self.log,
+                                         self._progress).prepare(role)
             # at once, after a wait in the queue or a preemption; else refused (gpus.py)
             self.gpu_uuids, self._gpu_memory = await gpus.assign(owner, role, choices)
             await session.gpus(role, self.gpu_uuids, self._gpu_memory)
             self._progress("Starting the container", 40)
             ip, port = await gpus.start_container(super().start, self.gpu_uuids,
                                                   self.object_name, choices)
+            # the home's size where the hub keeps it (the disk label's); else no limit
             await session.started(self.container_id,
-                                  self._spec.notebook.home_size if self._spec else None)
+                                  self._home.size if self._home is not None else None)
             runtime.claim(owner, self)
             self._progress("Container started; waiting for the notebook server", 60)
             # The hub's own readiness check backs off to seconds; polling here is faster.

@@ -155,6 +155,11 @@ class HomeStore(ABC):
     def usage(self) -> dict[str, HomeUse]:
         """Every home's use, by home name, in one query."""
 
+    def promised(self) -> dict[str, int]:
+        """What each home may take of the filesystem, by home name, whether its server
+        runs or not: its limit (admission, spawner/host/disk.py). One query, as usage()."""
+        return {name: use.limit for name, use in self.usage().items() if use.limit}
+
     def space(self) -> Space | None:
         """The filesystem under the homes; None where the store has no folder of its own."""
         return statvfs_space(self.root)

@@ -41,7 +41,7 @@ import shutil
 import time
 from pathlib import Path
 
-from spawner.homes.base import HOME_MODE, Home, HomeStore, HomeUse
+from spawner.homes.base import HOME_MODE, Home, HomeStore, HomeUse, Space, statvfs_space
 from spawner.homes.commands import CommandError
 from spawner.homes.errors import HomeError, HomesUnavailable
 from spawner.homes.mounts import Mount
@@ -301,6 +301,23 @@ class ImageHomes(HomeStore):
             except OSError:
                 continue  # unmounted since the mountinfo was read
         return found
+
+    def promised(self) -> dict[str, int]:
+        """Every image's length, mounted or not: the most it can take of the filesystem
+        that holds the images (a few percent over its home's size: ext4's own part)."""
+        found = {}
+        with os.scandir(self.image_dir) as entries:
+            for entry in entries:
+                name = entry.name.removesuffix(".img")
+                if name != entry.name and not name.startswith(".") and entry.is_file(
+                        follow_symlinks=False):
+                    found[name] = entry.stat(follow_symlinks=False).st_size
+        return found
+
+    def space(self) -> Space:
+        """The filesystem that holds the images (the image folder may be elsewhere than
+        the mount points)."""
+        return statvfs_space(self.image_dir)
 
     def release(self) -> None:
         """Unmount every home whose image is in the image folder; HomeError naming those

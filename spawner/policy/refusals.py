@@ -108,6 +108,28 @@ def host_full(role: Role, full: str, waited: float | None, place: int) -> str:
             f"{place}): {full}. Try again when a server stops, or ask an admin.")
 
 
+# --- the homes' disk (docs/disk.md) ------------------------------------------------------
+
+HOMES_UNAVAILABLE = (
+    "Your server cannot start: its role gives your home a size, and this hub cannot keep "
+    "homes at a size now. An admin has to fix the hub's disk settings; the details are in "
+    "the hub's log."
+)
+HOME_FAILED = (
+    "Your server cannot start: your home could not be made ready. An admin has been "
+    "told; please try again later."
+)
+
+
+def homes_full(full: str) -> str:
+    """A home that cannot be made or grown: ``full`` is what is full ('The homes' disk is
+    fully reserved: 380 GiB of 400 GiB are promised to 19 homes; this role's home needs
+    20 GiB.'). Nothing was created."""
+    return (f"{full} Your server cannot start with this role until there is room: ask an "
+            "admin to free some, to give the homes more disk, or to give you a role with a "
+            "smaller home.")
+
+
 # --- GPU-hour budgets (docs/usage.md#gpu-hour-budgets) ------------------------------------
 
 # --- the engine cannot give GPUs (docs/gpus.md#an-engine-without-the-nvidia-runtime) ---

@@ -9,19 +9,15 @@ home volume when the hub's SIGTERM arrives.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
 import uuid
 
 import pytest
-import requests
 from browser import CHROMIUM, CHROMIUM_ARGS, log_in
 from hubs import on_hub, stop_every_server
 from playwright.sync_api import expect, sync_playwright
-from tornado.httpclient import HTTPRequest
-from tornado.websocket import websocket_connect
 
 from harness import (
     ARTIFACTS,
@@ -30,6 +26,7 @@ from harness import (
     containers,
     exec_text,
     progress_messages,
+    run_in_kernel,
     running_gpus,
     spawn_in_background,
     spawn_outcome,
@@ -171,48 +168,6 @@ def short_queue(hub: Hub) -> None:
     """experiment waits QUEUE_TIMEOUT seconds in the queue from the next start on (the
     table is read at each start; the module's fixture puts it back after the test)."""
     hub.quota_file.write_text(QUOTAS.replace("queue_timeout: 8s", f"queue_timeout: {QUEUE_TIMEOUT}s"))
-
-
-def run_in_kernel(hub: Hub, name: str, code: str, timeout: float = 60) -> str:
-    """Start a real kernel in NAME's server and run CODE in it; its stdout."""
-    token = hub.user_token(name)
-    base = f"{hub.url}/user/{name}/api/kernels"
-    r = requests.post(base, json={"name": "python3"},
-                      headers={"Authorization": f"token {token}"}, timeout=60)
-    assert r.status_code == 201, r.text
-    kernel = r.json()["id"]
-    ws_url = base.replace("http://", "ws://") + f"/{kernel}/channels"
-
-    async def run() -> str:
-        conn = await websocket_connect(
-            HTTPRequest(ws_url, headers={"Authorization": f"token {token}"}))
-        msg_id = uuid.uuid4().hex
-        await conn.write_message(json.dumps({
-            "header": {"msg_id": msg_id, "username": name, "session": uuid.uuid4().hex,
-                       "msg_type": "execute_request", "version": "5.3"},
-            "parent_header": {}, "metadata": {}, "channel": "shell",
-            "content": {"code": code, "silent": False, "store_history": False,
-                        "user_expressions": {}, "allow_stdin": False,
-                        "stop_on_error": True}}))
-        out = []
-        replied = idle = False  # the reply (shell) may come before the output (iopub)
-        while not (replied and idle):
-            text = await asyncio.wait_for(conn.read_message(), timeout)
-            assert text is not None, "the kernel's websocket closed"
-            msg = json.loads(text)
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            if msg["msg_type"] == "stream":
-                out.append(msg["content"]["text"])
-            if msg["msg_type"] == "error":
-                raise AssertionError("\n".join(msg["content"]["traceback"]))
-            replied = replied or msg["msg_type"] == "execute_reply"
-            idle = idle or (msg["msg_type"] == "status"
-                            and msg["content"].get("execution_state") == "idle")
-        conn.close()
-        return "".join(out)
-
-    return asyncio.run(run())
 
 
 def home_file(docker_client, hub: Hub, name: str, path: str) -> str:

@@ -50,7 +50,9 @@ def source(tmp_path, client: Any = None, **settings: Any) -> Any:
                   host_admission=False, queue_strategy="BestEffortFIFO", host_cpus=0.0,
                   host_memory="", host_reserve_cpus=1.0,
                   host_reserve_memory="", cpu_overcommit=4.0, memory_overcommit=1.0,
-                  notebooks_cgroup=False, quota_source="file", quota_table_name="default")
+                  notebooks_cgroup=False, quota_source="file", quota_table_name="default",
+                  home_root="", home_mechanism="auto", home_image_dir="", disk_ratio=1.0,
+                  disk_reserve="")
     values.update(settings)
     return Source(client=client if client is not None else FakeDocker(), log=LOG,
                   _log_name="alice", **values)

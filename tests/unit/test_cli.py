@@ -251,3 +251,26 @@ def test_the_version_is_written_once_and_printed():
     assert "version" not in pyproject["project"] and "version" in pyproject["project"]["dynamic"]
     assert pyproject["tool"]["setuptools"]["dynamic"]["version"] == {
         "attr": "spawner.__version__"}
+
+
+# --- the homes, with --engine -------------------------------------------------------
+
+
+def test_cli_validate_engine_says_how_the_homes_are_kept(capsys, tmp_path, monkeypatch):
+    """The hub's start sentence about the homes, from the same settings: a homes' root on a
+    filesystem without quotas is not enforced (and says why), a mechanism that cannot work
+    here is a problem (every start of a role with disk would be refused)."""
+    import docker
+
+    engine = type("Engine", (), {"info": lambda self: {"NCPU": 8, "MemTotal": 64 * 2**30}})
+    monkeypatch.setattr(docker, "from_env", lambda: engine())
+    monkeypatch.delenv("QUOTA_SPAWNER_HOME_ROOT", raising=False)
+    code, out = cli(capsys, "validate", EXAMPLE, "--engine")
+    assert code == 0 and out.splitlines()[0] == (
+        "Disk is not enforced: no homes' root is set, so homes are Docker volumes, which "
+        "have no size; see docs/disk.md")
+    monkeypatch.setenv("QUOTA_SPAWNER_HOME_ROOT", str(tmp_path))  # as the shipped config
+    code, out = cli(capsys, "validate", EXAMPLE, "--engine", "--home-mechanism", "btrfs")
+    assert code == 1 and out.splitlines()[0].startswith(
+        f"Disk is not enforced: {tmp_path} is on ")
+    assert "every start of a role with disk is refused" in out.splitlines()[0]

@@ -68,7 +68,8 @@ DEFAULTS = dict(  # the settings both spawners have, and QuotaSpawner's own
     gpu_sync_interval=3600.0, zombie_grace_period=300.0, usage_retention_days=0.0,
     host_admission=False, queue_strategy="BestEffortFIFO", host_cpus=0.0, host_memory="",
     host_reserve_cpus=1.0, host_reserve_memory="", cpu_overcommit=4.0, memory_overcommit=1.0,
-    notebooks_cgroup=False)
+    notebooks_cgroup=False, home_root="", home_mechanism="auto", home_image_dir="",
+    disk_ratio=1.0, disk_reserve="")
 
 
 def spawner_of(hub_class: type[QuotaHub], tmp_path: Path, **settings: Any) -> Any:

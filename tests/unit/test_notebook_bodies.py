@@ -34,6 +34,9 @@ API = docker.APIClient(base_url="unix:///nonexistent.sock", version="1.41")
 IMAGE = "quota-spawner/pytorch:latest"
 
 CPU = Role("student", cpus=0.5, memory=2 * G, images=("pytorch",), shm=G)
+DISK = Role("thesis", cpus=1, memory=4 * G, images=("pytorch",), disk=20 * G)
+HOME = dc.HomeBind(path="/srv/homes/o-27brien", size=20 * G,
+                   use_folder="/srv/hub/home-use/o-27brien")
 PLAIN = Role("plain", cpus=3, memory=6 * G, images=("pytorch",), pids=512)
 SHARED = Role("gpu-lab", cpus=2, memory=8 * G, images=("pytorch",), shm=G, gpus=1,
               gpu_mode="shared", gpu_share=4, gpu_memory=16 * G)
@@ -76,6 +79,18 @@ CONTAINERS: dict[str, tuple[dc.ContainerSpec, dict[str, Any], dict[str, Any]]] =
     "shared, no device memory": (
         container_spec(SHARED, gpu_uuids=("GPU-c",), gpu_mode="shared:4",
                        torch_reads_fraction=True), {}, {}),
+    "a home of 20 GiB, an admin's volume at the home and /tmp": (
+        container_spec(DISK, home=HOME),
+        {"volumes": ["/data"]},
+        {"binds": {"/srv/data": {"bind": "/data", "mode": "ro"},
+                   "/srv/other": {"bind": "/home/jovyan/", "mode": "rw"}},
+         "tmpfs": {"/tmp": "size=100g", "/cache": "size=1g"}, "read_only": False}),
+    "a home over its size": (
+        container_spec(DISK, home=dc.HomeBind(
+            path="/srv/homes/o-27brien", size=5 * G, use_folder="/srv/hub/home-use/o-27brien",
+            over_size="The home of o'brien holds 15 GiB, at or over its size of 5 GiB: "
+            "nothing was deleted, and writes are refused until files are deleted.")),
+        {}, {}),
     "exclusive, two GPUs, host network": (
         container_spec(EXCLUSIVE, gpu_uuids=("GPU-a", "GPU-d"), gpu_mode="exclusive",
                        gpu_device_memory=40 * G, network_mode="host", pids_default=4096),
@@ -100,6 +115,15 @@ def container_outputs() -> dict[str, Any]:
     weak["Labels"].update({"quota-spawner.role": "admin", "quota-spawner.x": "1"})
     weak["Env"] += ["MEM_LIMIT=1", "PYTORCH_CUDA_ALLOC_CONF=per_process_memory_fraction:1.0"]
     found["docker weakened: violations"] = dc.violations(weak, spec)
+    spec = CONTAINERS["a home over its size"][0]
+    weak = dc.create_body(API, spec, CREATE, HOST, {}, {})
+    weak["HostConfig"].update(ReadonlyRootfs=False, Tmpfs={"/tmp": "size=1t"},
+                              Binds=["quota-home-x:/home/jovyan:rw"])
+    weak["HostConfig"]["Mounts"] = weak["HostConfig"]["Mounts"][1:]  # the home's bind gone
+    weak["Labels"]["quota-spawner.disk"] = ""
+    weak["Env"] = [e for e in weak["Env"] if not e.startswith(("DISK_LIMIT=", "IPYTHONDIR="))]
+    weak["Env"] += ["JUPYTER_RUNTIME_DIR=/home/jovyan/.run"]
+    found["docker home weakened: violations"] = dc.violations(weak, spec)
     found["docker hostile admin: problems"] = dc.admin_problems(
         spec, host={"privileged": True, "mem_limit": "8g", "network_mode": "host",
                     "something_new": 1},

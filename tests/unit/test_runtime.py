@@ -84,9 +84,12 @@ async def test_built_once_in_order_and_again_after_a_failure(tmp_path, caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert messages[0].startswith("!")  # docker info: the swap warning, first
     assert messages[1].startswith("GPU inventory: no GPUs")
-    assert messages[2].startswith(f"Hub runtime of hub {HUB} built at hub start: 0 GPUs "
+    # the homes, in one sentence: here the default, Docker volumes
+    assert messages[2] == ("Disk is not enforced: no homes' root is set, so homes are Docker "
+                           "volumes, which have no size; see docs/disk.md")
+    assert messages[3].startswith(f"Hub runtime of hub {HUB} built at hub start: 0 GPUs "
                                   "(none), usage ledger none, event log ")
-    assert messages[3] == ("Queue: BestEffortFIFO, fair between users "
+    assert messages[4] == ("Queue: BestEffortFIFO, fair between users "
                            "(docs/preemption.md#the-queues-strategies)")
     assert runtime.engine_info == {"SwapLimit": False, "MemoryLimit": True, "NCPU": 4}
     assert runtime.nvidia is None and runtime.duties is None and runtime.usage is None
