@@ -38,6 +38,23 @@ export interface IPreemption {
   seconds_left: number;
 }
 
+/**
+ * The home's use against its size, where the home has one (docs/disk.md): read by
+ * the monitor from the file the hub and the watchdog write.
+ */
+export interface IHome {
+  status: 'ok' | 'unknown';
+  message: string;
+  used: number | null;
+  limit: number;
+  fraction: number | null;
+  full: boolean | null;
+  at: number | null;
+  stale: boolean;
+  /** The hub's sentence when the home was over its size at the start (a smaller role). */
+  over_size: string | null;
+}
+
 /** The monitor's answer; only the fields the item reads. */
 export interface IGpuMetrics {
   status: 'ok' | 'no_gpu' | 'error' | 'starting';
@@ -49,6 +66,8 @@ export interface IGpuMetrics {
   warning: string | null;
   /** Null unless the hub is preempting this server (older monitors: absent). */
   preemption?: IPreemption | null;
+  /** Null where the home has no size (older monitors: absent). */
+  home?: IHome | null;
 }
 
 /** What to render. `visible: false` hides the whole item. */
@@ -289,6 +308,84 @@ export function viewOf(
     title: lines.join('\n'),
     warning,
     error: false,
+    preempted: false
+  };
+}
+
+// --- the home ---------------------------------------------------------------
+
+const MiB = 1024 ** 2;
+const HOME_CLICK_HINT = 'Click to open the usage page.';
+/** What to do when the home is full: the notification and the tooltip say it. */
+export const HOME_FULL_ADVICE =
+  'Saving is refused until you free room: delete files in the file browser ' +
+  '(no trash: the room is freed at once) and clear caches like ~/.cache/pip.';
+/** The notification once per full home (at most NOTIFICATION_LENGTH characters). */
+export const HOME_FULL_MESSAGE =
+  'Your home is full. Delete files in the file browser and clear caches like ' +
+  '~/.cache/pip: saving is refused until then.';
+/** When a full home has room again. */
+export const HOME_ROOM_MESSAGE = 'Your home has room again: saving works.';
+
+/** `18.2` for 18.2 of the unit, `20` for 20.0. */
+function amount(bytes: number, unit: number): string {
+  return (bytes / unit).toFixed(1).replace(/\.0$/, '');
+}
+
+/** `18.2/20 GiB`, or `40/64 MiB` for a home under 1 GiB; `?/20 GiB` when unknown. */
+export function homeAmount(used: number | null, limit: number): string {
+  const [unit, name] = limit >= GiB ? [GiB, 'GiB'] : [MiB, 'MiB'];
+  return `${isNumber(used) ? amount(used, unit) : '?'}/${amount(limit, unit)} ${name}`;
+}
+
+/** The home, when the answer has a usable one (a size above 0). */
+export function homeOf(metrics: IGpuMetrics | null): IHome | null {
+  const h = metrics ? metrics.home : null;
+  return h && typeof h === 'object' && isNumber(h.limit) && h.limit > 0 ? h : null;
+}
+
+/**
+ * Whether the home is full: the monitor says so, or, while its use is unknown,
+ * the hub said at the start that it was over its size.
+ */
+export function homeFull(home: IHome): boolean {
+  return home.status === 'ok' ? home.full === true : !!home.over_size;
+}
+
+/**
+ * The home's item: `Home 18.2/20 GiB`, hidden where the home has no size. Full:
+ * `Home full 20.1/20 GiB`, in the warning colour, the advice in the tooltip;
+ * the warning colour from 90% of the size (when the watchdog warns) too.
+ */
+export function homeView(metrics: IGpuMetrics | null): IView {
+  const home = homeOf(metrics);
+  if (home === null) {
+    return HIDDEN;
+  }
+  const full = homeFull(home);
+  const known = home.status === 'ok';
+  const shown = homeAmount(known ? home.used : null, home.limit);
+  const lines = [
+    known
+      ? `Your home holds ${shown.replace('/', ' of ')} (${percent(home.fraction)}).`
+      : home.message || "The home's use is unknown."
+  ];
+  if (full) {
+    if (home.over_size) {
+      lines.push(home.over_size);
+    }
+    lines.push(HOME_FULL_ADVICE);
+  }
+  if (known && home.stale) {
+    lines.push('Not updated for a while: the watchdog that reads it is not running.');
+  }
+  lines.push(HOME_CLICK_HINT);
+  return {
+    visible: true,
+    text: full ? `Home full ${shown}` : `Home ${shown}`,
+    title: lines.join('\n'),
+    warning: full || (known && isNumber(home.fraction) && home.fraction >= 0.9),
+    error: !known && !full,
     preempted: false
   };
 }

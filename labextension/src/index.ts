@@ -6,6 +6,8 @@
  * polling here does not either; it pauses while the browser tab is hidden.
  * While the hub preempts the server (the answer's `preemption`), the item
  * counts down to the stop and a notification says so, once per notice.
+ * Where the home has a size, a second item shows its use against it (the
+ * answer's `home`), and a notification says so once each time it is full.
  * Docs: docs/jupyterlab-status-bar.md. The package's second plugin is in
  * launcher.ts.
  */
@@ -22,6 +24,11 @@ import { Widget } from '@lumino/widgets';
 import {
   errorView,
   HIDDEN,
+  HOME_FULL_MESSAGE,
+  HOME_ROOM_MESSAGE,
+  homeFull,
+  homeOf,
+  homeView,
   IGpuMetrics,
   IView,
   preemptionKey,
@@ -44,12 +51,25 @@ export const TEXT_CLASS = 'qs-gpu-status-text';
 /** On the item while the server is being preempted. */
 export const PREEMPTED_CLASS = 'qs-gpu-status-preempted';
 
+/** The home item's id in the status bar. */
+export const HOME_ITEM_ID = 'quota-spawner:home-status';
+/** The home item's DOM id and class. */
+export const HOME_CLASS = 'qs-home-status';
+/** On the home item while the home is full (or at 90% of its size). */
+export const HOME_WARNING_CLASS = 'qs-home-status-warning';
+/** On the home item while its use is unknown. */
+export const HOME_ERROR_CLASS = 'qs-home-status-error';
+/** The home item's text span. */
+export const HOME_TEXT_CLASS = 'qs-home-status-text';
+
 /** Seconds between requests: max(the monitor's interval, this). */
 const MIN_INTERVAL_S = 2;
 /** Seconds between checks while hidden (no GPU, or no monitor: HTTP 404). */
 const HIDDEN_INTERVAL_S = 60;
 /** The longest wait after failed requests (the wait doubles per failure). */
 const MAX_BACKOFF_S = 30;
+/** Seconds between requests on a server with a home of a size but no GPU. */
+const HOME_INTERVAL_S = 5;
 
 function reason(error: unknown): string {
   if (error instanceof Error && error.message) {
@@ -86,6 +106,11 @@ export class GpuStatus extends Widget {
   /** Emitted when isActive changes. */
   get activeStateChanged(): ISignal<this, void> {
     return this._activeStateChanged;
+  }
+
+  /** Each answer of the monitor; null when it is not loaded (HTTP 404). */
+  get answered(): ISignal<this, IGpuMetrics | null> {
+    return this._answered;
   }
 
   /** What the item shows now. */
@@ -187,6 +212,7 @@ export class GpuStatus extends Widget {
         this._failures = 0;
         this._stopCountdown();
         this._show(HIDDEN);
+        this._answered.emit(null);
         return HIDDEN_INTERVAL_S;
       }
       if (!response.ok) {
@@ -203,8 +229,9 @@ export class GpuStatus extends Widget {
     this._answer = body;
     this._preemption(body);
     this._show(this._viewNow());
+    this._answered.emit(body);
     if (body.status === 'no_gpu' && preemptionOf(body) === null) {
-      return HIDDEN_INTERVAL_S;
+      return homeOf(body) === null ? HIDDEN_INTERVAL_S : HOME_INTERVAL_S;
     }
     const interval = Number(body.interval);
     return Number.isFinite(interval) ? Math.max(interval, MIN_INTERVAL_S) : MIN_INTERVAL_S;
@@ -324,6 +351,106 @@ export class GpuStatus extends Widget {
   private _notified: string | null = null;
   private _notificationId: string | null = null;
   private _activeStateChanged = new Signal<this, void>(this);
+  private _answered = new Signal<this, IGpuMetrics | null>(this);
+}
+
+/**
+ * The home's use against its size, from the GPU item's answers (one request for
+ * both). Hidden where the home has no size. When the home is full, a
+ * notification says how to free room, once until it has room again.
+ */
+export class HomeStatus extends Widget {
+  constructor(source: GpuStatus) {
+    super();
+    this.id = HOME_CLASS;
+    this.addClass(HOME_CLASS);
+    this.addClass('jp-StatusBar-GroupItem');
+    this.addClass('jp-mod-highlighted');
+    this.node.setAttribute('role', 'button');
+    this.node.tabIndex = 0;
+    this._text = document.createElement('span');
+    this._text.className = `jp-StatusBar-TextItem ${HOME_TEXT_CLASS}`;
+    this.node.appendChild(this._text);
+    this.node.addEventListener('click', this);
+    this.node.addEventListener('keydown', this);
+    source.answered.connect(this._onAnswer, this);
+  }
+
+  /** Whether the status bar should show the item. */
+  get isActive(): boolean {
+    return this._view.visible;
+  }
+
+  /** Emitted when isActive changes. */
+  get activeStateChanged(): ISignal<this, void> {
+    return this._activeStateChanged;
+  }
+
+  handleEvent(event: Event): void {
+    const key = event.type === 'keydown' ? (event as KeyboardEvent).key : '';
+    if (event.type === 'click' || key === 'Enter' || key === ' ') {
+      event.preventDefault();
+      window.open(GpuStatus.pageUrl(), '_blank');
+    }
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    this.node.removeEventListener('click', this);
+    this.node.removeEventListener('keydown', this);
+    Signal.clearData(this);
+    super.dispose();
+  }
+
+  private _onAnswer(_: GpuStatus, body: IGpuMetrics | null): void {
+    const view = homeView(body);
+    const wasActive = this._view.visible;
+    this._view = view;
+    this._text.textContent = view.text; // text only: it holds server data
+    this.node.title = view.title;
+    this.toggleClass(HOME_WARNING_CLASS, view.warning);
+    this.toggleClass(HOME_ERROR_CLASS, view.error);
+    if (wasActive !== view.visible) {
+      this._activeStateChanged.emit();
+    }
+    const home = homeOf(body);
+    if (home !== null) {
+      this._notify(homeFull(home));
+    }
+  }
+
+  /** Once per full home: told when it fills, and when it has room again. */
+  private _notify(full: boolean): void {
+    if (full && this._notificationId === null) {
+      this._notificationId = Notification.warning(HOME_FULL_MESSAGE, {
+        autoClose: false,
+        actions: [
+          {
+            label: 'Details',
+            caption: 'Open the usage page',
+            callback: () => window.open(GpuStatus.pageUrl(), '_blank')
+          }
+        ]
+      });
+    } else if (!full && this._notificationId !== null) {
+      Notification.update({
+        id: this._notificationId,
+        message: HOME_ROOM_MESSAGE,
+        type: 'success',
+        autoClose: 10000,
+        actions: []
+      });
+      this._notificationId = null;
+    }
+  }
+
+  private _text: HTMLSpanElement;
+  private _view: IView = HIDDEN;
+  /** The notification of the full home, while it is full. */
+  private _notificationId: string | null = null;
+  private _activeStateChanged = new Signal<this, void>(this);
 }
 
 const plugin: JupyterFrontEndPlugin<void> = {
@@ -342,6 +469,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
       rank: 1000, // after the other items on the left
       isActive: () => item.isActive,
       activeStateChanged: item.activeStateChanged
+    });
+    const home = new HomeStatus(item);
+    statusBar.registerStatusItem(HOME_ITEM_ID, {
+      item: home,
+      align: 'left',
+      rank: 1001, // after the GPU item
+      isActive: () => home.isActive,
+      activeStateChanged: home.activeStateChanged
     });
   }
 };

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 import requests
-from hubs import own_hub
-from loopfs import WRITER, btrfs_filesystem, need_root, scratch_folder
+from home_hubs import env_of, home_of, homes_hub, write_in
+from loopfs import need_root
 from sqlalchemy import create_engine, select
 
 from harness import container_for, run_in_kernel
@@ -56,17 +56,11 @@ assignments:
 {alice}"""
 
 
-def settings(root: Path, mechanism: str, reserve: int | None) -> str:
-    """The hub's disk settings; bob's servers get an override that tries to put another
-    volume at the home and make the root writable."""
-    lines = [f"c.QuotaSpawner.home_root = {str(root)!r}",
-             f"c.QuotaSpawner.home_mechanism = {mechanism!r}",
-             "c.QuotaSpawner.group_overrides = {'hostile': {'groups': ['hostile'], "
-             "'spawner_override': {'volumes': {'" + PREFIX + "-evil': '/home/jovyan'}, "
-             "'extra_host_config': {'read_only': False, 'tmpfs': {'/tmp': 'size=100g'}}}}}"]
-    if reserve is not None:
-        lines.append(f"c.QuotaSpawner.disk_reserve = '{reserve}'")
-    return "\n".join(lines) + "\n"
+# bob's servers get an override that tries to put another volume at the home and make the
+# root writable
+HOSTILE = ("c.QuotaSpawner.group_overrides = {'hostile': {'groups': ['hostile'], "
+           "'spawner_override': {'volumes': {'" + PREFIX + "-evil': '/home/jovyan'}, "
+           "'extra_host_config': {'read_only': False, 'tmpfs': {'/tmp': 'size=100g'}}}}}\n")
 
 
 @pytest.fixture(scope="module", params=["btrfs", "image"])
@@ -74,44 +68,16 @@ def disk(request, docker_client, tmp_path_factory) -> Iterator[tuple[object, Pat
     """(the hub, the homes' root, the mechanism)."""
     need_root()
     mechanism = request.param
-    if mechanism == "btrfs":  # 400 MiB: the default reserve leaves 360 MiB to promise
-        context = btrfs_filesystem("400M")
-    else:
-        context = scratch_folder("quota-images-")
-    with context as root:
-        reserve = None
-        if mechanism == "image":  # the images' filesystem is the machine's: promise 400 MiB
-            found = os.statvfs(root)
-            reserve = found.f_blocks * found.f_frsize - 400 * MiB
-        running = own_hub(tmp_path_factory.mktemp(f"disk-{mechanism}"), docker_client,
-                          f"disk-{mechanism}", quota_text=table(), prefix=PREFIX,
-                          extra_config=settings(root, mechanism, reserve), users=USERS)
-        hub = next(running)
+    with homes_hub(tmp_path_factory.mktemp(f"disk-{mechanism}"), docker_client, mechanism,
+                   name=f"disk-{mechanism}", quota_text=table(), prefix=PREFIX, users=USERS,
+                   extra_config=HOSTILE) as (hub, root):
         hub.create_user("bob", ["hostile"])
         yield hub, root, mechanism
-        next(running, None)  # its servers stopped, its log kept, its containers removed
-
-
-def write(container, path: str, total: int) -> tuple[int, str]:
-    """Append ``total`` bytes to ``path`` in the container as its user: (written, errno)."""
-    code, out = container.exec_run(["python3", "-c", WRITER, path, str(total), str(MiB)],
-                                   user="1000")
-    assert code == 0, out
-    written, _, failure = out.decode().strip().partition(" ")
-    return int(written), failure
 
 
 def sh(container, command: str, user: str = "1000") -> tuple[int, str]:
     code, out = container.exec_run(["sh", "-c", command], user=user)
     return code, out.decode(errors="replace")
-
-
-def home_of(root: Path, mechanism: str, user: str) -> Path:
-    return root / user / "home" if mechanism == "image" else root / user
-
-
-def env_of(container) -> dict[str, str]:
-    return dict(e.partition("=")[::2] for e in container.attrs["Config"]["Env"])
 
 
 def ledger_sessions(hub, user: str) -> list[int | None]:
@@ -138,7 +104,7 @@ def test_writes_stop_at_the_size_and_nobody_else_notices(disk, docker_client):
     assert code == 0 and abs(json.loads(use)["limit"] - SMALL) < MiB, use  # images: a few KiB
     before = os.statvfs(home_of(root, mechanism, "alice"))
 
-    written, failure = write(alice, "/home/jovyan/big", 80 * MiB)
+    written, failure = write_in(alice, "/home/jovyan/big", 80 * MiB)
     assert failure == ("EDQUOT" if mechanism == "btrfs" else "ENOSPC")
     assert SMALL - 4 * MiB <= written <= SMALL, written
 
@@ -154,7 +120,7 @@ def test_writes_stop_at_the_size_and_nobody_else_notices(disk, docker_client):
 
     # bob, the hub and the ledger keep working
     bob = container_for(docker_client, "bob")
-    assert write(bob, "/home/jovyan/data", 8 * MiB) == (8 * MiB, "")
+    assert write_in(bob, "/home/jovyan/data", 8 * MiB) == (8 * MiB, "")
     assert hub.api("GET", "/users/alice").status_code == 200
     assert ledger_sessions(hub, "alice") == ledger_sessions(hub, "bob") == [SMALL]
 
@@ -191,7 +157,7 @@ def test_a_bigger_role_grows_the_home_at_the_next_start(disk, docker_client):
     alice = container_for(docker_client, "alice")
     assert alice.labels[DISK_LABEL] == str(BIG)
     assert ledger_sessions(hub, "alice") == [SMALL, BIG]  # each session's home size
-    assert write(alice, "/home/jovyan/more", 40 * MiB) == (40 * MiB, "")
+    assert write_in(alice, "/home/jovyan/more", 40 * MiB) == (40 * MiB, "")
 
 
 def test_a_smaller_role_deletes_nothing_and_the_user_can_free_room(disk, docker_client):
@@ -206,7 +172,7 @@ def test_a_smaller_role_deletes_nothing_and_the_user_can_free_room(disk, docker_
     assert "nothing was deleted, and writes are refused until files are deleted" in told
     assert told in hub.log()
     assert {name: (home / name).stat().st_size for name in sizes} == sizes
-    assert write(alice, "/home/jovyan/one-more", MiB)[1] in ("EDQUOT", "ENOSPC")
+    assert write_in(alice, "/home/jovyan/one-more", MiB)[1] in ("EDQUOT", "ENOSPC")
 
     # over its size, the server started; a kernel starts and runs
     assert run_in_kernel(hub, "alice", "print(6 * 7)").strip() == "42"

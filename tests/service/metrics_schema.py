@@ -68,11 +68,27 @@ PREEMPTION = {
         "seconds_left": {"type": "number", "minimum": 0},
     },
 }
+HOME = {
+    "type": "object", "additionalProperties": False,
+    "required": ["status", "message", "used", "limit", "fraction", "full", "at", "stale",
+                 "over_size"],
+    "properties": {
+        "status": {"enum": ["ok", "unknown"]},
+        "message": {"type": "string"},
+        "used": {"type": ["integer", "null"], "minimum": 0},
+        "limit": {"type": "integer", "minimum": 1},
+        "fraction": {"type": ["number", "null"], "minimum": 0},
+        "full": {"type": ["boolean", "null"]},
+        "at": {"type": ["number", "null"]},
+        "stale": {"type": "boolean"},
+        "over_size": {"type": ["string", "null"]},
+    },
+}
 SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "required": ["version", "time", "status", "message", "interval", "warning_threshold",
-                 "gpu_memory_limit", "busy", "gpus", "warning", "preemption"],
+                 "gpu_memory_limit", "busy", "gpus", "warning", "preemption", "home"],
     "properties": {
         "version": {"const": 1},
         "time": {"type": "number"},
@@ -85,6 +101,7 @@ SCHEMA = {
         "gpus": {"type": "array", "items": {"oneOf": [GPU_OK, GPU_ERROR]}},
         "warning": {"type": ["string", "null"]},
         "preemption": {"oneOf": [{"type": "null"}, PREEMPTION]},
+        "home": {"oneOf": [{"type": "null"}, HOME]},
         "history": {"type": "array", "items": HISTORY_SAMPLE},
     },
 }

@@ -1,5 +1,8 @@
 """The collector: samples NVML on a timer, off the event loop, and keeps history.
 
+On the same timer, in the same thread, it reads the home's use where the home has a
+size (home.py): one small file, so the API never reads it per request.
+
 It also applies the busy rule: the GPU counts as busy when, over the last
 ``busy_window`` seconds, at least ``busy_fraction`` of the samples show some
 GPU at ``busy_utilization`` or more. One reading never decides it, so a
@@ -30,6 +33,7 @@ from spawner.gpu.nvml import (
     NvmlUnavailable,
     reason,
 )
+from spawner.notebook.monitor.home import HomeReading, not_read_yet, read_home
 
 
 class Sample(TypedDict):
@@ -82,6 +86,11 @@ class GpuMonitor(LoggingConfigurable):
         0.5, config=True, help="The share of busy samples in the window that makes the GPU busy."
     )
     retry_seconds = Float(30.0, config=True, help="Seconds between tries when NVML is missing.")
+    home_stale_after = Float(
+        180.0, config=True,
+        help="The home's use counts as stale when its file is older than this (seconds); "
+             "the watchdog rewrites it at least every minute.",
+    )
 
     def __init__(self, nvml: ModuleType | None = None, env: dict[str, str] | None = None,
                  **kwargs: Any):
@@ -93,6 +102,8 @@ class GpuMonitor(LoggingConfigurable):
         self.history: deque[HistoryEntry] = deque(maxlen=self.history_length)
         self.latest: Sample = self._state("starting", "No sample yet.")
         self.busy = False
+        # the home's use; None where the home has no size (no DISK_LIMIT)
+        self.home: HomeReading | None = not_read_yet(self._env)
         self.on_sample: list[Callable[[Sample], None]] = []
         self._timer: PeriodicCallback | None = None
         self._sampling = False
@@ -128,6 +139,10 @@ class GpuMonitor(LoggingConfigurable):
             return self._state("no_gpu", "NVML sees no GPU in this server.")
         return self._state("ok", "", gpus)
 
+    def sample_all(self) -> tuple[Sample, HomeReading | None]:
+        """One tick's work in one thread: the GPUs and the home."""
+        return self.sample(), read_home(self._env)
+
     def close(self) -> None:
         if self._timer is not None:
             self._timer.stop()
@@ -145,7 +160,7 @@ class GpuMonitor(LoggingConfigurable):
             return
         self._sampling = True
         try:
-            reading = await asyncio.to_thread(self.sample)
+            reading, self.home = await asyncio.to_thread(self.sample_all)
         except Exception as e:  # a bug here must not stop the timer
             reading = self._state("error", f"Sampling failed: {reason(e)}.")
         finally:

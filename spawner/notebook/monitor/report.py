@@ -8,6 +8,7 @@ from spawner.contract import GPU_MEMORY_LIMIT
 from spawner.gpu.nvml import FailedGpu, GpuReading
 from spawner.notebook.checkpoint import read_notice, seconds_left
 from spawner.notebook.monitor.collector import GpuMonitor, HistoryEntry
+from spawner.notebook.monitor.home import HomeReport, home_report
 from spawner.quota.units import format_human
 
 SCHEMA_VERSION = 1
@@ -34,6 +35,7 @@ class _Report(TypedDict):
     gpus: list[GpuReport | FailedGpu]
     warning: str | None
     preemption: dict[str, Any] | None
+    home: HomeReport | None
 
 
 class Report(_Report, total=False):
@@ -94,6 +96,8 @@ def metrics_report(monitor: GpuMonitor, history: bool = False) -> Report:
         gpus=gpus,
         warning=next((g["warning"] for g in gpus if g.get("warning")), None),
         preemption=preemption_report(),
+        # read on the monitor's timer, not here: null where the home has no size
+        home=home_report(monitor.home, monitor.home_stale_after),
     )
     if history:
         body["history"] = list(monitor.history)
