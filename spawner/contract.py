@@ -100,6 +100,16 @@ HOME_USE_DIR = "/run/quota-spawner"
 HOME_USE_NAME = "home.json"
 HOME_USE_PATH = HOME_USE_DIR + "/" + HOME_USE_NAME
 HOME_USE_VERSION = 1
+# A home is full when less than this is left of its size: the filesystem refuses a write
+# a little before the size (btrfs reserves ahead; an image's ext4 keeps its metadata), so
+# a home filled by writes may never reach used == limit.
+HOME_FULL_MARGIN = 4 * 1024 * 1024
+
+
+def home_is_full(used: int, limit: int) -> bool:
+    """Whether a home of ``limit`` bytes holding ``used`` is full, as every reader says:
+    its use within HOME_FULL_MARGIN (or 1%, for a small home) of its size, or past it."""
+    return used >= limit - min(HOME_FULL_MARGIN, limit // 100)
 
 
 # --- reading them back, inside the container -------------------------------------

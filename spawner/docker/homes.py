@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from tornado import web
 
-from spawner.contract import HOME_USE_NAME, HOME_USE_STATE, HOME_USE_VERSION
+from spawner.contract import HOME_USE_NAME, HOME_USE_STATE, HOME_USE_VERSION, home_is_full
 from spawner.docker.home_body import HomeBind
 from spawner.docker.hub_homes import disk_capacity
 from spawner.homes.base import Home, HomeStore
@@ -141,7 +141,7 @@ class HomeStart:
         used = home.used if home.used is not None else 0
         facts = {"version": HOME_USE_VERSION, "used": used, "limit": home.limit,
                  "mechanism": homes.mechanism, "at": time.time(),
-                 "full": home.limit is not None and used >= home.limit}
+                 "full": home.limit is not None and home_is_full(used, home.limit)}
         write_atomically(os.path.join(folder, HOME_USE_NAME),
                          json.dumps(facts, sort_keys=True), mode=0o644)
         return folder

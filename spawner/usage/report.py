@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine, and_, case, func, literal, or_, select
 
+from spawner.contract import home_is_full
 from spawner.quota.model import QuotaTable, Role
 from spawner.quota.units import format_human, hours_text, size_of
 from spawner.usage.ledger import REASONS
@@ -411,7 +412,7 @@ def _home_advice(r: Any) -> tuple[str, int | None, bool]:
     if r.home_n < MIN_SESSIONS or r.home_peak is None or not r.home_size:
         return "", None, False
     if r.home_peak >= HOME_HEADROOM * r.home_size:
-        full = "full" if r.home_peak >= r.home_size else "nearly full"
+        full = "full" if home_is_full(r.home_peak, r.home_size) else "nearly full"
         return f"; its home was {full}: a bigger one is needed", None, True
     smaller = home_size_for(r.home_peak)
     if smaller is not None and smaller < r.home_size:

@@ -26,7 +26,7 @@ import os
 from pathlib import Path
 
 from spawner.common.outages import OutageLog
-from spawner.contract import HOME_USE_NAME, HOME_USE_VERSION
+from spawner.contract import HOME_USE_NAME, HOME_USE_VERSION, home_is_full
 from spawner.homes.base import HomeStore
 from spawner.homes.detect import open_homes
 from spawner.homes.errors import HomeError, HomesUnavailable
@@ -112,7 +112,7 @@ class HomeUseFiles:
             if use is None or not size:
                 continue  # a home without a size: nothing to show against
             facts = {"version": HOME_USE_VERSION, "used": use.used, "limit": size,
-                     "mechanism": disk.mechanism, "full": use.used >= size}
+                     "mechanism": disk.mechanism, "full": home_is_full(use.used, size)}
             said = json.dumps(facts, sort_keys=True)
             last = self._written.get(home)
             if last is not None and last[0] == said and snapshot.time - last[1] < self.refresh:

@@ -61,6 +61,7 @@ from urllib.parse import quote
 
 from tornado import web
 
+from spawner.contract import home_is_full
 from spawner.gpu.queue import ORDER, STRATEGIES, STRICT_FIFO
 from spawner.gpu.snapshot import OFF, ON, PoolGpu, PoolSnapshot, Waiting
 from spawner.usage.documents import (
@@ -234,9 +235,9 @@ def home_row(home: HomeReading) -> dict[str, Any]:
     """One home as the map and the API show it: what its document says, and its
     ``share`` of its size (None without a size), ``full`` and ``nearly_full``."""
     share = home.used / home.limit if home.used is not None and home.limit else None
-    return {**home.to_json(), "share": share,
-            "full": share is not None and share >= 1,
-            "nearly_full": share is not None and NEARLY_FULL <= share < 1}
+    full = share is not None and home_is_full(home.used, home.limit)
+    return {**home.to_json(), "share": share, "full": full,
+            "nearly_full": share is not None and not full and share >= NEARLY_FULL}
 
 
 def _index_key(sample: GpuSample) -> tuple[int, str]:

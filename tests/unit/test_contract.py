@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from spawner import contract
-from spawner.contract import CONTRACT_ENV, LABEL_PREFIX, gpu_memory_limit
+from spawner.contract import CONTRACT_ENV, LABEL_PREFIX, gpu_memory_limit, home_is_full
 
 PACKAGE = Path(__file__).resolve().parents[2] / "spawner"
 
@@ -23,6 +23,23 @@ PACKAGE = Path(__file__).resolve().parents[2] / "spawner"
 def test_gpu_memory_limit(value, expected):
     env = {} if value is None else {"GPU_MEMORY_LIMIT": value}
     assert gpu_memory_limit(env) == expected
+
+
+MiB = 2**20
+
+
+@pytest.mark.parametrize("used, limit, full", [
+    (0, 64 * MiB, False),
+    (63 * MiB, 64 * MiB, False),  # more than 1% of a small home left
+    (64 * MiB - 655_360, 64 * MiB, True),  # within 1%
+    (80 * MiB, 64 * MiB, True),  # over its size (a smaller role)
+    (20 * 1024 * MiB - 5 * MiB, 20 * 1024 * MiB, False),
+    (20 * 1024 * MiB - 3 * MiB, 20 * 1024 * MiB, True),  # btrfs stopped the write here
+])
+def test_a_home_is_full_a_little_before_its_size(used, limit, full):
+    """The filesystem refuses a write a few MiB before the size, so a home filled by
+    writes must read as full, or its user is never told."""
+    assert home_is_full(used, limit) is full
 
 
 def test_names_are_unique():

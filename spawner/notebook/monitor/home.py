@@ -21,7 +21,13 @@ import time
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
-from spawner.contract import DISK_LIMIT, HOME_OVER_SIZE, HOME_USE_FILE, HOME_USE_VERSION
+from spawner.contract import (
+    DISK_LIMIT,
+    HOME_OVER_SIZE,
+    HOME_USE_FILE,
+    HOME_USE_VERSION,
+    home_is_full,
+)
 
 MAX_FILE_BYTES = 4096  # the watchdog's file is about 100 bytes
 MAX_BYTES = 2**63 - 1  # what a filesystem can count; anything above is not a real use
@@ -89,7 +95,7 @@ def parse_home(data: bytes | str, limit: int, over_size: str | None = None) -> H
     full = raw.get("full")
     return HomeReading(status="ok", message="", used=used, limit=size,
                        # the file's word where it has one; the numbers otherwise
-                       full=full if isinstance(full, bool) else used >= size,
+                       full=full if isinstance(full, bool) else home_is_full(used, size),
                        at=float(at), over_size=over_size)
 
 
