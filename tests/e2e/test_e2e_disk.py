@@ -148,6 +148,21 @@ def test_pip_install_user_works_in_a_home_with_a_size(disk, docker_client):
     assert "/home/jovyan/.local/lib/python3" in out and out.strip().endswith(" 42"), out
 
 
+def test_an_environment_of_ones_own_lives_in_the_home(disk, docker_client):
+    """What a conda environment in the home needs: a whole Python environment made in
+    the home, with the same package installed into it, works on a read-only root."""
+    bob = container_for(docker_client, "bob")
+    code, out = bob.exec_run(["python3", "-c", PACKAGE, "/tmp/src2"], user="1000")
+    assert code == 0, out
+    code, out = sh(bob, "cd /tmp && python3 -m venv --system-site-packages ~/envs/own && "
+                        "~/envs/own/bin/pip install --no-index /tmp/src2 && "
+                        "~/envs/own/bin/python -c 'import sys, tinypkg; "
+                        "print(sys.prefix, tinypkg.__file__, tinypkg.X)'")
+    assert code == 0, out
+    assert out.strip().splitlines()[-1].startswith("/home/jovyan/envs/own /home/jovyan/envs/own/lib/"), out
+    assert out.strip().endswith(" 42"), out
+
+
 def test_a_bigger_role_grows_the_home_at_the_next_start(disk, docker_client):
     hub, root, mechanism = disk
     hub.quota_file.write_text(table(ALICE_BIG))
