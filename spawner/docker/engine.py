@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,14 +171,35 @@ def stat_in_container(client: Any, container_id: str, path: str) -> dict[str, An
     return decode_json_header(header) if header else None
 
 
-async def socket_probe_problems(client: Any, container_id: str,
-                                binds: Iterable[BindSource]) -> list[str]:
+def engine_pool(threads: int) -> ThreadPoolExecutor:
+    """The hub process's threads for engine calls, ``threads`` of them
+    (QuotaSpawner.engine_threads): one pool per size, shared by every spawner of the
+    process, as DockerSpawner shares its single thread; so the calls of many servers
+    (a class's stops) run side by side, never more than ``threads`` at once."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = _POOLS[threads] = ThreadPoolExecutor(threads,
+                                                        thread_name_prefix="quota-engine")
+        return pool
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+async def socket_probe_problems(client: Any, container_id: str, binds: Iterable[BindSource],
+                                pool: Executor | None = None) -> list[str]:
     """Ask the engine what each bind of a created container really is: it sees
-    through symlinks. One sentence per bind that reaches a socket."""
+    through symlinks. One sentence per bind that reaches a socket. The paths are
+    asked about at once, in ``pool`` (the engine's threads; None: asyncio's)."""
+    loop = asyncio.get_running_loop()
     problems = []
     for bind in binds:
-        for path in probe_paths(bind.target):
-            stat = await asyncio.to_thread(stat_in_container, client, container_id, path)
+        paths = probe_paths(bind.target)
+        stats = await asyncio.gather(*(loop.run_in_executor(
+            pool, stat_in_container, client, container_id, path) for path in paths))
+        for path, stat in zip(paths, stats, strict=True):
             if stat and is_socket(stat):
                 problems.append(f"{bind.setting} mounts {bind.source!r} at {bind.target!r}, "
                                 f"and the engine finds a socket at {path!r} in it; an "
