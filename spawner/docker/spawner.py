@@ -321,12 +321,27 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         # The hub polls every running server at startup: the runtime's first sync (and
         # its zombie check) then runs, if the hub's start has not run it yet.
         runtime = await self.quota_hub()
+        if await self._listed_running(runtime):
+            return None
         status = await super().poll()
         if status is not None and self.object_name not in runtime.starting:
             runtime.forget(self.object_name, f"the container stopped ({status})")
             # the hub does not call stop() for a server that ended by itself
             await self._record_end(runtime, None)
         return status
+
+    async def _listed_running(self, runtime: HubRuntime) -> bool:
+        """Whether this server's container runs, from the listing the polls of this moment
+        share (engine.py ``RunningContainers``); False sends the poll to DockerSpawner's
+        own inspect, which says why it stopped, or finds a container it did not know."""
+        if not self.object_id:
+            return False
+        try:
+            return await runtime.running.running(self.object_id, self.docker)
+        except Exception as e:
+            self.log.debug("Listing the running containers failed (%s); inspecting %s", e,
+                           self.object_name)
+            return False
 
     async def stop(self, now: bool = False) -> None:
         runtime = await self.quota_hub()
