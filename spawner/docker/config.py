@@ -20,6 +20,7 @@ from traitlets import (
     Float,
     Integer,
     List,
+    TraitError,
     Unicode,
     default,
     validate,
@@ -51,6 +52,22 @@ def filled_templates(value: Any, namespace: Mapping[str, str]) -> Any:
 
 class QuotaSpawnerConfig(QuotaConfig):
     """The settings of QuotaSpawner (``c.QuotaSpawner.*``) beyond QuotaConfig's."""
+
+    engine_threads = Integer(
+        8,
+        config=True,
+        help="""Engine calls (create, inspect, start, stop, remove, the socket probes) the hub
+        process makes at once, for all its servers together (docs/deployment.md#engine-calls-
+        in-parallel). DockerSpawner makes one at a time, so a class's 24 stops queue behind
+        each other; 1 gives that back. From 1 to 64.""",
+    )
+
+    @validate("engine_threads")
+    def _valid_engine_threads(self, proposal: dict[str, Any]) -> int:
+        value = int(proposal["value"])
+        if not 1 <= value <= 64:
+            raise TraitError(f"QuotaSpawner.engine_threads is {value}: it must be from 1 to 64")
+        return value
 
     pids_limit = Integer(
         2048,

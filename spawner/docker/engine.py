@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,20 +171,78 @@ def stat_in_container(client: Any, container_id: str, path: str) -> dict[str, An
     return decode_json_header(header) if header else None
 
 
-async def socket_probe_problems(client: Any, container_id: str,
-                                binds: Iterable[BindSource]) -> list[str]:
+def engine_pool(threads: int) -> ThreadPoolExecutor:
+    """The hub process's threads for engine calls, ``threads`` of them
+    (QuotaSpawner.engine_threads): one pool per size, shared by every spawner of the
+    process, as DockerSpawner shares its single thread; so the calls of many servers
+    (a class's stops) run side by side, never more than ``threads`` at once."""
+    with _POOLS_LOCK:
+        pool = _POOLS.get(threads)
+        if pool is None:
+            pool = _POOLS[threads] = ThreadPoolExecutor(threads,
+                                                        thread_name_prefix="quota-engine")
+        return pool
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+async def socket_probe_problems(client: Any, container_id: str, binds: Iterable[BindSource],
+                                pool: Executor | None = None) -> list[str]:
     """Ask the engine what each bind of a created container really is: it sees
-    through symlinks. One sentence per bind that reaches a socket."""
+    through symlinks. One sentence per bind that reaches a socket. The target first (a
+    socket there ends the look, as the paths inside it cannot be asked about), then the
+    paths inside it at once, in ``pool`` (the engine's threads; None: asyncio's), read
+    in order as if asked one by one: the first socket wins over a later path's error."""
+    loop = asyncio.get_running_loop()
+
+    def stat(path: str) -> asyncio.Future[dict[str, Any] | None]:
+        return loop.run_in_executor(pool, stat_in_container, client, container_id, path)
+
     problems = []
     for bind in binds:
-        for path in probe_paths(bind.target):
-            stat = await asyncio.to_thread(stat_in_container, client, container_id, path)
-            if stat and is_socket(stat):
+        target, *inside = probe_paths(bind.target)
+        found = [await stat(target)]
+        if not (found[0] and is_socket(found[0])):
+            found += await asyncio.gather(*(stat(path) for path in inside),
+                                          return_exceptions=True)
+        for path, answer in zip([target, *inside], found, strict=False):
+            if isinstance(answer, BaseException):
+                raise answer
+            if answer and is_socket(answer):
                 problems.append(f"{bind.setting} mounts {bind.source!r} at {bind.target!r}, "
                                 f"and the engine finds a socket at {path!r} in it; an "
                                 "engine socket must never reach a notebook")
                 break
     return problems
+
+
+class RunningContainers:
+    """Whether containers run, for the polls of one moment in one engine call: the hub
+    polls every server that is asked to start (its "already running" answer for a
+    pre-warmed class) and every server on its timer, and one inspect each would queue a
+    class's worth of engine calls. A poll joins the listing that has not been sent yet,
+    so its answer is never older than the poll; a container the listing does not show
+    running is the caller's to inspect, as before."""
+
+    def __init__(self) -> None:
+        self._asked: set[str] = set()
+        self._listing: asyncio.Future[set[str]] | None = None
+
+    async def running(self, container_id: str, docker: Docker) -> bool:
+        """Whether ``container_id`` runs now (``docker``: DockerSpawner's engine call);
+        raises what the listing raises."""
+        if self._listing is None:
+            self._listing = asyncio.ensure_future(self._list(docker))
+        self._asked.add(container_id)
+        return container_id in await asyncio.shield(self._listing)
+
+    async def _list(self, docker: Docker) -> set[str]:
+        await asyncio.sleep(0)  # the polls of this moment join this listing
+        asked, self._asked, self._listing = self._asked, set(), None
+        found = await docker("containers", filters={"id": sorted(asked), "status": "running"})
+        return {c["Id"] for c in found or []}
 
 
 # the engine's times are RFC 3339, as the Kubernetes API's: one reader for both

@@ -43,7 +43,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from spawner.docker.engine import FrameworkLabels, NvidiaRuntime, check_engine_info
+from spawner.docker.engine import (
+    FrameworkLabels,
+    NvidiaRuntime,
+    RunningContainers,
+    check_engine_info,
+)
 from spawner.docker.evictor import Evictor
 from spawner.docker.hub_homes import open_hub_homes
 from spawner.docker.parent_cgroup import ParentCgroup, ParentCgroupError, is_local, set_up
@@ -147,6 +152,7 @@ class HubRuntime(QuotaHub):
         # the servers of this hub: from each spawner's load_state on, before the build
         self.claims = Claims()
         self.frameworks = FrameworkLabels()  # the images' contents, for the form and caps
+        self.running = RunningContainers()  # the polls' one listing (QuotaSpawner.poll)
         self.engine_info = None
         self.parent_cgroup = None  # set by the build (docker/parent_cgroup.py)
 

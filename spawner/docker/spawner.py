@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from dockerspawner import DockerSpawner
@@ -29,7 +30,12 @@ from spawner.docker.container import (
     refuse_any,
     violations,
 )
-from spawner.docker.engine import set_cpu_quota, socket_probe_problems, volume_info
+from spawner.docker.engine import (
+    engine_pool,
+    set_cpu_quota,
+    socket_probe_problems,
+    volume_info,
+)
 from spawner.docker.gpus import GpuStart, start_time_for
 from spawner.docker.home_body import HomeBind
 from spawner.docker.homes import HomeStart
@@ -68,6 +74,8 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         self._hub_home_dir = self.home_dir
         self._home: HomeBind | None = None  # this start's home of a size, if it has one
         self._start_timeout = self.start_timeout  # as configured; a queued start gets more
+        # the start task, and the container its first lookup found (get_object)
+        self._looked_up: tuple[asyncio.Task[Any] | None, dict[str, Any] | None] = (None, None)
         if self.network_name == "host":
             warn_host_network(self.log)
 
@@ -121,7 +129,8 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             created = await self.docker("create_container_from_config", body, self.container_name)
             problems = None
             try:
-                problems = await socket_probe_problems(self.client, created["Id"], binds)
+                problems = await socket_probe_problems(self.client, created["Id"], binds,
+                                                       self.executor)
             finally:
                 if problems is None or problems:  # the probe failed, or found a socket
                     await self.docker("remove_container", created["Id"], force=True)
@@ -132,6 +141,12 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
                            "\n  ".join(e.problems))
             raise web.HTTPError(500, refusals.SETTING_REFUSED) from None
         return created
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The engine's threads for ``self.docker`` (``engine_threads`` of them, shared by
+        every server), in place of DockerSpawner's single one."""
+        return engine_pool(self.engine_threads)
 
     async def check_allowed(self, image: str) -> str:
         return self.image  # user_options["image"] is an image key, already checked in resolve()
@@ -189,8 +204,8 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             if refusal:
                 self.log.warning("Refused %s: %s", self.log_name, refusal)
                 raise web.HTTPError(403, refusal)
-            await self._our_container()
-            ip, port = await self._start_choice(runtime, choice, choices)
+            existing = await self._our_container()
+            ip, port = await self._start_choice(runtime, choice, choices, existing)
         except BaseException as e:
             self._forget_refused_options(choices)
             shown(e)
@@ -198,8 +213,30 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         self._started_options = {"profile": choice.role.name, "image": choice.image.key}
         return ip, port
 
+    async def get_object(self) -> dict[str, Any] | None:
+        """DockerSpawner's lookup by name; in this start's own call to DockerSpawner's
+        start, the answer ``_our_container`` found moments before, without asking the
+        engine again: nothing else makes a container of this name while its start is
+        pending, and one made by another hub meanwhile fails the create (the name is taken)."""
+        task, found = self._looked_up
+        if task is not None and task is asyncio.current_task():
+            self._looked_up = (None, None)
+            return found
+        return await super().get_object()
+
+    async def _start_container(self, gpus: GpuStart, existing: dict[str, Any] | None,
+                               choices: list[Choice]) -> tuple[str, int]:
+        """DockerSpawner's start, told what the lookup at this start's beginning found."""
+        self._looked_up = (asyncio.current_task(), existing)
+        try:
+            return await gpus.start_container(super().start, self.gpu_uuids,
+                                              self.object_name, choices)
+        finally:
+            self._looked_up = (None, None)
+
     async def _start_choice(self, runtime: HubRuntime, choice: Choice,
-                            choices: list[Choice]) -> tuple[str, int]:
+                            choices: list[Choice],
+                            existing: dict[str, Any] | None) -> tuple[str, int]:
         role = choice.role
         requested = time.time()
         # The resolved choice, for the REST API's server model (the culler reads the
@@ -225,8 +262,7 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
             self.gpu_uuids, self._gpu_memory = await gpus.assign(owner, role, choices)
             await session.gpus(role, self.gpu_uuids, self._gpu_memory)
             self._progress("Starting the container", 40)
-            ip, port = await gpus.start_container(super().start, self.gpu_uuids,
-                                                  self.object_name, choices)
+            ip, port = await self._start_container(gpus, existing, choices)
             # the home's size where the hub keeps it (the disk label's); else no limit
             await session.started(self.container_id,
                                   self._home.size if self._home is not None else None)
@@ -285,12 +321,27 @@ class QuotaSpawner(HostNetworkMixin, ChoicesMixin, QuotaSpawnerConfig, DockerSpa
         # The hub polls every running server at startup: the runtime's first sync (and
         # its zombie check) then runs, if the hub's start has not run it yet.
         runtime = await self.quota_hub()
+        if await self._listed_running(runtime):
+            return None
         status = await super().poll()
         if status is not None and self.object_name not in runtime.starting:
             runtime.forget(self.object_name, f"the container stopped ({status})")
             # the hub does not call stop() for a server that ended by itself
             await self._record_end(runtime, None)
         return status
+
+    async def _listed_running(self, runtime: HubRuntime) -> bool:
+        """Whether this server's container runs, from the listing the polls of this moment
+        share (engine.py ``RunningContainers``); False sends the poll to DockerSpawner's
+        own inspect, which says why it stopped, or finds a container it did not know."""
+        if not self.object_id:
+            return False
+        try:
+            return await runtime.running.running(self.object_id, self.docker)
+        except Exception as e:
+            self.log.debug("Listing the running containers failed (%s); inspecting %s", e,
+                           self.object_name)
+            return False
 
     async def stop(self, now: bool = False) -> None:
         runtime = await self.quota_hub()

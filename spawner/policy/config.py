@@ -70,6 +70,16 @@ def hub_id_environment(hub_id: str, secret_file: str, prefix: str) -> dict[str, 
     return found
 
 
+def options_checked_at_start(spawner: Any, user_options: dict[str, Any]) -> None:
+    """JupyterHub's ``apply_user_options`` hook of the quota spawners: the options are
+    checked against the table as it is when the start reads it (``resolve``: on Docker in
+    ``start``, on Kubernetes in ``load_user_options``), where a refusal is the user's 400 or
+    403 sentence and nothing has been made; a check here, a moment earlier, would read the
+    table twice per start and log a refusal with a traceback. This hook only tells
+    JupyterHub that they are handled, so its log does not call every start's options
+    unhandled."""
+
+
 class QuotaConfig(Configurable):
     """The settings every quota spawner has, on Docker and on Kubernetes."""
 
@@ -163,6 +173,10 @@ class QuotaConfig(Configurable):
     @default("options_from_form")
     def _quota_options_from_form_default(self) -> Any:
         return options_from_form
+
+    @default("apply_user_options")
+    def _quota_apply_user_options_default(self) -> Any:
+        return options_checked_at_start  # an admin's own hook replaces it, as any config
 
     @default("quota_source")
     def _quota_source_default(self) -> str:

@@ -41,7 +41,6 @@ the idle culler stops it if nobody comes.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -467,7 +466,7 @@ class StopHandler(ClassApi):
                               f" not a member of {group}.", 400)
             chosen = list(dict.fromkeys(asked))
         token = self.token()
-        results = list(await asyncio.gather(*(self.hub.stop_server(token, n) for n in chosen)))
+        results = await self.hub.stop_servers(token, chosen)
         log.info("Class dashboard: %s stopped servers of %s: %s", self.who(), group,
                  summary(results).replace("\n", "; "))
         self.answer(results, "stop")

@@ -133,6 +133,24 @@ def test_user_options_injection_is_refused(hub, docker_client, fresh_user, optio
     assert containers(docker_client, name) == []
 
 
+def test_options_are_handled_and_a_role_beyond_the_users_is_still_refused(
+        hub, docker_client, fresh_user):
+    # JupyterHub 5.3+ logs "Received unhandled user_options" for every start with options
+    # unless the spawner's apply_user_options hook handles them
+    name = fresh_user("handled")
+    logged = len(hub.log())
+    r = hub.spawn(name, {"profile": "senior-engineer", "image": "pytorch"})
+    assert r.status_code == 400, r.text
+    assert "You asked for the role 'senior-engineer', which you do not hold" in \
+        r.json()["message"]
+    assert hub.user(name)["servers"] == {} and containers(docker_client, name) == []
+    hub.start_server(name, {"profile": "junior-researcher", "image": "pytorch"})
+    hub.stop_server(name)
+    log = hub.log()[logged:]
+    assert "Starting " + name in log  # the start is in the part of the log read
+    assert "unhandled user_options" not in log and "Traceback" not in log
+
+
 def test_user_without_role_is_told_so(hub, docker_client):
     hub.create_user("nobody-here")
     r = hub.spawn("nobody-here", {})

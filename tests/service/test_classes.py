@@ -5,6 +5,7 @@ browser is for test_browser_classes.py."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import html
 import json
@@ -39,7 +40,7 @@ from spawner.webapp import classes
 from spawner.webapp.access import NOT_AN_INSTRUCTOR
 from spawner.webapp.base import BaseHandler, static_version
 from spawner.webapp.formatting import ago, size
-from spawner.webapp.hub_api import HubApi
+from spawner.webapp.hub_api import STOPS_AT_ONCE, HubApi
 from spawner.webapp.prewarm import Prewarmer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -391,6 +392,30 @@ async def test_a_server_outside_the_tokens_filter_is_refused(monkeypatch):
                 hub.start_server("t", "ann", {"profile": "student"})):
         assert await act == {"user": "ann", "outcome": "refused",
                              "message": "No access to resources or resources not found"}
+
+
+async def test_a_class_is_stopped_side_by_side_within_the_bound(monkeypatch):
+    # a class of 24: every stop asked before any is answered, up to STOPS_AT_ONCE at once
+    asked: list[str] = []
+    most = [0, 0]  # under way now, most ever
+    enough = asyncio.Event()
+
+    async def hub_call(hub, token, method, path, body=None):
+        asked.append(path)
+        most[0] += 1
+        most[1] = max(most)
+        if most[0] == STOPS_AT_ONCE:
+            enough.set()
+        await asyncio.wait_for(enough.wait(), 10)  # one at a time never gets here
+        most[0] -= 1
+        return 204, None
+
+    monkeypatch.setattr(HubApi, "call", hub_call)
+    names = [f"student{i}" for i in range(24)]
+    results = await HubApi("http://hub/hub/api").stop_servers("t", names)
+    assert [r["user"] for r in results] == names
+    assert {r["outcome"] for r in results} == {"stopped"} and len(asked) == 24
+    assert most[1] == STOPS_AT_ONCE
 
 
 def test_the_service_scopes_of_the_classes():

@@ -87,6 +87,37 @@ async def test_injected_options_are_refused_the_same_way(tmp_path, cls, options,
         assert spawner._spec is None  # nothing to build a pod from
 
 
+@pytest.mark.parametrize("cls", [QuotaSpawner, QuotaKubeSpawner])
+async def test_options_are_handled_and_still_refused_at_the_start(tmp_path, cls, caplog):
+    # JupyterHub 5.3+ runs apply_user_options before every start and, without one, logs
+    # "Received unhandled user_options" for every start with options
+    quota = tmp_path / "q.yaml"
+    quota.write_text(TABLE_TEXT)
+    spawner = make(cls, quota, user="anyone")
+    for options, status, words in [({"profile": "small"}, None, ""), *INJECTED]:
+        caplog.clear()
+        with caplog.at_level(logging.DEBUG):
+            await spawner._run_apply_user_options(options)  # JupyterHub's own code path
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        if status is None:
+            continue
+        spawner.user_options = options
+        with pytest.raises(web.HTTPError) as info:  # the start's check, as before
+            if cls is QuotaKubeSpawner:
+                await spawner.load_user_options()
+            else:
+                await spawner.resolve(await spawner.choices(NO_RUNTIME))
+        assert info.value.status_code == status and words in info.value.log_message
+
+
+@pytest.mark.parametrize("cls", [QuotaSpawner, QuotaKubeSpawner])
+async def test_an_admins_own_options_hook_replaces_the_quotas(cls):
+    seen = []
+    spawner = make(cls, apply_user_options=lambda s, options: seen.append(options))
+    await spawner._run_apply_user_options({"profile": "x"})
+    assert seen == [{"profile": "x"}]
+
+
 async def test_a_user_with_no_role_is_refused(tmp_path):
     quota = tmp_path / "q.yaml"
     quota.write_text(TABLE_TEXT.replace("default: [small]", "default: []"))
