@@ -21,6 +21,23 @@ from harness import Hub
 MiB = 2**20
 
 
+def homes_table(users: str = "") -> str:
+    """The modules' quota table: roles of a 64, 128 and 256 MiB home on the pytorch image,
+    ``small`` for everyone, ``users`` (lines of ``    name: [role]``) for some."""
+    return f"""\
+images:
+  pytorch: {{image: "quota-spawner/pytorch:latest"}}
+roles:
+  small: {{cpus: 0.5, memory: 512M, disk: 64M, images: [pytorch]}}
+  big: {{cpus: 0.5, memory: 512M, disk: 128M, images: [pytorch]}}
+  huge: {{cpus: 0.5, memory: 512M, disk: 256M, images: [pytorch]}}
+assignments:
+  default: [small]
+  users:
+{users or "    nobody: [small]"}
+"""
+
+
 def homes_settings(root: Path, mechanism: str, reserve: int | None = None) -> str:
     """The hub's disk settings: the homes' root and mechanism, and the admission's reserve."""
     lines = [f"c.QuotaSpawner.home_root = {str(root)!r}",

@@ -21,7 +21,7 @@ import subprocess
 
 import pytest
 from browser import launch, log_in
-from home_hubs import MiB, homes_hub, write_in
+from home_hubs import MiB, homes_hub, homes_table, write_in
 from loopfs import need_root
 from playwright.sync_api import expect
 
@@ -44,17 +44,7 @@ ANA_BIG = f"    {NAME}: [big]\n"
 
 
 def table(ana: str = "") -> str:
-    return f"""\
-images:
-  pytorch: {{image: "quota-spawner/pytorch:latest"}}
-roles:
-  small: {{cpus: 0.5, memory: 512M, disk: 64M, images: [pytorch]}}
-  big: {{cpus: 0.5, memory: 512M, disk: 128M, images: [pytorch]}}
-assignments:
-  default: [small]
-  users:
-{ana or "    nobody: [small]"}
-"""
+    return homes_table(ana)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from home_hubs import env_of, home_of, homes_hub, write_in
+from home_hubs import env_of, home_of, homes_hub, homes_table, write_in
 from loopfs import need_root
 from sqlalchemy import create_engine, select
 
@@ -42,18 +42,7 @@ ALICE_BIG = "    alice: [big]\n"
 
 
 def table(alice: str = "") -> str:
-    return f"""\
-images:
-  pytorch: {{image: "quota-spawner/pytorch:latest"}}
-roles:
-  small: {{cpus: 0.5, memory: 512M, disk: 64M, images: [pytorch]}}
-  big: {{cpus: 0.5, memory: 512M, disk: 128M, images: [pytorch]}}
-  huge: {{cpus: 0.5, memory: 512M, disk: 256M, images: [pytorch]}}
-assignments:
-  default: [small]
-  users:
-    carol: [huge]
-{alice}"""
+    return homes_table("    carol: [huge]\n" + alice)
 
 
 # bob's servers get an override that tries to put another volume at the home and make the
