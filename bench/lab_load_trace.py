@@ -39,6 +39,10 @@ SPEC is ``image=TAG`` (run that image, e.g. a build kept from before a change) a
 ``.jupyter/jupyter_server_config.json`` or ``.jupyter/labconfig/page_config.json``
 there overrides the image's for that student only, so a setting can be compared
 against the image as built, in the same run, without a rebuild), and/or
+``lab-config=DIR`` (``JUPYTER_CONFIG_PATH=DIR`` in the server's environment, set the way
+an admin sets it for a class: JupyterHub's ``group_overrides`` on a group of that
+variant's student; ``lab-config=/opt/notebook/etc/jupyter-light`` is the images' light
+JupyterLab, docs/images.md#a-lighter-jupyterlab-for-a-class), and/or
 ``early-launcher`` (an experiment, in the page: the launcher opened as soon as
 JupyterLab's layout is restored, instead of when the file browser sees the route
 done, after the workspace's debounced save; the images' lab extension now does this
@@ -49,8 +53,11 @@ itself, its ``early-launcher`` plugin, so this is for an image built before it,
     .venv/bin/python bench/lab_load_trace.py --logins 9 --cached --detail 1
     .venv/bin/python bench/lab_load_trace.py --logins 7 --variant before=image=TAG \\
         --variant after=image=quota-spawner/pytorch:latest
+    .venv/bin/python bench/lab_load_trace.py --logins 5 --variant stock= \\
+        --variant light=lab-config=/opt/notebook/etc/jupyter-light
 
-Prints one line per login, then medians per variant, and ``--detail K`` breakdowns
+Prints one line per login, then medians per variant, each variant's medians over the
+first variant's (the launcher's first frame and the total), and ``--detail K`` breakdowns
 (the waterfall's slow parts, the slowest plugins, the gaps) of each variant's last K
 logins. ``--chrome-trace DIR`` also writes Chromium's performance trace of each login
 (open it in Perfetto or chrome://tracing); it slows the page down, so its numbers are
@@ -275,6 +282,7 @@ class Variant:
     image: str = DEFAULT_IMAGE
     home: Path | None = None
     early_launcher: bool = False  # the experiment: open the launcher at app.restored
+    lab_config: str = ""  # JUPYTER_CONFIG_PATH in the server's environment
     user: str = ""
     key: str = ""  # the image's key in the bench's quota table
 
@@ -353,11 +361,13 @@ def parse_variant(text: str) -> Variant:
             variant.home = Path(value)
             if not variant.home.is_dir():
                 raise argparse.ArgumentTypeError(f"home={value}: not a folder")
+        elif key == "lab-config" and value.startswith("/"):
+            variant.lab_config = value  # a folder in the image, not here
         elif part == "early-launcher":
             variant.early_launcher = True
         else:
             raise argparse.ArgumentTypeError(
-                f"{part!r}: want image=TAG, home=DIR or early-launcher")
+                f"{part!r}: want image=TAG, home=DIR, lab-config=/PATH or early-launcher")
     return variant
 
 
@@ -378,6 +388,19 @@ def quota_text(variants: list[Variant]) -> str:
                                         "image": variant.image}
         table["roles"][ROLE]["images"].append(variant.key)
     return yaml.safe_dump(table, sort_keys=False)
+
+
+def group_of(variant: Variant) -> str:
+    return f"trace-{variant.name.lower()}"
+
+
+def overrides_config(variants: list[Variant]) -> str:
+    """The hub config that gives each lab-config variant's group its JUPYTER_CONFIG_PATH,
+    as docs/images.md tells an admin to for a class."""
+    overrides = {group_of(v): {"groups": [group_of(v)], "spawner_override": {
+        "environment": {"JUPYTER_CONFIG_PATH": v.lab_config}}}
+        for v in variants if v.lab_config}
+    return f"c.QuotaSpawner.group_overrides = {overrides!r}\n" if overrides else ""
 
 
 def seed_home(client, volume: str, image: str, folder: Path) -> None:
@@ -645,6 +668,27 @@ def detail(x: Login, top: int = 12) -> None:
                   f"before {short(after)}")
 
 
+def ratios(logins: list[Login], variants: list[Variant]) -> None:
+    """Each variant's medians over the first variant's: the launcher's first frame in the
+    page, and the total (Playwright's wait)."""
+    if len(variants) < 2:
+        return
+    def medians(name: str, cached: bool) -> tuple[float | None, float | None]:
+        done = [x for x in logins if x.variant == name and x.cached == cached and not x.error]
+        return median([x.launcher for x in done]), median([x.total for x in done])
+    base = variants[0].name
+    for cached in (False, True):
+        frame0, total0 = medians(base, cached)
+        for variant in variants[1:]:
+            frame, total = medians(variant.name, cached)
+            if None in (frame0, total0, frame, total):
+                continue
+            label = f"{variant.name} / {base}" + (" cached" if cached else "")
+            print(f"  ratio {label}: launcher {frame:.3f} / {frame0:.3f} s = "
+                  f"{frame / frame0:.2f}, total {total:.3f} / {total0:.3f} s = "
+                  f"{total / total0:.2f}")
+
+
 def report(logins: list[Login], variants: list[Variant], details: int) -> None:
     print(f"\n== medians per variant (seconds after the login click; "
           f"{os.cpu_count()} CPUs, load average "
@@ -664,6 +708,7 @@ def report(logins: list[Login], variants: list[Variant], details: int) -> None:
                      f"{median([len(x.plugins) for x in done]):4.0f}")
             label = variant.name + (" cached" if cached else "")
             print(f"  {label:<18} {len(done):2d} {cells} {extra}")
+    ratios(logins, variants)
     failed = [x for x in logins if x.error]
     if failed:
         print(f"  FAILED: {len(failed)}: " + "; ".join(f"{x.variant}: {x.error}" for x in failed))
@@ -690,14 +735,17 @@ def run(args: argparse.Namespace, hub: Hub, client, prefix: str) -> list[Login]:
     hub.create_user(INSTRUCTOR, [f"{CLASS}-staff"])
     for i, variant in enumerate(variants):
         variant.user = f"trace{i}{variant.name.lower()}"[:30]
-        hub.create_user(variant.user, [CLASS])
+        hub.create_user(variant.user, [CLASS] + ([group_of(variant)] if variant.lab_config
+                                                 else []))
         if variant.home:
             seed_home(client, f"{prefix}-home-{variant.user}", variant.image, variant.home)
     for variant in variants:
         t = time.perf_counter()
         hub.start_server(variant.user, {"profile": ROLE, "image": variant.key})
         print(f"  {variant.name}: {variant.user} on {variant.image}"
-              f"{f' with {variant.home}' if variant.home else ''}, ready in "
+              f"{f' with {variant.home}' if variant.home else ''}"
+              f"{f' with JUPYTER_CONFIG_PATH={variant.lab_config}' if variant.lab_config else ''}"
+              ", ready in "
               f"{time.perf_counter() - t:.1f}s", flush=True)
     logins: list[Login] = []
     with sync_playwright() as p:
@@ -778,7 +826,8 @@ def main() -> None:
     print(f"lab load trace: {len(args.variant)} variant(s) x {args.logins} logins, {link}, "
           f"{os.cpu_count()} CPUs, load average {load}; containers {prefix}-*", flush=True)
     hub = Hub(work / "hub", quota_text(args.variant), prefix=prefix,
-              extra_config=QUOTA_CONFIG + usage_config(free_port(), {CLASS: [INSTRUCTOR]}))
+              extra_config=QUOTA_CONFIG + usage_config(free_port(), {CLASS: [INSTRUCTOR]})
+              + overrides_config(args.variant))
     ok = False
     try:
         logins = run(args, hub, client, prefix)

@@ -131,7 +131,7 @@ HUB_GROUPS: dict[str, tuple[str, ...]] = {
     "one_gpu_hub": ("test_e2e_culling.py", "test_e2e_usage.py", "test_e2e_watchdog.py"),
     "hub": ("test_e2e_guarantees.py", "test_e2e_networks.py", "test_e2e_prewarm.py",
             "test_e2e_rbac.py", "test_e2e_spawn.py", "test_browser.py",
-            "test_browser_classes.py", "test_browser_lab_start.py",
+            "test_browser_classes.py", "test_browser_lab_start.py", "test_browser_light_lab.py",
             "test_browser_requests.py", "test_browser_table.py", "test_browser_usage.py"),
     "demo_hub": ("test_e2e_never_start.py", "test_browser_demo_form.py"),
 }

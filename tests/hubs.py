@@ -5,7 +5,9 @@ need the same hub config share one for the whole session, and bring their own qu
 table (the hub reads it again at every spawn: spawner/quota/store.py):
 
 - ``hub``: no GPUs; the usage service with the classes cs101 (prof-ada), cs102 (prof-bo)
-  and lab1 (prof-x), the idle culler checking every second, activity every 2 s.
+  and lab1 (prof-x), the idle culler checking every second, activity every 2 s, and the
+  light JupyterLab for the group LIGHT_LAB_GROUP (as docs/images.md has an admin turn it
+  on for a class).
 - ``gpu_hub``: 2 fake GPUs (GPU_HUB_GPUS), the FAKE NVML mounted in every notebook
   container, the GPU pool's checks every second, servers kept over a hub restart, and
   the usage service (the host map).
@@ -42,6 +44,19 @@ from harness import Hub, fake_nvml_config, free_port, install_fake_nvml, teardow
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_QUOTAS = (ROOT / "hub_config" / "quotas.yaml").read_text()
+
+# The images' light JupyterLab (docs/images.md#a-lighter-jupyterlab-for-a-class), on for
+# this group of ``hub`` through JupyterHub's group_overrides, as the docs tell an admin.
+LIGHT_LAB_GROUP = "light-lab"
+LIGHT_LAB_CONFIG = "/opt/notebook/etc/jupyter-light"
+LIGHT_LAB_OVERRIDE = f"""
+c.QuotaSpawner.group_overrides = {{
+    "light-lab": {{
+        "groups": [{LIGHT_LAB_GROUP!r}],
+        "spawner_override": {{"environment": {{"JUPYTER_CONFIG_PATH": {LIGHT_LAB_CONFIG!r}}}}},
+    }},
+}}
+"""
 
 # Test roles: small enough for a 2-core CI machine, distinct enough to tell apart.
 TEST_QUOTAS = """\
@@ -168,7 +183,7 @@ def start_hub(workdir: Path) -> Hub:
     return Hub(workdir, quota_text=TEST_QUOTAS, prefix=f"qstest{os.getpid()}",
                extra_config=usage_config(free_port(), CLASSES) + observer() + culler()
                + 'usage["environment"]["QUOTA_SPAWNER_PREWARM_INTERVAL"] = "1"\n'
-               + "c.QuotaSpawner.host_admission = False\n",
+               + "c.QuotaSpawner.host_admission = False\n" + LIGHT_LAB_OVERRIDE,
                env={"QUOTA_SPAWNER_ACTIVITY_INTERVAL": str(ACTIVITY)}).start()
 
 

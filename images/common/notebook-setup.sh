@@ -140,6 +140,11 @@ PY
     # and what depends on the server's environment (a home with a size: docs/disk.md)
     cp "$HERE/jupyter_server_config.py" "$DELTA$VENV/etc/jupyter/jupyter_server_config.py"
     cp "$HERE/lab-overrides.json" "$DELTA$VENV/share/jupyter/lab/settings/overrides.json"
+    # The light JupyterLab, off until a server's JUPYTER_CONFIG_PATH names this
+    # folder: a class's lab without the plugins its students do not need
+    # (docs/images.md#a-lighter-jupyterlab-for-a-class).
+    mkdir -p "$DELTA$VENV/etc/jupyter-light/labconfig"
+    cp "$HERE/lab-light.json" "$DELTA$VENV/etc/jupyter-light/labconfig/page_config.json"
 
     # Checked, not required: a broken package import shows up here as a
     # warning (and in the tests) without blocking the image.
