@@ -67,8 +67,12 @@ def admit(docker_client, tmp_path_factory):
 
 @pytest.fixture
 def full(admit):
-    """ann and ben's servers fill the host's 2 GiB (768 MiB each, 1.5 GiB)."""
-    admit.start_servers({"ann": SMALL, "ben": SMALL})
+    """ann and ben's servers fill the host's 2 GiB (768 MiB each, 1.5 GiB), ann's first:
+    a server's age counts from its admission, and with the engine's calls side by side
+    (engine_threads) two starts at once may be created in either order, so only starts
+    one after the other make ben's the younger by every clock."""
+    admit.start_servers({"ann": SMALL})
+    admit.start_servers({"ben": SMALL})
     yield
     admit.stop_servers(["ann", "ben", "cal", "dee", "eve", "gil"])
 
