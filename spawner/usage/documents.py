@@ -38,6 +38,7 @@ import json
 import os
 import tempfile
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Self
 
@@ -217,7 +218,7 @@ def stale_after(interval: float) -> float:
     return max(STALE_CYCLES * interval, MIN_STALE_AGE)
 
 
-class SharedDocument:
+class SharedDocument(ABC):
     """A kind of shared document as a class: where it is kept (``KIND``), the version of
     its shape (``VERSION``, written into the document, or, where the document is a bare
     list, implied by it), and its JSON: ``to_json`` for its writer, ``from_json`` for
@@ -228,12 +229,14 @@ class SharedDocument:
     KIND: ClassVar[Kind]
     VERSION: ClassVar[int]
 
+    @abstractmethod
     def to_json(self) -> Any:
-        raise NotImplementedError
+        """The document as its writer stores it."""
 
     @classmethod
+    @abstractmethod
     def from_json(cls, data: Any) -> Self | None:
-        raise NotImplementedError
+        """The document read from ``data``; None when it is not this document."""
 
     def to_text(self) -> str:
         return json.dumps(self.to_json(), sort_keys=True)
