@@ -3,6 +3,7 @@ and the usage service's block of hub config (as the shipped config writes it).""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,20 @@ def launch() -> Iterator[Browser]:
             yield browser
         finally:
             browser.close()
+
+
+@contextlib.contextmanager
+def lab_page(browser: Browser) -> Iterator[Any]:
+    """A page in a fresh context of ``browser``, whose script errors collect in
+    ``page.errors``; the context is closed afterwards."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.errors = []
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    try:
+        yield page
+    finally:
+        context.close()
 
 
 def password(name: str) -> str:

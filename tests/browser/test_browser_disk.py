@@ -20,7 +20,7 @@ import re
 import subprocess
 
 import pytest
-from browser import launch, log_in
+from browser import lab_page, launch, log_in
 from home_hubs import MiB, homes_hub, homes_table, write_in
 from loopfs import need_root
 from playwright.sync_api import expect
@@ -88,12 +88,8 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.errors = []
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    yield page
-    context.close()
+    with lab_page(browser) as page:
+        yield page
 
 
 # A save as JupyterLab makes it: the contents API with the browser's cookie and XSRF token.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from browser import launch, log_in
+from browser import lab_page, launch, log_in
 from hubs import LIGHT_LAB_GROUP
 
 from harness import ROOT, container_for, exec_text
@@ -52,16 +52,12 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    page.errors = []
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    # A plugin whose required service was left out fails to activate: JupyterLab says so
-    # on the console, not as a page error.
-    page.on("console", lambda m: m.type == "error" and "plugin" in m.text.lower()
-            and page.errors.append(m.text))
-    yield page
-    context.close()
+    with lab_page(browser) as page:
+        # A plugin whose required service was left out fails to activate: JupyterLab says
+        # so on the console, not as a page error.
+        page.on("console", lambda m: m.type == "error" and "plugin" in m.text.lower()
+                and page.errors.append(m.text))
+        yield page
 
 
 def open_lab(page, hub, name: str) -> None:
