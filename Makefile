@@ -17,14 +17,17 @@ demo: setup
 # (scripts/test-dockerd.sh); tests/harness.py points DOCKER_HOST at it, and the ledger's
 # tests also run on a private PostgreSQL (scripts/test-postgres.sh). Two runs: the
 # unit and service layers on every core (pytest-xdist), then the end-to-end and browser
-# layers on two workers, the modules of each shared hub on one of them (--dist loadgroup,
-# groups in tests/conftest.py). Each lists its 25 slowest tests; the last line sums up.
+# layers on E2E_WORKERS workers, the modules of each shared hub on one of them (--dist
+# loadgroup, groups in tests/conftest.py). Each lists its 25 slowest tests; the last line
+# sums up. Three workers on two cores: much of an end-to-end test is waiting (a grace
+# period, a cull, a boot), and a third worker fills it (576 s with two, 434-476 with three).
+E2E_WORKERS ?= 3
 test:
 	SETUP_ENGINE=test scripts/setup.sh
 	scripts/test-postgres.sh
 	@t0=$$(date +%s); \
 	.venv/bin/python -m pytest -v -n auto --durations=25 tests/unit tests/service; fast=$$?; \
-	.venv/bin/python -m pytest -v -n 2 --dist loadgroup --durations=25 tests/e2e tests/browser; \
+	.venv/bin/python -m pytest -v -n $(E2E_WORKERS) --dist loadgroup --durations=25 tests/e2e tests/browser; \
 	slow=$$?; \
 	echo "make test: $$(( $$(date +%s) - t0 )) s in all; unit and service: exit $$fast," \
 	     "e2e and browser: exit $$slow"; \

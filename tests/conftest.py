@@ -119,7 +119,7 @@ def fresh_user(hub, request):
 
 
 # The end-to-end and browser modules that use a shared hub, by hub (tests/hubs.py). make test
-# runs those layers on two pytest-xdist workers with --dist loadgroup: the modules of one
+# runs those layers on several pytest-xdist workers with --dist loadgroup: the modules of one
 # hub run on one worker, in order, so that each hub is started once and no two copies of
 # a hub run at once (two hubs that declare the same fake GPUs would each count the
 # other's containers as holding them, as hubs that share real GPUs do). Every other

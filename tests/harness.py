@@ -77,7 +77,7 @@ def default_signals() -> None:
 
 
 # The name prefixes of the hubs this process made: make test runs the end-to-end layer on
-# two pytest-xdist workers against one engine, and each looks only at its own containers.
+# several pytest-xdist workers against one engine, and each looks only at its own containers.
 HUB_PREFIXES: set[str] = set()
 
 
