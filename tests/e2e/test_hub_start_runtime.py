@@ -16,6 +16,7 @@ import time
 from hookless_engine import TINY
 
 from harness import ARTIFACTS, Hub, teardown
+from spawner.contract import HUB_LABEL
 from spawner.docker.engine import PROBE_LABEL
 
 GPUS = [{"uuid": f"GPU-hubstart-{i}", "name": "Fake GPU", "memory": "16G"} for i in range(2)]
@@ -76,12 +77,16 @@ def assert_built_at_start_before_any_spawn(hub: Hub, finding: str) -> None:
 def test_the_hub_probes_the_engine_as_it_starts_and_its_spawners_use_that_runtime(
         docker_client, tmp_path):
     prefix = f"qshubstart{os.getpid()}"
+    hub_id = f"{prefix}-hub"
     hub = Hub(tmp_path, quota_text=table("quota-spawner/pytorch:latest"), prefix=prefix,
-              extra_config=f"c.QuotaSpawner.gpu_inventory = {GPUS!r}\n")
+              extra_config=f"c.QuotaSpawner.gpu_inventory = {GPUS!r}\n"
+              f"c.QuotaSpawner.hub_id = {hub_id!r}\n")
     try:
         hub.start()
         assert_built_at_start_before_any_spawn(hub, FOUND)
-        assert docker_client.containers.list(all=True, filters={"label": PROBE_LABEL}) == []
+        # this hub's probe is gone; another worker's hub may be probing at this moment
+        assert docker_client.containers.list(all=True, filters={
+            "label": [PROBE_LABEL, f"{HUB_LABEL}={hub_id}"]}) == []
         # the first spawner (the spawn form) finds the runtime built: no second build
         browser = hub.login("ada")
         page = browser.get(f"{hub.url}/hub/spawn", timeout=60)
