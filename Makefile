@@ -16,28 +16,31 @@ demo: setup
 # The tests and the bench run on a private engine with the fake NVIDIA hook
 # (scripts/test-dockerd.sh); tests/harness.py points DOCKER_HOST at it, and the ledger's
 # tests also run on a private PostgreSQL (scripts/test-postgres.sh). Two runs: the
-# unit and service layers on every core (pytest-xdist), then the end-to-end and browser
-# layers on E2E_WORKERS workers, the modules of each shared hub on one of them (--dist
+# unit and service layers on every core and one more (pytest-xdist), then the end-to-end
+# and browser layers on E2E_WORKERS workers, the modules of each shared hub on one of them (--dist
 # loadgroup, groups in tests/conftest.py). Each lists its 25 slowest tests; the last line
 # sums up. Three workers on two cores: much of an end-to-end test is waiting (a grace
 # period, a cull, a boot), and a third worker fills it (576 s with two, 434-476 with three).
 E2E_WORKERS ?= 3
+# The unit and service layers on one worker more than the cores, for the same reason: some
+# service tests wait on timers (112 s on two workers, 91-98 s on three, 2 cores).
+FAST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test:
 	SETUP_ENGINE=test scripts/setup.sh
 	scripts/test-postgres.sh
 	@t0=$$(date +%s); \
-	.venv/bin/python -m pytest -v -n auto --durations=25 tests/unit tests/service; fast=$$?; \
+	.venv/bin/python -m pytest -v -n $(FAST_WORKERS) --durations=25 tests/unit tests/service; fast=$$?; \
 	.venv/bin/python -m pytest -v -n $(E2E_WORKERS) --dist loadgroup --durations=25 tests/e2e tests/browser; \
 	slow=$$?; \
 	echo "make test: $$(( $$(date +%s) - t0 )) s in all; unit and service: exit $$fast," \
 	     "e2e and browser: exit $$slow"; \
 	[ $$fast -eq 0 ] && [ $$slow -eq 0 ]
 
-# The unit and service layers only, on every core: no engine, hub or browser (a minute);
+# The unit and service layers only, on every core and one more: no engine, hub or browser (a minute);
 # the private PostgreSQL (scripts/test-postgres.sh) for the ledger's tests on a server.
 test-fast:
 	scripts/test-postgres.sh
-	.venv/bin/python -m pytest -n auto --durations=25 tests/unit tests/service
+	.venv/bin/python -m pytest -n $(FAST_WORKERS) --durations=25 tests/unit tests/service
 
 # ruff, then the architecture's import contracts (pyproject.toml [tool.importlinter];
 # docs/architecture.md#the-layers)
