@@ -17,10 +17,11 @@ demo: setup
 # (scripts/test-dockerd.sh); tests/harness.py points DOCKER_HOST at it, and the ledger's
 # tests also run on a private PostgreSQL (scripts/test-postgres.sh). Two runs: the
 # unit and service layers on every core and one more (pytest-xdist), then the end-to-end
-# and browser layers on E2E_WORKERS workers, the modules of each shared hub on one of them (--dist
-# loadgroup, groups in tests/conftest.py). Each lists its 25 slowest tests; the last line
-# sums up. Three workers on two cores: much of an end-to-end test is waiting (a grace
-# period, a cull, a boot), and a third worker fills it (576 s with two, 434-476 with three).
+# and browser layers on E2E_WORKERS workers, the modules of each shared hub on one of them
+# (--dist loadgroup, groups in tests/conftest.py). Each lists its 25 slowest tests; the
+# last line sums up. Three workers on two cores: much of an end-to-end test is waiting (a
+# grace period, a cull, a boot), and a third worker fills it (567 s with two, 434-476 s
+# with three).
 E2E_WORKERS ?= 3
 # The unit and service layers on one worker more than the cores, for the same reason: some
 # service tests wait on timers (112 s on two workers, 91-98 s on three, 2 cores).
@@ -36,8 +37,9 @@ test:
 	     "e2e and browser: exit $$slow"; \
 	[ $$fast -eq 0 ] && [ $$slow -eq 0 ]
 
-# The unit and service layers only, on every core and one more: no engine, hub or browser (a minute);
-# the private PostgreSQL (scripts/test-postgres.sh) for the ledger's tests on a server.
+# The unit and service layers only, on every core and one more: no engine, hub or browser
+# (a minute); the private PostgreSQL (scripts/test-postgres.sh) for the ledger's tests on
+# a server.
 test-fast:
 	scripts/test-postgres.sh
 	.venv/bin/python -m pytest -n $(FAST_WORKERS) --durations=25 tests/unit tests/service
