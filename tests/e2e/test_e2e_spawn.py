@@ -292,3 +292,29 @@ def test_no_inventory_refuses_gpu_roles_and_keeps_cpu_roles(hub, quotas, fresh_u
     assert containers(docker_client, name) == []
     hub.start_server(name, {"profile": "cpu"})
     assert container_for(docker_client, name).labels["quota-spawner.gpus"] == ""
+
+
+def test_a_stopped_server_shuts_down_and_exits_cleanly(hub, docker_client, fresh_user):
+    """The images' jupyterhub-singleuser (spawner/notebook/launch.py) shuts the server down
+    as JupyterHub's does, then exits 0 without the interpreter's teardown."""
+    name = fresh_user("stopper")
+    hub.start_server(name)
+    c = container_for(docker_client, name)
+    code, out = exec_text(c, 'head -3 "$(command -v jupyterhub-singleuser)"')
+    assert code == 0 and "from spawner.notebook.launch import main" in out, out
+    died, log = [], []
+    events = docker_client.events(decode=True, filters={"container": c.id, "event": "die"})
+    threading.Thread(target=lambda: died.extend(e for e in events), daemon=True).start()
+    follow = threading.Thread(
+        target=lambda: log.extend(c.logs(stream=True, follow=True)), daemon=True)
+    follow.start()
+    hub.stop_server(name)
+    follow.join(timeout=30)
+    deadline = time.monotonic() + 10
+    while not died and time.monotonic() < deadline:
+        time.sleep(0.1)
+    events.close()
+    text = b"".join(log).decode(errors="replace")
+    assert died and died[0]["Actor"]["Attributes"]["exitCode"] == "0", (died, text[-2000:])
+    assert "received signal 15, stopping" in text and "Shutting down" in text, text[-2000:]
+    assert "Traceback" not in text, text[-2000:]
