@@ -11,8 +11,9 @@ proxies and the test engine. Per round and spawner:
   request to the last server answering), the engine's (dockerd's /proc stat, the same
   span), and each container's own until it answered (its cgroup's ``cpu.stat``
   ``usage_usec``, read as soon as it answered), summed and divided by N;
-- the class's stop: every server asked to stop, ``STOPS_AT_ONCE`` requests at a time (as
-  the class dashboard's "stop the class" asks the hub), until the hub reports none.
+- the class's stop: every server asked to stop by the class dashboard's own code
+  ("stop the class": ``HubApi.stop_servers``, STOPS_AT_ONCE requests at a time), until the
+  hub reports none.
 
 It prints each round, then the p95 of the waits for each, their ratio (quota / plain),
 the CPU seconds per start and the stop times.
@@ -26,6 +27,7 @@ Containers and volumes are named qsbench-class<pid>-… and removed at the end.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import statistics
 import sys
@@ -43,7 +45,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from baseline import PLAIN_CONFIG, QUOTA_CONFIG, pct  # noqa: E402
 
 from harness import TEST_DOCKER_HOST, Hub, cleanup, ensure_engine  # noqa: E402
-from spawner.webapp.hub_api import STOPS_AT_ONCE  # noqa: E402
+from spawner.webapp.hub_api import HubApi  # noqa: E402
 
 IMAGE = "quota-spawner/pytorch:latest"
 CLASS_QUOTAS = f"""\
@@ -147,14 +149,12 @@ def wait_answering(hub: Hub, name: str, asked: float, client, found: Round) -> N
 
 
 def stop_class(hub: Hub, names: list[str]) -> None:
-    """The class stopped as the class dashboard stops it: STOPS_AT_ONCE requests to the
-    hub's API at a time (each answers when its server has stopped, or after the hub's
-    slow-stop wait), then until the hub reports none running."""
-    def one(name: str) -> None:
-        hub.api("DELETE", f"/users/{name}/server")
-
-    with ThreadPoolExecutor(STOPS_AT_ONCE) as pool:
-        list(pool.map(one, names))
+    """The class stopped by the class dashboard's own code (``HubApi.stop_servers``:
+    STOPS_AT_ONCE requests to the hub's API at a time, each answering when its server has
+    stopped or after the hub's slow-stop wait), then until the hub reports none running."""
+    results = asyncio.run(HubApi(f"{hub.url}/hub/api", hub.token).stop_servers(hub.token, names))
+    failed = [r for r in results if r["outcome"] not in ("stopped", "stopping")]
+    assert not failed, failed
     for name in names:
         hub.wait_stopped(name, timeout=300)
 
