@@ -35,6 +35,11 @@ QUOTA_CONFIG = """
 c.QuotaSpawner.http_timeout = 120
 c.QuotaSpawner.start_timeout = 300
 """
+# Plain DockerSpawner admits everything. The quota hub's host admission queues the starts
+# beyond the host's CPUs x cpu_overcommit (8 on 2 cores) until a server stops, which a
+# storm or a class round never does: opened up for those, as an admin running such a
+# class on such a host would.
+OPEN_ADMISSION = "c.QuotaSpawner.cpu_overcommit = 32\nc.QuotaSpawner.memory_overcommit = 4\n"
 
 
 class PlainDockerSpawner(HostNetworkMixin, DockerSpawner):

@@ -42,7 +42,7 @@ import requests
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from baseline import PLAIN_CONFIG, QUOTA_CONFIG, pct  # noqa: E402
+from baseline import OPEN_ADMISSION, PLAIN_CONFIG, QUOTA_CONFIG, pct  # noqa: E402
 
 from harness import TEST_DOCKER_HOST, Hub, cleanup, ensure_engine  # noqa: E402
 from spawner.webapp.hub_api import HubApi  # noqa: E402
@@ -57,10 +57,6 @@ assignments:
   default: [student]
 """
 PLAIN_ROLE = 'c.DockerSpawner.cpu_limit = 0.5\nc.DockerSpawner.mem_limit = "1G"\n'
-# Plain DockerSpawner admits everything; the quota hub's host admission would queue a class
-# of 24 x 0.5 CPUs and 1 GiB on a small machine until servers stop, which a round never
-# does. Opened up, as an admin running such a class on such a host would.
-CLASS_ADMISSION = "c.QuotaSpawner.cpu_overcommit = 32\nc.QuotaSpawner.memory_overcommit = 4\n"
 TICKS = os.sysconf("SC_CLK_TCK")
 ANSWER_TIMEOUT = 600.0
 
@@ -201,7 +197,7 @@ def main() -> None:
     plain = Hub(work / "plain", prefix=f"{prefix}-p", spawner_class="baseline.PlainDockerSpawner",
                 pythonpath=str(HERE), extra_config=PLAIN_CONFIG + PLAIN_ROLE)
     quota = Hub(work / "quota", quota_text=CLASS_QUOTAS, prefix=f"{prefix}-q",
-                extra_config=QUOTA_CONFIG + CLASS_ADMISSION)
+                extra_config=QUOTA_CONFIG + OPEN_ADMISSION)
     results: dict[str, list[Round]] = {"plain": [], "quota": []}
     try:
         for hub in (plain, quota):

@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from baseline import PLAIN_CONFIG, QUOTA_CONFIG, pct, spawn_and_wait  # noqa: E402
+from baseline import OPEN_ADMISSION, PLAIN_CONFIG, QUOTA_CONFIG, pct, spawn_and_wait  # noqa: E402
 
 from harness import Hub, cleanup, ensure_engine  # noqa: E402
 
@@ -127,7 +127,8 @@ def main() -> None:
             work / "plain", prefix=prefix, spawner_class="baseline.PlainDockerSpawner",
             extra_config=PLAIN_CONFIG, pythonpath=str(HERE)), args.n, args.storm)
         quota = run("QuotaSpawner", Hub(work / "quota", QUOTAS, prefix=prefix,
-                                        extra_config=QUOTA_CONFIG), args.n, args.storm)
+                                        extra_config=QUOTA_CONFIG + OPEN_ADMISSION),
+                    args.n, args.storm)
         sizes = run_sizes(work, prefix, args.boost_n) if args.boost_n else None
     finally:
         cleanup(client, prefix)
