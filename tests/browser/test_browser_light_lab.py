@@ -17,7 +17,7 @@ import pytest
 from browser import lab_page, launch, log_in
 from hubs import LIGHT_LAB_GROUP
 
-from harness import ROOT, container_for, exec_text
+from harness import ARTIFACTS, ROOT, container_for, exec_text
 
 # Skipped in the suite until its flakes are understood: in two of four clean-clone runs
 # under the suite's load, a kernel never became idle in 120 s, or JupyterLab's theme
@@ -40,7 +40,7 @@ DEBUGGER_BUTTON = ".jp-NotebookPanel-toolbar [data-jp-item-name='debugger-icon']
 
 
 @pytest.fixture(scope="module")
-def servers(hub):
+def servers(hub, docker_client):
     hub.create_user(LIGHT, ["solo", LIGHT_LAB_GROUP])  # pipeline: 1 CPU, the pytorch image
     hub.create_user(STOCK, ["solo"])
     try:
@@ -48,6 +48,15 @@ def servers(hub):
             hub.start_server(name, {"profile": "pipeline", "image": "pytorch"})
         yield
     finally:
+        # The notebook servers' own logs, which the hub's does not hold (a kernel's
+        # websocket goes through the proxy straight to the server): test-artifacts/.
+        ARTIFACTS.mkdir(exist_ok=True)
+        for name in (LIGHT, STOCK):
+            try:
+                log = container_for(docker_client, name).logs(timestamps=True)
+            except Exception as exc:  # noqa: BLE001 (a missing container says so in the file)
+                log = f"no log: {exc}\n".encode()
+            (ARTIFACTS / f"light-lab-{name}.log").write_bytes(log)
         hub.stop_servers([LIGHT, STOCK])
 
 
