@@ -47,7 +47,12 @@ JupyterLab, docs/images.md#a-lighter-jupyterlab-for-a-class), and/or
 JupyterLab's layout is restored, instead of when the file browser sees the route
 done, after the workspace's debounced save; the images' lab extension now does this
 itself, its ``early-launcher`` plugin, so this is for an image built before it,
-``image=TAG,early-launcher``), joined with ``,``.
+``image=TAG,early-launcher``), and/or ``bare`` (the floor: the same image's JupyterLab
+run straight, ``jupyter lab`` with the role's CPUs and memory, no hub, no proxy, no login;
+the clock starts when the browser is sent to its ``/lab``), and/or ``no-product`` (with
+``bare``: the product's own extensions off too, the GPU monitor's server extension and
+the ``@quota-spawner/gpu-status`` lab extension, so the floor is JupyterLab alone),
+joined with ``,``.
 
     .venv/bin/python bench/lab_load_trace.py                       # 5 logins, shipped image
     .venv/bin/python bench/lab_load_trace.py --logins 9 --cached --detail 1
@@ -55,6 +60,8 @@ itself, its ``early-launcher`` plugin, so this is for an image built before it,
         --variant after=image=quota-spawner/pytorch:latest
     .venv/bin/python bench/lab_load_trace.py --logins 5 --variant stock= \\
         --variant light=lab-config=/opt/notebook/etc/jupyter-light
+    .venv/bin/python bench/lab_load_trace.py --logins 5 --variant stock= \\
+        --variant bare=bare --variant jupyterlab=bare,no-product
 
 Prints one line per login, then medians per variant, each variant's medians over the
 first variant's (the launcher's first frame and the total), and ``--detail K`` breakdowns
@@ -83,6 +90,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import requests
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -285,6 +293,9 @@ class Variant:
     lab_config: str = ""  # JUPYTER_CONFIG_PATH in the server's environment
     user: str = ""
     key: str = ""  # the image's key in the bench's quota table
+    bare: bool = False  # the image's JupyterLab straight, no hub
+    no_product: bool = False  # with bare: the product's extensions off
+    url: str = ""  # a bare variant's lab
 
 
 @dataclass
@@ -365,9 +376,18 @@ def parse_variant(text: str) -> Variant:
             variant.lab_config = value  # a folder in the image, not here
         elif part == "early-launcher":
             variant.early_launcher = True
+        elif part == "bare":
+            variant.bare = True
+        elif part == "no-product":
+            variant.no_product = True
         else:
             raise argparse.ArgumentTypeError(
-                f"{part!r}: want image=TAG, home=DIR, lab-config=/PATH or early-launcher")
+                f"{part!r}: want image=TAG, home=DIR, lab-config=/PATH, early-launcher, bare "
+                "or no-product")
+    if variant.no_product and not variant.bare:
+        raise argparse.ArgumentTypeError(f"{text!r}: no-product goes with bare")
+    if variant.bare and (variant.home or variant.lab_config):
+        raise argparse.ArgumentTypeError(f"{text!r}: bare takes image= only")
     return variant
 
 
@@ -423,6 +443,43 @@ def seed_home(client, volume: str, image: str, folder: Path) -> None:
         entrypoint="python3", environment={"TAR": data}, user="1000:100",
         volumes={volume: {"bind": "/home/jovyan", "mode": "rw"}}, network_disabled=True,
         remove=True, name=f"{volume}-seed")
+
+
+# The product's own extensions, turned off for a ``no-product`` floor.
+PRODUCT_SERVER_EXTENSION = "spawner.monitor"
+PRODUCT_LAB_EXTENSION = "@quota-spawner/gpu-status"
+
+
+def start_bare(client, prefix: str, variant: Variant, cpus: float, memory: str) -> str:
+    """The variant's image running ``jupyter lab`` alone, with the role's CPUs and memory,
+    no token (only this machine's bridge reaches it); the URL of its lab."""
+    args = ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser",
+            "--IdentityProvider.token=", "--ServerApp.password="]
+    environment = {}
+    script = 'exec "$@"'
+    if variant.no_product:
+        args.append(f"--ServerApp.jpserver_extensions={PRODUCT_SERVER_EXTENSION}=False")
+        # a config folder of its own, as an admin would disable a lab extension
+        page_config = json.dumps({"disabledExtensions": {PRODUCT_LAB_EXTENSION: True}})
+        script = (f"mkdir -p /tmp/bare/labconfig && echo '{page_config}' "
+                  f"> /tmp/bare/labconfig/page_config.json && exec \"$@\"")
+        environment["JUPYTER_CONFIG_PATH"] = "/tmp/bare"
+    container = client.containers.run(
+        variant.image, ["sh", "-c", script, "sh", *args], name=f"{prefix}-bare-{variant.name}",
+        environment=environment, nano_cpus=int(cpus * 1e9), mem_limit=memory,
+        detach=True, network="bridge")
+    container.reload()
+    url = f"http://{container.attrs['NetworkSettings']['IPAddress']}:8888/lab"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url.removesuffix("lab") + "api", timeout=2).ok:
+                return url
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the bare server of {variant.name} did not answer: "
+                       f"{container.logs()[-2000:].decode(errors='replace')}")
 
 
 # ---------------------------------------------------------------- a login ---
@@ -487,7 +544,7 @@ def login(context: BrowserContext, hub: Hub, variant: Variant, profile: bool,
           chrome_trace: Path | None, browser: Browser, label: str,
           again: bool = False, network: tuple[float, float] | None = None) -> Login:
     page: Page = context.pages[0] if context.pages else context.new_page()
-    if again:
+    if again and not variant.bare:
         page.goto(f"{hub.url}/hub/logout")
     cdp = context.new_cdp_session(page)
     cdp.send("Performance.enable")
@@ -504,12 +561,18 @@ def login(context: BrowserContext, hub: Hub, variant: Variant, profile: bool,
     if chrome_trace:
         browser.start_tracing(page=page, categories=TRACE_CATEGORIES)
 
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("input[name=username]", variant.user)
-    page.fill("input[name=password]", password(variant.user))
+    if variant.bare:
+        page.goto("about:blank")
+    else:
+        page.goto(f"{hub.url}/hub/login")
+        page.fill("input[name=username]", variant.user)
+        page.fill("input[name=password]", password(variant.user))
     before.update({m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]})
     start, epoch = time.perf_counter(), time.time()
-    page.click(SUBMIT, no_wait_after=True)
+    if variant.bare:
+        page.goto(variant.url, wait_until="commit")
+    else:
+        page.click(SUBMIT, no_wait_after=True)
     page.wait_for_selector(".jp-Launcher", state="visible", timeout=LAB_TIMEOUT_MS)
     record.total = time.perf_counter() - start
     after = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
@@ -739,8 +802,16 @@ def run(args: argparse.Namespace, hub: Hub, client, prefix: str) -> list[Login]:
                                                  else []))
         if variant.home:
             seed_home(client, f"{prefix}-home-{variant.user}", variant.image, variant.home)
+    role = yaml.safe_load(hub.quota_file.read_text())["roles"][ROLE]
     for variant in variants:
         t = time.perf_counter()
+        if variant.bare:
+            variant.url = start_bare(client, prefix, variant, float(role["cpus"]),
+                                     str(role["memory"]).lower().removesuffix("i"))
+            print(f"  {variant.name}: JupyterLab alone on {variant.image}"
+                  f"{', the product extensions off' if variant.no_product else ''}, "
+                  f"{variant.url}, ready in {time.perf_counter() - t:.1f}s", flush=True)
+            continue
         hub.start_server(variant.user, {"profile": ROLE, "image": variant.key})
         print(f"  {variant.name}: {variant.user} on {variant.image}"
               f"{f' with {variant.home}' if variant.home else ''}"
