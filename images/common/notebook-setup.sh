@@ -133,7 +133,7 @@ PY
     # jupyterhub-singleuser is JupyterHub's own server, started through
     # spawner/notebook/launch.py: once the server has shut down, the process
     # exits without tearing down its 1,400 modules (0.35 s of CPU per stop;
-    # docs/images.md#how-a-server-stops). Same name, same arguments, so every
+    # docs/images.md#a-fast-stop). Same name, same arguments, so every
     # spawner that runs the image's command gets it.
     cat >"$VENV/bin/jupyterhub-singleuser" <<LAUNCHER
 #!$VENV/bin/python
@@ -147,6 +147,27 @@ LAUNCHER
     cp -p "$VENV/bin/jupyterhub-singleuser" "$DELTA$VENV/bin/jupyterhub-singleuser"
     printf 'jupyterhub-singleuser %s, through spawner.notebook.launch\n' \
         "$("$VENV/bin/jupyterhub-singleuser" --version)"
+    # The python3 kernel likewise: ipykernel through spawner/notebook/kernel.py, the
+    # kernelspec's other fields (display name, debugger, protocol) as ipykernel wrote them.
+    spec=share/jupyter/kernels/python3/kernel.json
+    mkdir -p "$(dirname "$DELTA$VENV/$spec")"
+    "$VENV/bin/python" - "$VENV/$spec" "$DELTA$VENV/$spec" <<'PY'
+import json
+import sys
+
+try:
+    spec = json.load(open(sys.argv[1]))
+except FileNotFoundError:  # ipykernel came with the base image, outside the venv
+    spec = {"argv": ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": "Python 3 (ipykernel)", "language": "python",
+            "metadata": {"debugger": True}}
+assert spec["argv"][:3] == ["python", "-m", "ipykernel_launcher"], spec["argv"]
+spec["argv"][2] = "spawner.notebook.kernel"
+with open(sys.argv[2], "w") as f:
+    json.dump(spec, f, indent=1)
+    f.write("\n")
+PY
+    (cd /tmp && "$VENV/bin/python" -m spawner.notebook.kernel --version >/dev/null)
 
     # The images' Jupyter settings (not the package's: they apply to these
     # images only): jupyter-resource-usage against the container's limits,

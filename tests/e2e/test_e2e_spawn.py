@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from harness import container_for, containers, exec_text
+from harness import container_for, containers, exec_text, run_in_kernel
 
 pytestmark = pytest.mark.e2e
 GiB = 2**30
@@ -295,13 +295,17 @@ def test_no_inventory_refuses_gpu_roles_and_keeps_cpu_roles(hub, quotas, fresh_u
 
 
 def test_a_stopped_server_shuts_down_and_exits_cleanly(hub, docker_client, fresh_user):
-    """The images' jupyterhub-singleuser (spawner/notebook/launch.py) shuts the server down
-    as JupyterHub's does, then exits 0 without the interpreter's teardown."""
+    """The images' jupyterhub-singleuser (spawner/notebook/launch.py) and Python kernel
+    (spawner/notebook/kernel.py) shut down as JupyterHub's and ipykernel's do, then exit
+    without the interpreter's teardown: the container exits 0."""
     name = fresh_user("stopper")
     hub.start_server(name)
     c = container_for(docker_client, name)
     code, out = exec_text(c, 'head -3 "$(command -v jupyterhub-singleuser)"')
     assert code == 0 and "from spawner.notebook.launch import main" in out, out
+    # a kernel open, as in a class: the python3 kernelspec runs ipykernel through ours
+    ran = run_in_kernel(hub, name, "import sys; print(sys.argv[0], 6 * 7)")
+    assert ran.strip().endswith("spawner/notebook/kernel.py 42"), ran
     died, log = [], []
     events = docker_client.events(decode=True, filters={"container": c.id, "event": "die"})
     threading.Thread(target=lambda: died.extend(e for e in events), daemon=True).start()
@@ -317,4 +321,5 @@ def test_a_stopped_server_shuts_down_and_exits_cleanly(hub, docker_client, fresh
     text = b"".join(log).decode(errors="replace")
     assert died and died[0]["Actor"]["Attributes"]["exitCode"] == "0", (died, text[-2000:])
     assert "received signal 15, stopping" in text and "Shutting down" in text, text[-2000:]
+    assert "Kernel shutdown:" in text, text[-2000:]
     assert "Traceback" not in text, text[-2000:]

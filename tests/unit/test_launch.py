@@ -1,6 +1,7 @@
-"""The images' jupyterhub-singleuser (spawner/notebook/launch.py): the process ends with the
-status sys.exit would give, after the threads, the atexit handlers and the buffered output,
-and without the interpreter's teardown. Each case runs in a real Python process."""
+"""The images' jupyterhub-singleuser and Python kernel (spawner/notebook/launch.py and
+kernel.py): the process ends with the status sys.exit would give, after the threads, the
+atexit handlers and the buffered output, and without the interpreter's teardown. Each case
+runs in a real Python process."""
 
 from __future__ import annotations
 
@@ -116,3 +117,16 @@ def test_main_runs_jupyterhub_singleuser_with_its_arguments():
                                               (False, 0), ("text", 1), (2.5, 1)])
 def test_exit_status(code, status, capsys):
     assert exit_status(code) == status
+
+
+def test_the_kernel_entry_runs_ipykernel_and_the_working_folder_does_not_shadow_it(tmp_path):
+    # A notebook folder may hold anything; as with ipykernel_launcher, what `python -m`
+    # puts first on sys.path is dropped before ipykernel is imported.
+    (tmp_path / "ipykernel").mkdir()
+    (tmp_path / "ipykernel" / "__init__.py").write_text("raise ImportError('shadowed')\n")
+    done = subprocess.run([sys.executable, "-m", "spawner.notebook.kernel", "--version"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    import IPython
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == IPython.__version__
