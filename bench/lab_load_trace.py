@@ -108,7 +108,8 @@ from playwright.sync_api import (  # noqa: E402
 )
 from prewarm_bench import CLASS, INSTRUCTOR, LAB_TIMEOUT_MS, SUBMIT  # noqa: E402
 
-from harness import ROOT, Hub, cleanup, ensure_engine, free_port  # noqa: E402
+from harness import ROOT, Hub, cleanup, ensure_engine, free_port, wait_for  # noqa: E402
+from spawner.quota.units import parse_size  # noqa: E402
 
 ROLE = "student"
 DEFAULT_IMAGE = "quota-spawner/pytorch:latest"
@@ -450,7 +451,7 @@ PRODUCT_SERVER_EXTENSION = "spawner.monitor"
 PRODUCT_LAB_EXTENSION = "@quota-spawner/gpu-status"
 
 
-def start_bare(client, prefix: str, variant: Variant, cpus: float, memory: str) -> str:
+def start_bare(client, prefix: str, variant: Variant, cpus: float, memory: int) -> str:
     """The variant's image running ``jupyter lab`` alone, with the role's CPUs and memory,
     no token (only this machine's bridge reaches it); the URL of its lab."""
     args = ["jupyter", "lab", "--ip=0.0.0.0", "--port=8888", "--no-browser",
@@ -470,16 +471,18 @@ def start_bare(client, prefix: str, variant: Variant, cpus: float, memory: str) 
         detach=True, network="bridge")
     container.reload()
     url = f"http://{container.attrs['NetworkSettings']['IPAddress']}:8888/lab"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+
+    def answers() -> bool:
         try:
-            if requests.get(url.removesuffix("lab") + "api", timeout=2).ok:
-                return url
+            return requests.get(url.removesuffix("lab") + "api", timeout=2).ok
         except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the bare server of {variant.name} did not answer: "
-                       f"{container.logs()[-2000:].decode(errors='replace')}")
+            return False
+
+    try:
+        wait_for(answers, 120, f"the bare server of {variant.name}")
+    except AssertionError as e:
+        raise RuntimeError(f"{e}: {container.logs()[-2000:].decode(errors='replace')}") from None
+    return url
 
 
 # ---------------------------------------------------------------- a login ---
@@ -807,7 +810,7 @@ def run(args: argparse.Namespace, hub: Hub, client, prefix: str) -> list[Login]:
         t = time.perf_counter()
         if variant.bare:
             variant.url = start_bare(client, prefix, variant, float(role["cpus"]),
-                                     str(role["memory"]).lower().removesuffix("i"))
+                                     parse_size(role["memory"]))
             print(f"  {variant.name}: JupyterLab alone on {variant.image}"
                   f"{', the product extensions off' if variant.no_product else ''}, "
                   f"{variant.url}, ready in {time.perf_counter() - t:.1f}s", flush=True)
